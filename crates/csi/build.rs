@@ -27,7 +27,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .skip_debug(sensitive.iter().map(String::as_str))
         .compile_fds(fds)?;
 
-    let mut check = String::from("const _: fn() = || {\n    fn has_debug<T: ::std::fmt::Debug>() {}\n");
+    let mut check =
+        String::from("const _: fn() = || {\n    fn has_debug<T: ::std::fmt::Debug>() {}\n");
     for path in &sensitive {
         let rust = path.trim_start_matches(".csi.v1.");
         let rust = rust_path(rust);

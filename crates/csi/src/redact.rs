@@ -107,7 +107,10 @@ mod tests {
         };
         let out = format!("{req:?} {req:#?}");
         assert!(out.contains("vol-1") && out.contains("ext4"), "{out}");
-        assert!(!out.contains("hunter2") && !out.contains("password"), "{out}");
+        assert!(
+            !out.contains("hunter2") && !out.contains("password"),
+            "{out}"
+        );
         assert!(!out.contains("uid=4242"), "{out}");
         assert!(out.contains(REDACTED));
     }

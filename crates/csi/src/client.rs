@@ -1,0 +1,869 @@
+//! A typed CSI client over a unix socket, with the retry policy of [`crate::retry`].
+//!
+//! The client connects lazily: creating one never touches the socket, and a plugin that
+//! restarts behind the same socket is reconnected to on the next attempt.
+
+use std::{collections::HashMap, fmt, future::Future, io, sync::Arc};
+
+use hyper_util::rt::TokioIo;
+use tokio::{net::UnixStream, time::Instant};
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status, transport::Channel};
+use tracing::{Instrument as _, debug, trace};
+
+use crate::{
+    endpoint::{Endpoint, EndpointError},
+    error::{CsiError, sanitize},
+    model::{
+        ControllerCapabilities, ExternalId, ModelError, NodeCapabilities, NodeInfo,
+        PluginCapabilities, PluginInfo, Secrets, Snapshot, Volume, VolumeCapability, VolumeStats,
+    },
+    pb::{
+        self, controller_client::ControllerClient, identity_client::IdentityClient,
+        node_client::NodeClient,
+    },
+    requests::{
+        CapacityRange, ContentSource, ControllerPublish, CreateVolume, NodeExpand, NodePublish,
+        NodeStage, model_map, opt_path_str, path_str, sensitive, wire_map,
+    },
+    retry::{RetryPolicy, Rpc},
+};
+
+/// A lazily connecting, reconnecting gRPC channel to the socket; what the client uses, and
+/// what bare generated stubs can use too.
+pub fn channel(endpoint: &Endpoint) -> Channel {
+    let ep = endpoint.clone();
+    let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+        let ep = ep.clone();
+        async move {
+            match UnixStream::connect(ep.path()).await {
+                Ok(stream) => Ok(TokioIo::new(stream)),
+                Err(e) => Err(io::Error::other(ep.classify(e))),
+            }
+        }
+    });
+    // The URI is required by the API and unused: the connector ignores it.
+    tonic::transport::Endpoint::from_static("http://csi.invalid")
+        .connect_with_connector_lazy(connector)
+}
+
+/// Builds a [`CsiClient`] with non-default policies or a cancellation token.
+#[derive(Debug)]
+pub struct ClientBuilder {
+    endpoint: Endpoint,
+    overrides: HashMap<Rpc, RetryPolicy>,
+    cancel: CancellationToken,
+}
+
+impl ClientBuilder {
+    /// Uses `policy` for `rpc` instead of the table's.
+    pub fn policy(mut self, rpc: Rpc, policy: RetryPolicy) -> Self {
+        self.overrides.insert(rpc, policy);
+        self
+    }
+
+    /// Calls end with [`CsiError::Cancelled`] once `token` is cancelled.
+    pub fn cancellation(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+
+    /// Creates the client; nothing connects yet.
+    pub fn build(self) -> CsiClient {
+        CsiClient {
+            inner: Arc::new(Inner {
+                channel: channel(&self.endpoint),
+                endpoint: self.endpoint,
+                overrides: self.overrides,
+                cancel: self.cancel,
+            }),
+        }
+    }
+}
+
+/// A client of one CSI plugin socket. Cheap to clone; clones share the connection.
+#[derive(Clone)]
+pub struct CsiClient {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    endpoint: Endpoint,
+    channel: Channel,
+    overrides: HashMap<Rpc, RetryPolicy>,
+    cancel: CancellationToken,
+}
+
+impl fmt::Debug for CsiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CsiClient")
+            .field("endpoint", &self.inner.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The outcome of ValidateVolumeCapabilities.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Validation {
+    /// The plugin confirmed the capabilities.
+    Confirmed,
+    /// It did not; its message says why.
+    NotConfirmed(String),
+}
+
+/// A volume as ListVolumes reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedVolume {
+    /// The volume.
+    pub volume: Volume,
+    /// Nodes it is published to, when the plugin reports them.
+    pub published_node_ids: Vec<String>,
+    /// `Some(message)` when the plugin reports it abnormal.
+    pub abnormal: Option<String>,
+}
+
+/// One page of a list call, and the token of the next one (empty at the end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    /// The entries.
+    pub entries: Vec<T>,
+    /// Pass it to get the next page; empty when there is none.
+    pub next_token: String,
+}
+
+impl CsiClient {
+    /// A client with the default policies. Never fails and never connects.
+    pub fn new(endpoint: Endpoint) -> Self {
+        Self::builder(endpoint).build()
+    }
+
+    /// A builder for a client with other policies or a cancellation token.
+    pub fn builder(endpoint: Endpoint) -> ClientBuilder {
+        ClientBuilder {
+            endpoint,
+            overrides: HashMap::new(),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    /// The socket this client talks to.
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.inner.endpoint
+    }
+
+    /// The policy in force for `rpc`.
+    pub fn policy(&self, rpc: Rpc) -> RetryPolicy {
+        self.inner
+            .overrides
+            .get(&rpc)
+            .copied()
+            .unwrap_or_else(|| rpc.policy())
+    }
+
+    /// Sends `req` until it succeeds, fails for good, runs out of time or is cancelled.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        rpc: Rpc,
+        req: Req,
+        sensitive: &[String],
+        send: F,
+    ) -> Result<Resp, CsiError>
+    where
+        Req: Clone + fmt::Debug,
+        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let policy = self.policy(rpc);
+        let cancel = &self.inner.cancel;
+        let span =
+            tracing::debug_span!("csi", %rpc, endpoint = %self.inner.endpoint.path().display());
+        async move {
+            let start = Instant::now();
+            let deadline = start + policy.overall_timeout;
+            let mut attempts = 0u32;
+            loop {
+                attempts += 1;
+                let remaining = deadline.saturating_duration_since(Instant::now());
+                let attempt_timeout = policy.attempt_timeout.min(remaining);
+                let mut request = tonic::Request::new(req.clone());
+                request.set_timeout(attempt_timeout);
+                trace!(attempt = attempts, request = ?req, "sending");
+                let sent = tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Err(CsiError::Cancelled { rpc, attempts }),
+                    r = tokio::time::timeout(attempt_timeout, send(self.inner.channel.clone(), request)) => r,
+                };
+                let status = match sent {
+                    Ok(Ok(resp)) => {
+                        trace!(attempt = attempts, "ok");
+                        return Ok(resp.into_inner());
+                    }
+                    Ok(Err(status)) => status,
+                    Err(_) => Status::deadline_exceeded(format!(
+                        "no answer within the attempt deadline of {attempt_timeout:?}"
+                    )),
+                };
+                let socket = endpoint_error(&status);
+                let code = status.code();
+                let message = match &socket {
+                    Some(e) => e.to_string(),
+                    None => sanitize(status.message(), sensitive),
+                };
+                if let Some(e) = socket.as_ref().filter(|e| !e.is_transient()) {
+                    debug!(attempt = attempts, error = %e, "socket unusable");
+                    return Err(CsiError::Endpoint { rpc, source: clone_endpoint_error(e) });
+                }
+                if !policy.retries(code) {
+                    debug!(attempt = attempts, ?code, %message, "failed");
+                    let already_done = code == Code::NotFound && policy.not_found_is_done;
+                    return Err(CsiError::Rpc { rpc, code, message, attempts, already_done });
+                }
+                let wait = policy.backoff(attempts);
+                if Instant::now() + wait >= deadline {
+                    debug!(attempt = attempts, ?code, %message, "giving up");
+                    if let Some(e) = socket {
+                        return Err(CsiError::Endpoint { rpc, source: e });
+                    }
+                    return Err(CsiError::Exhausted {
+                        rpc,
+                        code,
+                        message,
+                        attempts,
+                        elapsed: start.elapsed(),
+                        deadline: policy.overall_timeout,
+                    });
+                }
+                debug!(attempt = attempts, ?code, %message, ?wait, "retrying");
+                tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Err(CsiError::Cancelled { rpc, attempts }),
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    // ---- Identity ----
+
+    /// GetPluginInfo: the plugin's name and version.
+    pub async fn plugin_info(&self) -> Result<PluginInfo, CsiError> {
+        let rpc = Rpc::GetPluginInfo;
+        let r = self
+            .call(rpc, pb::GetPluginInfoRequest {}, &[], |ch, r| async move {
+                IdentityClient::new(ch).get_plugin_info(r).await
+            })
+            .await?;
+        if r.name.is_empty() {
+            return Err(CsiError::InvalidResponse {
+                rpc,
+                source: ModelError::Missing { field: "name" },
+            });
+        }
+        Ok(PluginInfo {
+            name: r.name,
+            vendor_version: r.vendor_version,
+            manifest: model_map(&r.manifest),
+        })
+    }
+
+    /// GetPluginCapabilities.
+    pub async fn plugin_capabilities(&self) -> Result<PluginCapabilities, CsiError> {
+        let r = self
+            .call(
+                Rpc::GetPluginCapabilities,
+                pb::GetPluginCapabilitiesRequest {},
+                &[],
+                |ch, r| async move { IdentityClient::new(ch).get_plugin_capabilities(r).await },
+            )
+            .await?;
+        Ok(PluginCapabilities::from_pb(&r.capabilities))
+    }
+
+    /// Probe: whether the plugin is ready. An absent `ready` means ready.
+    pub async fn probe(&self) -> Result<bool, CsiError> {
+        let r = self
+            .call(Rpc::Probe, pb::ProbeRequest {}, &[], |ch, r| async move {
+                IdentityClient::new(ch).probe(r).await
+            })
+            .await?;
+        Ok(r.ready.is_none_or(|b| b))
+    }
+
+    // ---- Controller ----
+
+    /// ControllerGetCapabilities.
+    pub async fn controller_capabilities(&self) -> Result<ControllerCapabilities, CsiError> {
+        let r = self
+            .call(
+                Rpc::ControllerGetCapabilities,
+                pb::ControllerGetCapabilitiesRequest {},
+                &[],
+                |ch, r| async move {
+                    ControllerClient::new(ch)
+                        .controller_get_capabilities(r)
+                        .await
+                },
+            )
+            .await?;
+        Ok(ControllerCapabilities::from_pb(&r.capabilities))
+    }
+
+    /// CreateVolume. Idempotent by name.
+    pub async fn create_volume(&self, req: &CreateVolume) -> Result<Volume, CsiError> {
+        let rpc = Rpc::CreateVolume;
+        let invalid = |source| CsiError::InvalidRequest { rpc, source };
+        if req.name.is_empty() {
+            return Err(invalid(ModelError::Missing { field: "name" }));
+        }
+        if req.capabilities.is_empty() {
+            return Err(invalid(ModelError::Missing {
+                field: "volume_capabilities",
+            }));
+        }
+        use pb::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        let source = req.source.as_ref().map(|s| pb::VolumeContentSource {
+            r#type: Some(match s {
+                ContentSource::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                    snapshot_id: id.clone(),
+                }),
+                ContentSource::Volume(id) => Type::Volume(VolumeSource {
+                    volume_id: id.as_str().into(),
+                }),
+            }),
+        });
+        let wire = pb::CreateVolumeRequest {
+            name: req.name.clone(),
+            capacity_range: req.capacity.to_pb(),
+            volume_capabilities: req
+                .capabilities
+                .iter()
+                .map(VolumeCapability::to_pb)
+                .collect(),
+            parameters: wire_map(&req.parameters),
+            secrets: req.secrets.to_wire(),
+            volume_content_source: source,
+            accessibility_requirements: req.accessibility_requirements.clone(),
+            mutable_parameters: Default::default(),
+        };
+        let hidden = sensitive(&req.secrets, &req.capabilities);
+        let r = self
+            .call(rpc, wire, &hidden, |ch, r| async move {
+                ControllerClient::new(ch).create_volume(r).await
+            })
+            .await?;
+        let v = r.volume.ok_or(CsiError::InvalidResponse {
+            rpc,
+            source: ModelError::Missing { field: "volume" },
+        })?;
+        Volume::from_pb(&v).map_err(|source| CsiError::InvalidResponse { rpc, source })
+    }
+
+    /// DeleteVolume. `NOT_FOUND` from the plugin is reported as already done.
+    pub async fn delete_volume(&self, id: &ExternalId, secrets: &Secrets) -> Result<(), CsiError> {
+        let wire = pb::DeleteVolumeRequest {
+            volume_id: id.as_str().into(),
+            secrets: secrets.to_wire(),
+        };
+        self.call(
+            Rpc::DeleteVolume,
+            wire,
+            &sensitive(secrets, []),
+            |ch, r| async move { ControllerClient::new(ch).delete_volume(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// ControllerPublishVolume: returns the publish context for the node calls.
+    pub async fn controller_publish(
+        &self,
+        req: &ControllerPublish,
+    ) -> Result<std::collections::BTreeMap<String, String>, CsiError> {
+        let rpc = Rpc::ControllerPublishVolume;
+        if req.node_id.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc,
+                source: ModelError::Missing { field: "node_id" },
+            });
+        }
+        let wire = pb::ControllerPublishVolumeRequest {
+            volume_id: req.external_id.as_str().into(),
+            node_id: req.node_id.clone(),
+            volume_capability: Some(req.capability.to_pb()),
+            readonly: req.read_only,
+            secrets: req.secrets.to_wire(),
+            volume_context: wire_map(&req.volume_context),
+        };
+        let r = self
+            .call(
+                rpc,
+                wire,
+                &sensitive(&req.secrets, [&req.capability]),
+                |ch, r| async move { ControllerClient::new(ch).controller_publish_volume(r).await },
+            )
+            .await?;
+        Ok(model_map(&r.publish_context))
+    }
+
+    /// ControllerUnpublishVolume. `NOT_FOUND` is reported as already done.
+    pub async fn controller_unpublish(
+        &self,
+        id: &ExternalId,
+        node_id: &str,
+        secrets: &Secrets,
+    ) -> Result<(), CsiError> {
+        let wire = pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.as_str().into(),
+            node_id: node_id.into(),
+            secrets: secrets.to_wire(),
+        };
+        self.call(
+            Rpc::ControllerUnpublishVolume,
+            wire,
+            &sensitive(secrets, []),
+            |ch, r| async move {
+                ControllerClient::new(ch)
+                    .controller_unpublish_volume(r)
+                    .await
+            },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// ValidateVolumeCapabilities.
+    pub async fn validate_capabilities(
+        &self,
+        id: &ExternalId,
+        capabilities: &[VolumeCapability],
+        volume_context: &std::collections::BTreeMap<String, String>,
+        parameters: &std::collections::BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<Validation, CsiError> {
+        let rpc = Rpc::ValidateVolumeCapabilities;
+        if capabilities.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc,
+                source: ModelError::Missing {
+                    field: "volume_capabilities",
+                },
+            });
+        }
+        let wire = pb::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.as_str().into(),
+            volume_context: wire_map(volume_context),
+            volume_capabilities: capabilities.iter().map(VolumeCapability::to_pb).collect(),
+            parameters: wire_map(parameters),
+            secrets: secrets.to_wire(),
+            mutable_parameters: Default::default(),
+        };
+        let hidden = sensitive(secrets, capabilities);
+        let r = self
+            .call(rpc, wire, &hidden, |ch, r| async move {
+                ControllerClient::new(ch)
+                    .validate_volume_capabilities(r)
+                    .await
+            })
+            .await?;
+        Ok(match r.confirmed {
+            Some(_) => Validation::Confirmed,
+            None => Validation::NotConfirmed(sanitize(&r.message, &hidden)),
+        })
+    }
+
+    /// ListVolumes: one page.
+    pub async fn list_volumes(
+        &self,
+        max_entries: i32,
+        starting_token: &str,
+    ) -> Result<Page<ListedVolume>, CsiError> {
+        let rpc = Rpc::ListVolumes;
+        let wire = pb::ListVolumesRequest {
+            max_entries,
+            starting_token: starting_token.into(),
+        };
+        let r = self
+            .call(rpc, wire, &[], |ch, r| async move {
+                ControllerClient::new(ch).list_volumes(r).await
+            })
+            .await?;
+        let mut entries = Vec::with_capacity(r.entries.len());
+        for e in &r.entries {
+            let v = e.volume.as_ref().ok_or(CsiError::InvalidResponse {
+                rpc,
+                source: ModelError::Missing {
+                    field: "entries.volume",
+                },
+            })?;
+            let status = e.status.as_ref();
+            entries.push(ListedVolume {
+                volume: Volume::from_pb(v)
+                    .map_err(|source| CsiError::InvalidResponse { rpc, source })?,
+                published_node_ids: status
+                    .map(|s| s.published_node_ids.clone())
+                    .unwrap_or_default(),
+                abnormal: status
+                    .and_then(|s| s.volume_condition.as_ref())
+                    .filter(|c| c.abnormal)
+                    .map(|c| c.message.clone()),
+            });
+        }
+        Ok(Page {
+            entries,
+            next_token: r.next_token,
+        })
+    }
+
+    /// GetCapacity: bytes available for volumes with these capabilities and parameters.
+    pub async fn get_capacity(
+        &self,
+        capabilities: &[VolumeCapability],
+        parameters: &std::collections::BTreeMap<String, String>,
+        topology: Option<&std::collections::BTreeMap<String, String>>,
+    ) -> Result<i64, CsiError> {
+        let wire = pb::GetCapacityRequest {
+            volume_capabilities: capabilities.iter().map(VolumeCapability::to_pb).collect(),
+            parameters: wire_map(parameters),
+            accessible_topology: topology.map(|t| pb::Topology {
+                segments: wire_map(t),
+            }),
+        };
+        let hidden = sensitive(&Secrets::default(), capabilities);
+        let r = self
+            .call(Rpc::GetCapacity, wire, &hidden, |ch, r| async move {
+                ControllerClient::new(ch).get_capacity(r).await
+            })
+            .await?;
+        Ok(r.available_capacity)
+    }
+
+    /// CreateSnapshot. Idempotent by name.
+    pub async fn create_snapshot(
+        &self,
+        source: &ExternalId,
+        name: &str,
+        parameters: &std::collections::BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<Snapshot, CsiError> {
+        let rpc = Rpc::CreateSnapshot;
+        if name.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc,
+                source: ModelError::Missing { field: "name" },
+            });
+        }
+        let wire = pb::CreateSnapshotRequest {
+            source_volume_id: source.as_str().into(),
+            name: name.into(),
+            secrets: secrets.to_wire(),
+            parameters: wire_map(parameters),
+        };
+        let r = self
+            .call(rpc, wire, &sensitive(secrets, []), |ch, r| async move {
+                ControllerClient::new(ch).create_snapshot(r).await
+            })
+            .await?;
+        let s = r.snapshot.ok_or(CsiError::InvalidResponse {
+            rpc,
+            source: ModelError::Missing { field: "snapshot" },
+        })?;
+        Ok(Snapshot::from(&s))
+    }
+
+    /// DeleteSnapshot. `NOT_FOUND` is reported as already done.
+    pub async fn delete_snapshot(
+        &self,
+        snapshot_id: &str,
+        secrets: &Secrets,
+    ) -> Result<(), CsiError> {
+        let rpc = Rpc::DeleteSnapshot;
+        if snapshot_id.is_empty() {
+            return Err(CsiError::InvalidRequest {
+                rpc,
+                source: ModelError::Missing {
+                    field: "snapshot_id",
+                },
+            });
+        }
+        let wire = pb::DeleteSnapshotRequest {
+            snapshot_id: snapshot_id.into(),
+            secrets: secrets.to_wire(),
+        };
+        self.call(rpc, wire, &sensitive(secrets, []), |ch, r| async move {
+            ControllerClient::new(ch).delete_snapshot(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// ListSnapshots: one page, optionally filtered by source volume or snapshot id.
+    pub async fn list_snapshots(
+        &self,
+        source: Option<&ExternalId>,
+        snapshot_id: Option<&str>,
+        max_entries: i32,
+        starting_token: &str,
+        secrets: &Secrets,
+    ) -> Result<Page<Snapshot>, CsiError> {
+        let wire = pb::ListSnapshotsRequest {
+            max_entries,
+            starting_token: starting_token.into(),
+            source_volume_id: source.map(|s| s.as_str().to_string()).unwrap_or_default(),
+            snapshot_id: snapshot_id.unwrap_or_default().into(),
+            secrets: secrets.to_wire(),
+        };
+        let r = self
+            .call(
+                Rpc::ListSnapshots,
+                wire,
+                &sensitive(secrets, []),
+                |ch, r| async move { ControllerClient::new(ch).list_snapshots(r).await },
+            )
+            .await?;
+        Ok(Page {
+            entries: r
+                .entries
+                .iter()
+                .filter_map(|e| e.snapshot.as_ref())
+                .map(Snapshot::from)
+                .collect(),
+            next_token: r.next_token,
+        })
+    }
+
+    /// ControllerExpandVolume: the new size, and whether NodeExpandVolume must follow.
+    pub async fn controller_expand(
+        &self,
+        id: &ExternalId,
+        capacity: CapacityRange,
+        capability: Option<&VolumeCapability>,
+        secrets: &Secrets,
+    ) -> Result<(i64, bool), CsiError> {
+        let wire = pb::ControllerExpandVolumeRequest {
+            volume_id: id.as_str().into(),
+            capacity_range: capacity.to_pb(),
+            secrets: secrets.to_wire(),
+            volume_capability: capability.map(VolumeCapability::to_pb),
+        };
+        let r = self
+            .call(
+                Rpc::ControllerExpandVolume,
+                wire,
+                &sensitive(secrets, capability),
+                |ch, r| async move { ControllerClient::new(ch).controller_expand_volume(r).await },
+            )
+            .await?;
+        Ok((r.capacity_bytes, r.node_expansion_required))
+    }
+
+    // ---- Node ----
+
+    /// NodeGetCapabilities.
+    pub async fn node_capabilities(&self) -> Result<NodeCapabilities, CsiError> {
+        let r = self
+            .call(
+                Rpc::NodeGetCapabilities,
+                pb::NodeGetCapabilitiesRequest {},
+                &[],
+                |ch, r| async move { NodeClient::new(ch).node_get_capabilities(r).await },
+            )
+            .await?;
+        Ok(NodeCapabilities::from_pb(&r.capabilities))
+    }
+
+    /// NodeGetInfo.
+    pub async fn node_info(&self) -> Result<NodeInfo, CsiError> {
+        let rpc = Rpc::NodeGetInfo;
+        let r = self
+            .call(rpc, pb::NodeGetInfoRequest {}, &[], |ch, r| async move {
+                NodeClient::new(ch).node_get_info(r).await
+            })
+            .await?;
+        if r.node_id.is_empty() {
+            return Err(CsiError::InvalidResponse {
+                rpc,
+                source: ModelError::Missing { field: "node_id" },
+            });
+        }
+        Ok(NodeInfo {
+            node_id: r.node_id,
+            max_volumes_per_node: r.max_volumes_per_node,
+            accessible_topology: r.accessible_topology.map(|t| model_map(&t.segments)),
+        })
+    }
+
+    /// NodeStageVolume.
+    pub async fn node_stage(&self, req: &NodeStage) -> Result<(), CsiError> {
+        let rpc = Rpc::NodeStageVolume;
+        let wire = pb::NodeStageVolumeRequest {
+            volume_id: req.external_id.as_str().into(),
+            publish_context: wire_map(&req.publish_context),
+            staging_target_path: path_str("staging_target_path", &req.staging_path)
+                .map_err(|source| CsiError::InvalidRequest { rpc, source })?,
+            volume_capability: Some(req.capability.to_pb()),
+            secrets: req.secrets.to_wire(),
+            volume_context: wire_map(&req.volume_context),
+        };
+        self.call(
+            rpc,
+            wire,
+            &sensitive(&req.secrets, [&req.capability]),
+            |ch, r| async move { NodeClient::new(ch).node_stage_volume(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// NodeUnstageVolume. `NOT_FOUND` is reported as already done.
+    pub async fn node_unstage(
+        &self,
+        id: &ExternalId,
+        staging_path: &std::path::Path,
+    ) -> Result<(), CsiError> {
+        let rpc = Rpc::NodeUnstageVolume;
+        let wire = pb::NodeUnstageVolumeRequest {
+            volume_id: id.as_str().into(),
+            staging_target_path: path_str("staging_target_path", staging_path)
+                .map_err(|source| CsiError::InvalidRequest { rpc, source })?,
+        };
+        self.call(rpc, wire, &[], |ch, r| async move {
+            NodeClient::new(ch).node_unstage_volume(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// NodePublishVolume.
+    pub async fn node_publish(&self, req: &NodePublish) -> Result<(), CsiError> {
+        let rpc = Rpc::NodePublishVolume;
+        let invalid = |source| CsiError::InvalidRequest { rpc, source };
+        let wire = pb::NodePublishVolumeRequest {
+            volume_id: req.external_id.as_str().into(),
+            publish_context: wire_map(&req.publish_context),
+            staging_target_path: opt_path_str("staging_target_path", req.staging_path.as_deref())
+                .map_err(invalid)?,
+            target_path: path_str("target_path", &req.target_path).map_err(invalid)?,
+            volume_capability: Some(req.capability.to_pb()),
+            readonly: req.read_only,
+            secrets: req.secrets.to_wire(),
+            volume_context: wire_map(&req.volume_context),
+        };
+        self.call(
+            rpc,
+            wire,
+            &sensitive(&req.secrets, [&req.capability]),
+            |ch, r| async move { NodeClient::new(ch).node_publish_volume(r).await },
+        )
+        .await
+        .map(drop)
+    }
+
+    /// NodeUnpublishVolume. `NOT_FOUND` is reported as already done.
+    pub async fn node_unpublish(
+        &self,
+        id: &ExternalId,
+        target_path: &std::path::Path,
+    ) -> Result<(), CsiError> {
+        let rpc = Rpc::NodeUnpublishVolume;
+        let wire = pb::NodeUnpublishVolumeRequest {
+            volume_id: id.as_str().into(),
+            target_path: path_str("target_path", target_path)
+                .map_err(|source| CsiError::InvalidRequest { rpc, source })?,
+        };
+        self.call(rpc, wire, &[], |ch, r| async move {
+            NodeClient::new(ch).node_unpublish_volume(r).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// NodeGetVolumeStats for a path where the volume is published (or staged).
+    pub async fn node_volume_stats(
+        &self,
+        id: &ExternalId,
+        volume_path: &std::path::Path,
+        staging_path: Option<&std::path::Path>,
+    ) -> Result<VolumeStats, CsiError> {
+        let rpc = Rpc::NodeGetVolumeStats;
+        let invalid = |source| CsiError::InvalidRequest { rpc, source };
+        let wire = pb::NodeGetVolumeStatsRequest {
+            volume_id: id.as_str().into(),
+            volume_path: path_str("volume_path", volume_path).map_err(invalid)?,
+            staging_target_path: opt_path_str("staging_target_path", staging_path)
+                .map_err(invalid)?,
+        };
+        let r = self
+            .call(rpc, wire, &[], |ch, r| async move {
+                NodeClient::new(ch).node_get_volume_stats(r).await
+            })
+            .await?;
+        Ok(VolumeStats::from(&r))
+    }
+
+    /// NodeExpandVolume: the new size the plugin reports.
+    pub async fn node_expand(&self, req: &NodeExpand) -> Result<i64, CsiError> {
+        let rpc = Rpc::NodeExpandVolume;
+        let invalid = |source| CsiError::InvalidRequest { rpc, source };
+        let wire = pb::NodeExpandVolumeRequest {
+            volume_id: req.external_id.as_str().into(),
+            volume_path: path_str("volume_path", &req.volume_path).map_err(invalid)?,
+            capacity_range: req.capacity.to_pb(),
+            staging_target_path: opt_path_str("staging_target_path", req.staging_path.as_deref())
+                .map_err(invalid)?,
+            volume_capability: req.capability.as_ref().map(VolumeCapability::to_pb),
+            secrets: req.secrets.to_wire(),
+        };
+        let r = self
+            .call(
+                rpc,
+                wire,
+                &sensitive(&req.secrets, req.capability.as_ref()),
+                |ch, r| async move { NodeClient::new(ch).node_expand_volume(r).await },
+            )
+            .await?;
+        Ok(r.capacity_bytes)
+    }
+}
+
+/// The socket problem behind a transport failure, if that is what it was.
+fn endpoint_error(status: &Status) -> Option<EndpointError> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = cur {
+        if let Some(e) = err.downcast_ref::<EndpointError>() {
+            return Some(clone_endpoint_error(e));
+        }
+        if let Some(e) = err
+            .downcast_ref::<io::Error>()
+            .and_then(|io| io.get_ref())
+            .and_then(|e| e.downcast_ref::<EndpointError>())
+        {
+            return Some(clone_endpoint_error(e));
+        }
+        cur = err.source();
+    }
+    None
+}
+
+fn clone_endpoint_error(e: &EndpointError) -> EndpointError {
+    match e {
+        EndpointError::Scheme { value } => EndpointError::Scheme {
+            value: value.clone(),
+        },
+        EndpointError::Relative { value } => EndpointError::Relative {
+            value: value.clone(),
+        },
+        EndpointError::TooLong { path, len } => EndpointError::TooLong {
+            path: path.clone(),
+            len: *len,
+        },
+        EndpointError::Missing { path } => EndpointError::Missing { path: path.clone() },
+        EndpointError::NotSocket { path } => EndpointError::NotSocket { path: path.clone() },
+        EndpointError::Refused { path } => EndpointError::Refused { path: path.clone() },
+        EndpointError::Io { path, source } => EndpointError::Io {
+            path: path.clone(),
+            source: io::Error::new(source.kind(), source.to_string()),
+        },
+    }
+}
