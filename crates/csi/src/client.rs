@@ -3,7 +3,7 @@
 //! The client connects lazily: creating one never touches the socket, and a plugin that
 //! restarts behind the same socket is reconnected to on the next attempt.
 
-use std::{collections::HashMap, fmt, future::Future, io, sync::Arc};
+use std::{collections::HashMap, fmt, future::Future, io, sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use tokio::{net::UnixStream, time::Instant};
@@ -47,12 +47,26 @@ pub fn channel(endpoint: &Endpoint) -> Channel {
         .connect_with_connector_lazy(connector)
 }
 
-/// Builds a [`CsiClient`] with non-default policies or a cancellation token.
-#[derive(Debug)]
+/// Sees every attempt of every call: for metrics, and for tests that count attempts.
+pub trait CallObserver: Send + Sync + 'static {
+    /// Attempt number `attempt` (1-based) of `rpc` ended with `outcome` after `latency`.
+    fn on_attempt(&self, rpc: Rpc, attempt: u32, outcome: Result<(), Code>, latency: Duration);
+}
+
+/// Builds a [`CsiClient`] with non-default policies, a cancellation token or an observer.
 pub struct ClientBuilder {
     endpoint: Endpoint,
     overrides: HashMap<Rpc, RetryPolicy>,
     cancel: CancellationToken,
+    observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ClientBuilder {
@@ -68,6 +82,12 @@ impl ClientBuilder {
         self
     }
 
+    /// Reports every attempt to `observer`.
+    pub fn observer(mut self, observer: Arc<dyn CallObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// Creates the client; nothing connects yet.
     pub fn build(self) -> CsiClient {
         CsiClient {
@@ -76,6 +96,7 @@ impl ClientBuilder {
                 endpoint: self.endpoint,
                 overrides: self.overrides,
                 cancel: self.cancel,
+                observer: self.observer,
             }),
         }
     }
@@ -92,6 +113,7 @@ struct Inner {
     channel: Channel,
     overrides: HashMap<Rpc, RetryPolicy>,
     cancel: CancellationToken,
+    observer: Option<Arc<dyn CallObserver>>,
 }
 
 impl fmt::Debug for CsiClient {
@@ -143,6 +165,7 @@ impl CsiClient {
             endpoint,
             overrides: HashMap::new(),
             cancel: CancellationToken::new(),
+            observer: None,
         }
     }
 
@@ -158,6 +181,12 @@ impl CsiClient {
             .get(&rpc)
             .copied()
             .unwrap_or_else(|| rpc.policy())
+    }
+
+    fn observe(&self, rpc: Rpc, attempt: u32, outcome: Result<(), Code>, sent_at: Instant) {
+        if let Some(o) = &self.inner.observer {
+            o.on_attempt(rpc, attempt, outcome, sent_at.elapsed());
+        }
     }
 
     /// Sends `req` until it succeeds, fails for good, runs out of time or is cancelled.
@@ -188,14 +217,19 @@ impl CsiClient {
                 let mut request = tonic::Request::new(req.clone());
                 request.set_timeout(attempt_timeout);
                 trace!(attempt = attempts, request = ?req, "sending");
+                let sent_at = Instant::now();
                 let sent = tokio::select! {
                     biased;
-                    () = cancel.cancelled() => return Err(CsiError::Cancelled { rpc, attempts }),
+                    () = cancel.cancelled() => {
+                        self.observe(rpc, attempts, Err(Code::Cancelled), sent_at);
+                        return Err(CsiError::Cancelled { rpc, attempts });
+                    }
                     r = tokio::time::timeout(attempt_timeout, send(self.inner.channel.clone(), request)) => r,
                 };
                 let status = match sent {
                     Ok(Ok(resp)) => {
                         trace!(attempt = attempts, "ok");
+                        self.observe(rpc, attempts, Ok(()), sent_at);
                         return Ok(resp.into_inner());
                     }
                     Ok(Err(status)) => status,
@@ -205,6 +239,7 @@ impl CsiClient {
                 };
                 let socket = endpoint_error(&status);
                 let code = status.code();
+                self.observe(rpc, attempts, Err(code), sent_at);
                 let message = match &socket {
                     Some(e) => e.to_string(),
                     None => sanitize(status.message(), sensitive),

@@ -23,7 +23,7 @@ mod redact;
 mod requests;
 pub mod retry;
 
-pub use client::{ClientBuilder, CsiClient, ListedVolume, Page, Validation, channel};
+pub use client::{CallObserver, ClientBuilder, CsiClient, ListedVolume, Page, Validation, channel};
 pub use endpoint::{Endpoint, EndpointError, MAX_SOCKET_PATH};
 pub use error::CsiError;
 pub use redact::REDACTED;
