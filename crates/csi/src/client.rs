@@ -232,10 +232,15 @@ impl CsiClient {
                         self.observe(rpc, attempts, Ok(()), sent_at);
                         return Ok(resp.into_inner());
                     }
+                    // tonic reports its own expiry of `grpc-timeout` as CANCELLED.
+                    Ok(Err(status))
+                        if status.code() == Code::Cancelled
+                            && sent_at.elapsed() >= attempt_timeout =>
+                    {
+                        attempt_deadline_exceeded(attempt_timeout)
+                    }
                     Ok(Err(status)) => status,
-                    Err(_) => Status::deadline_exceeded(format!(
-                        "no answer within the attempt deadline of {attempt_timeout:?}"
-                    )),
+                    Err(_) => attempt_deadline_exceeded(attempt_timeout),
                 };
                 let socket = endpoint_error(&status);
                 let code = status.code();
@@ -860,6 +865,12 @@ impl CsiClient {
             .await?;
         Ok(r.capacity_bytes)
     }
+}
+
+fn attempt_deadline_exceeded(limit: Duration) -> Status {
+    Status::deadline_exceeded(format!(
+        "no answer within the attempt deadline of {limit:?}"
+    ))
 }
 
 /// The socket problem behind a transport failure, if that is what it was.
