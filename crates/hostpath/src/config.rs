@@ -1,0 +1,251 @@
+//! Command line and environment of `berth-hostpath`.
+
+use std::{io::IsTerminal as _, path::PathBuf};
+
+use clap::{ArgAction, Parser, ValueEnum};
+use tracing_subscriber::EnvFilter;
+
+use crate::faults::FaultSpec;
+
+/// Default `--drivername`.
+pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.berth.dev";
+
+/// Default `--statedir`.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth-hostpath";
+
+const FAULT_HELP: &str = "\
+Fault injection (for tests only):
+  --fault SPEC, BERTH_HOSTPATH_FAULTS=SPEC,SPEC…, or <statedir>/faults (one SPEC per line, read
+  again on every RPC so a test can change faults in a running plugin; blank lines and # comments
+  are ignored).
+
+  SPEC = <RpcName>:<ACTION>[:<COUNT>]
+    RpcName  a CSI method name (Probe, NodeStageVolume, …) or * for every method
+    ACTION   a gRPC code in SCREAMING_SNAKE (UNAVAILABLE, NOT_FOUND, …): fail with it, saying the
+             failure is injected
+             delay=<duration> (250ms, 2s…): wait, then answer normally
+             hang: never answer (ends when the client goes away)
+             exit: exit at once with code 75, without answering
+    COUNT    only the first COUNT matching calls (default: every call)
+
+  The first spec that matches a call and is not used up applies (flags first, then the file).
+  Used counts are kept in <statedir>/faults.state.json, so NodeStageVolume:exit:1 exits once,
+  not again after a restart; changing the control file starts its counts afresh.";
+
+/// How log lines are written (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Human,
+    /// One JSON object per event.
+    Json,
+}
+
+/// Configuration of a plugin instance; parsed from flags and environment by the binary, or
+/// built directly to run the plugin in-process.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "berth-hostpath",
+    version,
+    about = "A single-node CSI plugin (Identity, Controller and Node services) that serves \
+             directories under its state directory as volumes, through bind mounts.",
+    after_long_help = FAULT_HELP
+)]
+pub struct Config {
+    /// CSI endpoint: unix:///absolute/path.sock, or an absolute socket path.
+    #[arg(long, env = "CSI_ENDPOINT")]
+    pub endpoint: String,
+
+    /// Node id reported by NodeGetInfo and accepted by ControllerPublishVolume [default: the
+    /// host name].
+    #[arg(long)]
+    pub nodeid: Option<String>,
+
+    /// Directory for state.json, volumes/ and snapshots/.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub statedir: PathBuf,
+
+    /// Plugin name reported by GetPluginInfo.
+    #[arg(long, default_value = DEFAULT_DRIVER_NAME)]
+    pub drivername: String,
+
+    /// Total capacity in bytes that volumes may take (suffixes K, M, G, T, Ki, Mi, Gi, Ti)
+    /// [default: unlimited; GetCapacity reports the free space of the state directory].
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub capacity: Option<u64>,
+
+    /// Largest volume CreateVolume and ControllerExpandVolume accept, in bytes.
+    #[arg(long, value_name = "BYTES", value_parser = parse_bytes)]
+    pub max_volume_size: Option<u64>,
+
+    /// Volumes that may be controller-published to this node at once (0 = no limit).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub max_volumes_per_node: u32,
+
+    /// Advertise and implement NodeStageVolume / NodeUnstageVolume.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub enable_stage: bool,
+
+    /// Advertise and implement ControllerPublishVolume / ControllerUnpublishVolume.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub enable_attach: bool,
+
+    /// Log line format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+
+    /// Log level or tracing filter directives [default: RUST_LOG if set, else info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+
+    /// Inject a fault (test only; repeatable); see the section below.
+    #[arg(
+        long = "fault",
+        value_name = "SPEC",
+        env = "BERTH_HOSTPATH_FAULTS",
+        value_delimiter = ','
+    )]
+    pub faults: Vec<FaultSpec>,
+}
+
+impl Config {
+    /// A configuration with every default, serving on `endpoint` with state in `statedir`.
+    pub fn new(endpoint: impl Into<String>, statedir: impl Into<PathBuf>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            nodeid: None,
+            statedir: statedir.into(),
+            drivername: DEFAULT_DRIVER_NAME.to_owned(),
+            capacity: None,
+            max_volume_size: None,
+            max_volumes_per_node: 0,
+            enable_stage: true,
+            enable_attach: true,
+            log_format: LogFormat::Human,
+            log_level: None,
+            faults: Vec::new(),
+        }
+    }
+
+    /// The log filter: `--log-level`, else `RUST_LOG`, else `info`. A bare level keeps the gRPC
+    /// and HTTP/2 libraries at `info` so that `debug` shows the plugin's RPCs, not frames.
+    pub fn log_filter(&self) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
+        let directives = match (&self.log_level, std::env::var("RUST_LOG")) {
+            (Some(level), _) => level.clone(),
+            (None, Ok(env)) if !env.is_empty() => return EnvFilter::try_new(env),
+            (None, _) => "info".to_owned(),
+        };
+        let bare_level = !directives.contains(['=', ',']);
+        let directives = if bare_level {
+            format!("{directives},h2=info,hyper=info,hyper_util=info,tower=info,tonic=info")
+        } else {
+            directives
+        };
+        EnvFilter::try_new(directives)
+    }
+
+    /// Installs the global `tracing` subscriber for this configuration (stderr).
+    pub fn init_tracing(&self) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let builder = tracing_subscriber::fmt()
+            .with_env_filter(self.log_filter()?)
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr);
+        match self.log_format {
+            LogFormat::Human => builder.try_init(),
+            LogFormat::Json => builder.json().try_init(),
+        }
+    }
+}
+
+/// Parses a byte count: digits with an optional suffix K, M, G, T (powers of 1000) or
+/// Ki, Mi, Gi, Ti (powers of 1024).
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count (e.g. 1048576, 512Mi, 10G)"))?;
+    let unit: u64 = match suffix {
+        "" => 1,
+        "K" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "{text:?}: unknown suffix {suffix:?} (K, M, G, T, Ki, Mi, Gi, Ti)"
+            ));
+        }
+    };
+    n.checked_mul(unit)
+        .filter(|&b| i64::try_from(b).is_ok())
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Config::try_parse_from(std::iter::once("berth-hostpath").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults() {
+        let c = parse(&["--endpoint", "unix:///run/x.sock"]).expect("parses");
+        assert_eq!(c.statedir, PathBuf::from(DEFAULT_STATE_DIR));
+        assert_eq!(c.drivername, DEFAULT_DRIVER_NAME);
+        assert!(c.enable_stage && c.enable_attach);
+        assert_eq!(c.capacity, None);
+        assert!(c.faults.is_empty());
+    }
+
+    #[test]
+    fn booleans_take_values() {
+        let c = parse(&[
+            "--endpoint=/x.sock",
+            "--enable-stage=false",
+            "--enable-attach",
+            "false",
+        ])
+        .expect("parses");
+        assert!(!c.enable_stage && !c.enable_attach);
+        let c = parse(&["--endpoint=/x.sock", "--enable-stage"]).expect("parses");
+        assert!(c.enable_stage);
+        assert!(parse(&["--endpoint=/x.sock", "--enable-stage=maybe"]).is_err());
+    }
+
+    #[test]
+    fn faults_are_validated_by_the_parser() {
+        let c = parse(&[
+            "--endpoint=/x.sock",
+            "--fault",
+            "Probe:UNAVAILABLE:2",
+            "--fault=*:hang",
+        ])
+        .expect("parses");
+        assert_eq!(c.faults.len(), 2);
+        let err = parse(&["--endpoint=/x.sock", "--fault", "Probe:SOMETIMES"]).unwrap_err();
+        assert!(err.to_string().contains("Probe:SOMETIMES"), "{err}");
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("1024"), Ok(1024));
+        assert_eq!(parse_bytes("2Ki"), Ok(2048));
+        assert_eq!(parse_bytes("1G"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("3Gi"), Ok(3 << 30));
+        assert!(parse_bytes("").is_err());
+        assert!(parse_bytes("1.5G").is_err());
+        assert!(parse_bytes("4X").is_err());
+        assert!(parse_bytes("99999999Ti").is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! Errors of the plugin process and their gRPC statuses.
+
+use std::{error::Error as StdError, io, path::PathBuf};
+
+use tonic::Status;
+
+use crate::{endpoint::EndpointError, faults::FaultsError, state::StateError};
+
+/// Why [`run`](crate::run) could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The endpoint is malformed or its socket cannot be set up.
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    /// The state directory cannot be prepared.
+    #[error("preparing the state directory {}", path.display())]
+    StateDir {
+        /// The directory.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The persisted state cannot be loaded.
+    #[error(transparent)]
+    State(#[from] StateError),
+    /// The fault switch cannot be set up.
+    #[error(transparent)]
+    Faults(#[from] FaultsError),
+    /// No `--nodeid` was given and the host name cannot be read.
+    #[error("no --nodeid given and the host name cannot be read")]
+    Hostname(#[source] io::Error),
+    /// A flag has a value the plugin cannot use.
+    #[error("invalid --{flag}: {reason}")]
+    InvalidFlag {
+        /// The flag, without dashes.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The mount table cannot be read.
+    #[error("reading the mount table")]
+    Mounts(#[source] berth_sys::MountError),
+    /// The gRPC server failed.
+    #[error("serving gRPC")]
+    Serve(#[source] tonic::transport::Error),
+}
+
+/// `err` and its sources, joined by `": "`.
+pub(crate) fn chain(err: &dyn StdError) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
+/// `INTERNAL` with the whole error chain as message. Error messages of this crate carry ids and
+/// paths, never secrets or mount flags.
+pub(crate) fn internal(err: &dyn StdError) -> Status {
+    Status::internal(chain(err))
+}
+
+impl From<StateError> for Status {
+    fn from(err: StateError) -> Self {
+        internal(&err)
+    }
+}

@@ -1,0 +1,225 @@
+//! `berth-hostpath`: a single-node CSI plugin (Identity, Controller and Node services in one
+//! process) that berth ships for single-node use and for tests.
+//!
+//! A volume is a directory `<statedir>/volumes/<id>`; a snapshot is a copy of one in
+//! `<statedir>/snapshots/<id>`. NodeStageVolume bind-mounts the volume directory onto the staging
+//! path, NodePublishVolume bind-mounts the staged path (or the volume directory when staging is
+//! disabled) onto the target path, read-only when asked. Whether something is mounted is always
+//! read from the real mount table. Everything else the plugin knows is in `<statedir>/state.json`,
+//! rewritten atomically on every change, so it survives restarts. Operations on one volume or
+//! snapshot are serialized; different ones run in parallel.
+//!
+//! Topology: one segment, `topology.hostpath.csi.berth.dev/node` = the node id.
+//!
+//! # Fault switch (tests only)
+//!
+//! Faults are given with `--fault SPEC` (repeatable), `BERTH_HOSTPATH_FAULTS=SPEC,SPEC…`, or the
+//! control file `<statedir>/faults` (one spec per line, blank lines and `#` comments ignored),
+//! which is read again on every RPC so a test can change faults in a running plugin.
+//!
+//! `SPEC = <RpcName>:<ACTION>[:<COUNT>]`:
+//! - `RpcName`: a CSI method name (`Probe`, `NodeUnpublishVolume`, …) or `*` for every method;
+//! - `ACTION`: a gRPC code name in SCREAMING_SNAKE (`UNAVAILABLE`, `NOT_FOUND`, …) to fail with
+//!   (the message says the failure is injected); `delay=<duration>` (`250ms`, `2s`) to wait and
+//!   then answer normally; `hang` to never answer (the call ends when the client goes away);
+//!   `exit` to exit the process at once with code [`faults::EXIT_CODE`] (75), without answering;
+//! - `COUNT`: apply to the first COUNT matching calls only (default: every call).
+//!
+//! For each call the first spec that matches and is not used up applies, flags before the file.
+//! Used counts are persisted in `<statedir>/faults.state.json` before the fault acts, so
+//! `NodeStageVolume:exit:1` exits once, not again after a restart. When the control file's
+//! content changes, its counts start afresh. A malformed spec on the command line or in the
+//! environment stops the plugin from starting (the error names the spec); a malformed control
+//! file stops it from starting, and while it runs makes every RPC fail with `INTERNAL`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod caps;
+pub mod config;
+mod controller;
+pub mod endpoint;
+mod error;
+pub mod faults;
+mod files;
+mod identity;
+mod locks;
+mod node;
+mod plugin;
+mod state;
+
+use std::{fs, io, os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc, time::Duration};
+
+use berth_csi::pb::{
+    controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
+};
+use berth_sys::{LinuxMounter, Mounter};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::{
+    config::{Config, LogFormat},
+    error::RunError,
+    plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
+    state::StateError,
+};
+use crate::{
+    controller::ControllerService,
+    faults::Faults,
+    identity::IdentityService,
+    node::NodeService,
+    plugin::{Plugin, Settings},
+    state::Store,
+};
+
+/// How long in-flight RPCs may run after shutdown is requested.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Runs the plugin with real mounts until `shutdown` is cancelled, then drains in-flight RPCs
+/// (for at most [`SHUTDOWN_GRACE`]) and removes the socket. Fails before serving if the
+/// configuration, the state directory or the socket cannot be used.
+///
+/// Running in-process is possible, but an `exit` fault exits the whole process.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
+    run_with_mounter(config, shutdown, Arc::new(LinuxMounter)).await
+}
+
+/// [`run`] with another [`Mounter`] (e.g. a recording fake).
+pub async fn run_with_mounter(
+    config: Config,
+    shutdown: CancellationToken,
+    mounter: Arc<dyn Mounter>,
+) -> Result<(), RunError> {
+    let socket = endpoint::socket_path(&config.endpoint)?;
+    validate_driver_name(&config.drivername)?;
+    let node_id = match config.nodeid.clone() {
+        Some(id) => id,
+        None => berth_sys::hostname().map_err(RunError::Hostname)?,
+    };
+    if node_id.is_empty() || node_id.len() > 128 {
+        return Err(RunError::InvalidFlag {
+            flag: "nodeid",
+            reason: format!("{node_id:?} must be 1 to 128 bytes long"),
+        });
+    }
+    let statedir = prepare_statedir(&config.statedir)?;
+    let store = Store::load(&statedir.join("state.json"))?;
+    let faults = Faults::load(config.faults.clone(), &statedir)?;
+    let settings = Settings {
+        driver_name: config.drivername.clone(),
+        node_id,
+        statedir,
+        capacity: config.capacity,
+        max_volume_size: config.max_volume_size,
+        max_volumes_per_node: config.max_volumes_per_node,
+        stage: config.enable_stage,
+        attach: config.enable_attach,
+    };
+    let plugin = Arc::new(
+        Plugin::new(settings, store, mounter, faults, shutdown.clone())
+            .map_err(RunError::Mounts)?,
+    );
+
+    let listener = endpoint::listen(&socket)?;
+    tracing::info!(
+        socket = %socket.display(),
+        driver = %plugin.settings.driver_name,
+        node_id = %plugin.settings.node_id,
+        statedir = %plugin.settings.statedir.display(),
+        stage = plugin.settings.stage,
+        attach = plugin.settings.attach,
+        "serving CSI"
+    );
+    let server = tonic::transport::Server::builder()
+        .layer(tower::util::MapRequestLayer::new(
+            plugin::stamp_arrival as fn(_) -> _,
+        ))
+        .add_service(IdentityServer::new(IdentityService(Arc::clone(&plugin))))
+        .add_service(ControllerServer::new(ControllerService(Arc::clone(
+            &plugin,
+        ))))
+        .add_service(NodeServer::new(NodeService(Arc::clone(&plugin))))
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            shutdown.clone().cancelled_owned(),
+        );
+    let result = tokio::select! {
+        result = server => result.map_err(RunError::Serve),
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        } => {
+            tracing::warn!(grace = ?SHUTDOWN_GRACE, "in-flight RPCs did not finish; stopping");
+            Ok(())
+        }
+    };
+    endpoint::remove_socket(&socket);
+    // Operations whose callers are gone still finish (bounded by the grace period).
+    plugin.tasks.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, plugin.tasks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(grace = ?SHUTDOWN_GRACE, "operations still running; stopping anyway");
+    }
+    tracing::info!("stopped");
+    result
+}
+
+/// Creates the state directory (0700) and its `volumes/` and `snapshots/`, removes leftovers of
+/// interrupted operations, and returns its absolute path.
+fn prepare_statedir(dir: &Path) -> Result<std::path::PathBuf, RunError> {
+    let err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source: io::Error| RunError::StateDir { path, source }
+    };
+    let mut builder = fs::DirBuilder::new();
+    builder.recursive(true).mode(0o700);
+    builder.create(dir).map_err(err(dir))?;
+    let dir = dir.canonicalize().map_err(err(dir))?;
+    for sub in ["volumes", "snapshots"] {
+        let path = dir.join(sub);
+        builder.create(&path).map_err(err(&path))?;
+        files::remove_leftovers(&path).map_err(|e| RunError::StateDir {
+            path: e.path.clone(),
+            source: e.source,
+        })?;
+    }
+    Ok(dir)
+}
+
+/// The CSI rules for a plugin name: at most 63 characters, alphanumerics, `-` and `.`, starting
+/// and ending with an alphanumeric.
+fn validate_driver_name(name: &str) -> Result<(), RunError> {
+    let ok = !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric());
+    if ok {
+        Ok(())
+    } else {
+        Err(RunError::InvalidFlag {
+            flag: "drivername",
+            reason: format!(
+                "{name:?} must be 1 to 63 characters: letters, digits, '-' and '.', starting and \
+                 ending with a letter or digit"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_names() {
+        assert!(validate_driver_name("hostpath.csi.berth.dev").is_ok());
+        for bad in ["", "-x", "x.", "a_b", &"a".repeat(64)] {
+            assert!(validate_driver_name(bad).is_err(), "{bad:?}");
+        }
+    }
+}

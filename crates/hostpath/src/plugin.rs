@@ -1,0 +1,392 @@
+//! The plugin instance shared by the three CSI services, and what every RPC does first.
+
+use std::{
+    collections::HashMap,
+    ffi::OsString,
+    fmt::Debug,
+    future::Future,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use berth_sys::{MountEntry, Mounter};
+use tokio::time::{Duration, Instant};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+use tonic::{Request, Response, Status, codegen::http};
+use tracing::Instrument as _;
+
+use crate::{error::internal, faults::Faults, locks::KeyedLocks, state::Store};
+
+/// Topology key whose value is the node id.
+pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi.berth.dev/node";
+
+/// Publish-context key whose value is the node a volume was published to.
+pub const PUBLISH_CONTEXT_NODE_KEY: &str = "hostpath.csi.berth.dev/node";
+
+/// Settings of a plugin instance, resolved from the [`Config`](crate::Config).
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub driver_name: String,
+    pub node_id: String,
+    pub statedir: PathBuf,
+    pub capacity: Option<u64>,
+    pub max_volume_size: Option<u64>,
+    pub max_volumes_per_node: u32,
+    pub stage: bool,
+    pub attach: bool,
+}
+
+#[derive(Debug)]
+pub(crate) struct Plugin {
+    pub settings: Settings,
+    pub volumes_dir: PathBuf,
+    pub snapshots_dir: PathBuf,
+    /// How a volume directory shows as the root of a bind mount in mountinfo: this plus its id.
+    pub volumes_fs_root: PathBuf,
+    pub store: Store,
+    pub locks: KeyedLocks,
+    pub mounter: Arc<dyn Mounter>,
+    pub faults: Faults,
+    pub shutdown: CancellationToken,
+    /// Every RPC body runs here; shutdown waits for them.
+    pub tasks: TaskTracker,
+}
+
+/// When a request arrived, stamped by [`stamp_arrival`] before tonic's own deadline timer
+/// starts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Arrival(Instant);
+
+/// Records when a request arrived (used as a layer of the gRPC server).
+pub(crate) fn stamp_arrival(
+    mut request: http::Request<tonic::body::Body>,
+) -> http::Request<tonic::body::Body> {
+    request.extensions_mut().insert(Arrival(Instant::now()));
+    request
+}
+
+/// The caller's deadline: arrival plus its `grpc-timeout`. Measured from arrival, it is never
+/// later than tonic's own timer (which would answer `CANCELLED`), so callers get
+/// `DEADLINE_EXCEEDED` as gRPC prescribes.
+fn deadline<T>(request: &Request<T>) -> Option<Instant> {
+    let timeout = request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)?;
+    let arrival = request
+        .extensions()
+        .get::<Arrival>()
+        .map_or_else(Instant::now, |a| a.0);
+    Some(arrival + timeout)
+}
+
+/// Parses a `grpc-timeout` header value: up to 8 digits and a unit (H, M, S, m, u, n).
+pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(n * 3600),
+        'M' => Duration::from_secs(n * 60),
+        'S' => Duration::from_secs(n),
+        'm' => Duration::from_millis(n),
+        'u' => Duration::from_micros(n),
+        'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+/// What is mounted at a path, as far as one volume is concerned.
+#[derive(Debug)]
+pub(crate) enum MountAt {
+    Nothing,
+    /// The volume's directory (directly or through its staging mount).
+    Volume,
+    /// Something else.
+    Other(MountEntry),
+}
+
+impl Plugin {
+    /// Sets up the instance over an existing state directory `settings.statedir` (absolute).
+    pub fn new(
+        settings: Settings,
+        store: Store,
+        mounter: Arc<dyn Mounter>,
+        faults: Faults,
+        shutdown: CancellationToken,
+    ) -> Result<Self, berth_sys::MountError> {
+        let volumes_dir = settings.statedir.join("volumes");
+        let snapshots_dir = settings.statedir.join("snapshots");
+        let mounts = mounter.mounts()?;
+        let volumes_fs_root = fs_root_of(&mounts, &volumes_dir);
+        Ok(Self {
+            settings,
+            volumes_dir,
+            snapshots_dir,
+            volumes_fs_root,
+            store,
+            locks: KeyedLocks::default(),
+            mounter,
+            faults,
+            shutdown,
+            tasks: TaskTracker::new(),
+        })
+    }
+
+    /// Runs one RPC: opens a span with its method and volume id, logs the call (the request at
+    /// trace, through its redacting `Debug`), applies the fault switch, then runs `body` as a
+    /// tracked task. The answer honours the caller's deadline (`DEADLINE_EXCEEDED`), but the
+    /// operation itself always runs to completion, even if the caller gives up or goes away, so
+    /// no operation is left half done and a retry finds it finished.
+    pub async fn rpc<Req, T, Fut>(
+        self: &Arc<Self>,
+        method: &'static str,
+        volume_id: &str,
+        request: Request<Req>,
+        body: impl FnOnce(Arc<Self>, Req) -> Fut,
+    ) -> Result<Response<T>, Status>
+    where
+        Req: Debug,
+        T: Send + 'static,
+        Fut: Future<Output = Result<T, Status>> + Send + 'static,
+    {
+        let deadline = deadline(&request);
+        let request = request.into_inner();
+        let span = tracing::debug_span!("rpc", method, volume_id);
+        let work = async {
+            tracing::debug!("call");
+            tracing::trace!(?request);
+            self.faults.apply(method, &self.shutdown).await?;
+            let task = self
+                .tasks
+                .spawn(body(Arc::clone(self), request).in_current_span());
+            task.await
+                .map_err(|e| Status::internal(format!("{method} failed: {e}")))?
+        };
+        let result = async {
+            match deadline {
+                None => work.await,
+                Some(at) => tokio::select! {
+                    biased;
+                    result = work => result,
+                    () = tokio::time::sleep_until(at) => Err(Status::deadline_exceeded(format!(
+                        "{method} did not finish within the caller's deadline; it goes on, and \
+                         a retry waits for it"
+                    ))),
+                },
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        let _enter = span.enter();
+        match &result {
+            Ok(_) => tracing::debug!("ok"),
+            Err(status) => {
+                tracing::debug!(code = ?status.code(), message = status.message(), "failed");
+            }
+        }
+        result.map(Response::new)
+    }
+
+    /// This node's topology segments.
+    pub fn topology(&self) -> HashMap<String, String> {
+        HashMap::from([(TOPOLOGY_KEY.to_owned(), self.settings.node_id.clone())])
+    }
+
+    pub fn volume_dir(&self, id: &str) -> PathBuf {
+        self.volumes_dir.join(id)
+    }
+
+    pub fn snapshot_dir(&self, id: &str) -> PathBuf {
+        self.snapshots_dir.join(id)
+    }
+
+    /// Whether `entry` is a bind mount of volume `id`'s directory (even one removed since).
+    pub fn is_volume_mount(&self, entry: &MountEntry, id: &str) -> bool {
+        let expected = self.volumes_fs_root.join(id);
+        let mut deleted = OsString::from(expected.as_os_str());
+        deleted.push("//deleted");
+        entry.root == expected || entry.root.as_os_str() == deleted
+    }
+
+    /// What is mounted at `path` (the top-most mount), read from the real mount table.
+    pub fn mount_at(&self, path: &Path, id: &str) -> Result<MountAt, Status> {
+        let entry = self.mounter.mount_at(path).map_err(|e| internal(&e))?;
+        Ok(match entry {
+            None => MountAt::Nothing,
+            Some(e) if self.is_volume_mount(&e, id) => MountAt::Volume,
+            Some(e) => MountAt::Other(e),
+        })
+    }
+
+    /// Every mount of volume `id` in this plugin's mount namespace.
+    pub fn volume_mounts(&self, id: &str) -> Result<Vec<MountEntry>, Status> {
+        let mounts = self.mounter.mounts().map_err(|e| internal(&e))?;
+        Ok(mounts
+            .into_iter()
+            .filter(|e| self.is_volume_mount(e, id))
+            .collect())
+    }
+}
+
+/// Runs blocking filesystem work on the blocking pool; its errors become `INTERNAL`.
+pub(crate) async fn blocking<T, E>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, Status>
+where
+    T: Send + 'static,
+    E: std::error::Error + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("filesystem task failed: {e}")))?
+        .map_err(|e| internal(&e))
+}
+
+/// Where `dir` lives inside its filesystem, as mountinfo roots show it: the root of the
+/// top-most mount containing `dir`, joined with the rest of the path.
+fn fs_root_of(mounts: &[MountEntry], dir: &Path) -> PathBuf {
+    let containing = mounts
+        .iter()
+        .filter(|e| dir.starts_with(&e.mount_point))
+        .map(|e| e.mount_point.components().count())
+        .max()
+        .and_then(|depth| {
+            let point = mounts
+                .iter()
+                .find(|e| {
+                    dir.starts_with(&e.mount_point) && e.mount_point.components().count() == depth
+                })?
+                .mount_point
+                .clone();
+            berth_sys::top_mount_at(mounts, &point)
+        });
+    match containing {
+        Some(e) => {
+            let rest = dir.strip_prefix(&e.mount_point).unwrap_or(dir);
+            e.root.join(rest)
+        }
+        None => dir.to_path_buf(),
+    }
+}
+
+/// A plugin over `dir` (state in `dir/state`) with the given mounter, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_plugin(
+    dir: &Path,
+    mounter: Arc<dyn Mounter>,
+    stage: bool,
+    attach: bool,
+) -> Arc<Plugin> {
+    let statedir = dir.join("state");
+    for sub in ["volumes", "snapshots"] {
+        std::fs::create_dir_all(statedir.join(sub)).expect("state dirs");
+    }
+    let settings = Settings {
+        driver_name: "test.csi.berth.dev".to_owned(),
+        node_id: "node-1".to_owned(),
+        statedir: statedir.clone(),
+        capacity: None,
+        max_volume_size: None,
+        max_volumes_per_node: 0,
+        stage,
+        attach,
+    };
+    let store = Store::load(&statedir.join("state.json")).expect("store");
+    let faults = Faults::load(Vec::new(), &statedir).expect("faults");
+    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    Arc::new(plugin.expect("plugin"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use berth_csi::pb;
+    use berth_sys::RecordingMounter;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_answer_honours_the_deadline_and_the_operation_still_completes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, true);
+        let done = Arc::new(AtomicBool::new(false));
+        let mut request = Request::new(pb::ProbeRequest {});
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", "100m".parse().expect("ascii"));
+        let finished = Arc::clone(&done);
+        let start = Instant::now();
+        let answer = p
+            .rpc("Probe", "", request, move |_, _| async move {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                finished.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .await;
+        assert_eq!(
+            answer.map(|_| ()).unwrap_err().code(),
+            tonic::Code::DeadlineExceeded
+        );
+        assert_eq!(start.elapsed(), Duration::from_millis(100));
+        assert!(!done.load(Ordering::SeqCst));
+        p.tasks.close();
+        p.tasks.wait().await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the operation ran to completion"
+        );
+    }
+
+    #[test]
+    fn grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(
+            parse_grpc_timeout("99999999n"),
+            Some(Duration::from_nanos(99_999_999))
+        );
+        for bad in ["", "m", "123456789S", "12x", "-1S", "1.5S"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    fn entry(id: u32, parent: u32, root: &str, point: &str) -> MountEntry {
+        MountEntry {
+            mount_id: id,
+            parent_id: parent,
+            root: root.into(),
+            mount_point: point.into(),
+            read_only: false,
+            fs_type: "ext4".into(),
+            source: "/dev/x".into(),
+        }
+    }
+
+    #[test]
+    fn volume_dirs_are_found_inside_bind_mounted_filesystems() {
+        let mounts = vec![
+            entry(1, 0, "/", "/"),
+            entry(2, 1, "/", "/tmp"),
+            entry(3, 2, "/srv/state", "/tmp/state"),
+        ];
+        assert_eq!(
+            fs_root_of(&mounts, Path::new("/var/lib/x/volumes")),
+            Path::new("/var/lib/x/volumes")
+        );
+        assert_eq!(
+            fs_root_of(&mounts, Path::new("/tmp/a/volumes")),
+            Path::new("/a/volumes")
+        );
+        assert_eq!(
+            fs_root_of(&mounts, Path::new("/tmp/state/volumes")),
+            Path::new("/srv/state/volumes")
+        );
+    }
+}

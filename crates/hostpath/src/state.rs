@@ -1,0 +1,300 @@
+//! The persisted state: `<statedir>/state.json`, rewritten atomically on every change.
+
+use std::{
+    collections::BTreeMap,
+    io,
+    path::{Path, PathBuf},
+};
+
+use berth_csi::pb;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+/// Version written in `state.json`.
+const VERSION: u32 = 1;
+
+/// Everything the plugin remembers.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct State {
+    pub version: u32,
+    /// By volume id.
+    pub volumes: BTreeMap<String, VolumeRecord>,
+    /// By snapshot id.
+    pub snapshots: BTreeMap<String, SnapshotRecord>,
+}
+
+/// Where a volume's initial content came from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ContentSource {
+    Snapshot(String),
+    Volume(String),
+}
+
+impl ContentSource {
+    pub fn to_pb(&self) -> pb::VolumeContentSource {
+        use pb::volume_content_source::{SnapshotSource, Type, VolumeSource};
+        pb::VolumeContentSource {
+            r#type: Some(match self {
+                Self::Snapshot(id) => Type::Snapshot(SnapshotSource {
+                    snapshot_id: id.clone(),
+                }),
+                Self::Volume(id) => Type::Volume(VolumeSource {
+                    volume_id: id.clone(),
+                }),
+            }),
+        }
+    }
+}
+
+/// The parts of a volume capability that matter for compatibility (mount flags are not kept:
+/// they may be sensitive, and bind mounts ignore them).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Capability {
+    /// Access mode name, e.g. `SINGLE_NODE_WRITER`.
+    pub access_mode: String,
+    pub fs_type: String,
+    pub mount_group: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ControllerPublication {
+    pub readonly: bool,
+    pub capability: Capability,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Staging {
+    pub capability: Capability,
+    /// Whether NodeStageVolume created the staging directory (then NodeUnstageVolume removes it).
+    pub created_dir: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct NodePublication {
+    pub readonly: bool,
+    pub capability: Capability,
+    pub staging_path: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct VolumeRecord {
+    pub id: String,
+    pub name: String,
+    pub capacity_bytes: i64,
+    pub parameters: BTreeMap<String, String>,
+    pub source: Option<ContentSource>,
+    /// Controller publications, by node id.
+    #[serde(default)]
+    pub published_nodes: BTreeMap<String, ControllerPublication>,
+    /// Node stagings, by staging path.
+    #[serde(default)]
+    pub staged: BTreeMap<PathBuf, Staging>,
+    /// Node publications, by target path.
+    #[serde(default)]
+    pub published: BTreeMap<PathBuf, NodePublication>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SnapshotRecord {
+    pub id: String,
+    pub name: String,
+    pub source_volume_id: String,
+    pub size_bytes: i64,
+    pub created_seconds: i64,
+    pub created_nanos: i32,
+}
+
+impl SnapshotRecord {
+    pub fn to_pb(&self) -> pb::Snapshot {
+        pb::Snapshot {
+            size_bytes: self.size_bytes,
+            snapshot_id: self.id.clone(),
+            source_volume_id: self.source_volume_id.clone(),
+            creation_time: Some(prost_types::Timestamp {
+                seconds: self.created_seconds,
+                nanos: self.created_nanos,
+            }),
+            ready_to_use: true,
+            group_snapshot_id: String::new(),
+        }
+    }
+}
+
+/// The state file cannot be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// Reading failed.
+    #[error("reading the state file {}", path.display())]
+    Read {
+        /// The state file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+    /// The content is not valid.
+    #[error("the state file {} is corrupt", path.display())]
+    Corrupt {
+        /// The state file.
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file was written by a newer version.
+    #[error("the state file {} has version {found}; this plugin understands {VERSION}", path.display())]
+    Version {
+        /// The state file.
+        path: PathBuf,
+        /// The version found.
+        found: u32,
+    },
+    /// Writing failed; the file keeps its previous content.
+    #[error("saving the state")]
+    Write(#[source] berth_sys::AtomicWriteError),
+    /// The blocking write task failed.
+    #[error("saving the state: the write task failed")]
+    Task(#[source] tokio::task::JoinError),
+}
+
+/// The state and its file. One writer at a time; the in-memory state changes only once the new
+/// state is on disk.
+#[derive(Debug)]
+pub(crate) struct Store {
+    path: PathBuf,
+    state: Mutex<State>,
+}
+
+impl Store {
+    /// Loads `path`, or starts empty if it does not exist.
+    pub fn load(path: &Path) -> Result<Self, StateError> {
+        let state = match std::fs::read(path) {
+            Ok(bytes) => {
+                let state: State =
+                    serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {
+                        path: path.to_path_buf(),
+                        source,
+                    })?;
+                if state.version > VERSION {
+                    return Err(StateError::Version {
+                        path: path.to_path_buf(),
+                        found: state.version,
+                    });
+                }
+                state
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => State {
+                version: VERSION,
+                ..State::default()
+            },
+            Err(source) => {
+                return Err(StateError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            state: Mutex::new(state),
+        })
+    }
+
+    /// Runs `f` on the current state.
+    pub async fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&*self.state.lock().await)
+    }
+
+    /// Applies `f` to a copy of the state; if it returns `Ok`, writes the copy atomically and
+    /// makes it current. If `f` fails or the write fails, nothing changes.
+    pub async fn update<R, E>(&self, f: impl FnOnce(&mut State) -> Result<R, E>) -> Result<R, E>
+    where
+        E: From<StateError>,
+    {
+        let mut current = self.state.lock().await;
+        let mut next = current.clone();
+        let out = f(&mut next)?;
+        next.version = VERSION;
+        let bytes = serde_json::to_vec_pretty(&next).map_err(|source| StateError::Corrupt {
+            path: self.path.clone(),
+            source,
+        })?;
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || berth_sys::write_atomic(&path, &bytes))
+            .await
+            .map_err(StateError::Task)?
+            .map_err(StateError::Write)?;
+        *current = next;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Refused;
+
+    impl From<StateError> for Refused {
+        fn from(_: StateError) -> Self {
+            Self
+        }
+    }
+
+    fn volume(id: &str) -> VolumeRecord {
+        VolumeRecord {
+            id: id.to_owned(),
+            name: format!("name-{id}"),
+            capacity_bytes: 1,
+            parameters: BTreeMap::new(),
+            source: None,
+            published_nodes: BTreeMap::new(),
+            staged: BTreeMap::new(),
+            published: BTreeMap::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn survives_a_reload_and_failed_updates_change_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let store = Store::load(&path).expect("load empty");
+        store
+            .update(|s| {
+                s.volumes.insert("v1".into(), volume("v1"));
+                Ok::<_, Refused>(())
+            })
+            .await
+            .expect("update");
+        let refused = store
+            .update(|s| {
+                s.volumes.clear();
+                Err::<(), _>(Refused)
+            })
+            .await;
+        assert!(refused.is_err());
+        assert_eq!(store.read(|s| s.volumes.len()).await, 1);
+
+        let reloaded = Store::load(&path).expect("reload");
+        assert_eq!(
+            reloaded.read(|s| s.volumes["v1"].name.clone()).await,
+            "name-v1"
+        );
+    }
+
+    #[test]
+    fn corrupt_and_newer_files_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        std::fs::write(&path, b"{not json").expect("write");
+        assert!(matches!(
+            Store::load(&path),
+            Err(StateError::Corrupt { .. })
+        ));
+        std::fs::write(&path, br#"{"version":9,"volumes":{},"snapshots":{}}"#).expect("write");
+        let err = Store::load(&path).unwrap_err();
+        assert!(err.to_string().contains("version 9"), "{err}");
+    }
+}

@@ -1,0 +1,210 @@
+//! Crash-safe file writes and filesystem statistics.
+
+use std::{
+    fmt,
+    fs::{self, File, OpenOptions},
+    io::{self, Write as _},
+    os::unix::fs::OpenOptionsExt as _,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
+};
+
+use nix::sys::statvfs::statvfs;
+
+/// A step of [`write_atomic`], named in its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteStep {
+    /// Creating the temporary file next to the target.
+    CreateTemp,
+    /// Writing the bytes.
+    Write,
+    /// Flushing the file to disk.
+    SyncFile,
+    /// Renaming the temporary file over the target.
+    Rename,
+    /// Flushing the directory entry to disk.
+    SyncDir,
+}
+
+impl fmt::Display for WriteStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::CreateTemp => "creating the temporary file",
+            Self::Write => "writing",
+            Self::SyncFile => "syncing the file",
+            Self::Rename => "renaming the temporary file into place",
+            Self::SyncDir => "syncing the directory",
+        })
+    }
+}
+
+/// [`write_atomic`] failed; the target keeps its old content unless `step` is
+/// [`WriteStep::SyncDir`] (then the new content is in place but may not survive a crash).
+#[derive(Debug, thiserror::Error)]
+#[error("writing {} atomically: {step}", path.display())]
+pub struct AtomicWriteError {
+    /// The file that was being written.
+    pub path: PathBuf,
+    /// The step that failed.
+    pub step: WriteStep,
+    /// The underlying error.
+    #[source]
+    pub source: io::Error,
+}
+
+static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Replaces the content of `path` with `bytes` so that after a crash the file holds either the
+/// old or the new content, never a mix: writes a temporary file in the same directory (mode
+/// 0600), syncs it, renames it over `path`, then syncs the directory. The directory must exist.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
+    let err = |step| {
+        move |source| AtomicWriteError {
+            path: path.to_path_buf(),
+            step,
+            source,
+        }
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))
+        .map_err(err(WriteStep::CreateTemp))?;
+    let mut temp_name = std::ffi::OsString::from(".");
+    temp_name.push(name);
+    temp_name.push(format!(
+        ".tmp-{}-{}",
+        std::process::id(),
+        TEMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let temp = dir.join(temp_name);
+
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)
+        .map_err(err(WriteStep::CreateTemp))?;
+    let written = (|| {
+        file.write_all(bytes).map_err(err(WriteStep::Write))?;
+        file.sync_all().map_err(err(WriteStep::SyncFile))?;
+        drop(file);
+        fs::rename(&temp, path).map_err(err(WriteStep::Rename))
+    })();
+    if let Err(e) = written {
+        // Best effort: the temporary file is garbage either way.
+        let _ = fs::remove_file(&temp);
+        return Err(e);
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(err(WriteStep::SyncDir))
+}
+
+/// Size and inode counts of a filesystem, as `statvfs(3)` reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    /// Size of the filesystem in bytes.
+    pub total_bytes: u64,
+    /// Bytes an unprivileged user may still allocate.
+    pub available_bytes: u64,
+    /// Total number of inodes.
+    pub total_inodes: u64,
+    /// Free inodes.
+    pub free_inodes: u64,
+    /// Inodes an unprivileged user may still allocate.
+    pub available_inodes: u64,
+}
+
+/// `statvfs` on a path failed.
+#[derive(Debug, thiserror::Error)]
+#[error("reading filesystem statistics of {}", path.display())]
+pub struct FsStatsError {
+    /// The path that was asked about.
+    pub path: PathBuf,
+    /// The underlying error.
+    #[source]
+    pub source: io::Error,
+}
+
+/// Statistics of the filesystem that holds `path`.
+// The statvfs field types are narrower than u64 on some targets.
+#[allow(clippy::useless_conversion)]
+pub fn fs_stats(path: &Path) -> Result<FsStats, FsStatsError> {
+    let st = statvfs(path).map_err(|errno| FsStatsError {
+        path: path.to_path_buf(),
+        source: errno.into(),
+    })?;
+    let frag = u64::from(st.fragment_size());
+    Ok(FsStats {
+        total_bytes: u64::from(st.blocks()).saturating_mul(frag),
+        available_bytes: u64::from(st.blocks_available()).saturating_mul(frag),
+        total_inodes: u64::from(st.files()),
+        free_inodes: u64::from(st.files_free()),
+        available_inodes: u64::from(st.files_available()),
+    })
+}
+
+/// This machine's host name.
+pub fn hostname() -> io::Result<String> {
+    let name = nix::unistd::gethostname()?;
+    name.into_string()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "host name is not UTF-8"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_content_and_leaves_no_temp() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        write_atomic(&path, b"first").expect("first write");
+        write_atomic(&path, b"second").expect("second write");
+        assert_eq!(fs::read(&path).expect("read"), b"second");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .expect("read_dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("state.json")]);
+        let mode = fs::metadata(&path).expect("metadata").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+
+    #[test]
+    fn write_atomic_names_path_and_step() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("missing-dir").join("f");
+        let err = write_atomic(&path, b"x").unwrap_err();
+        assert_eq!(err.step, WriteStep::CreateTemp);
+        assert_eq!(err.path, path);
+        assert!(err.to_string().contains("missing-dir/f"), "{err}");
+    }
+
+    #[test]
+    fn write_atomic_failed_rename_keeps_old_content() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("target");
+        fs::create_dir(&path).expect("mkdir");
+        fs::write(path.join("inside"), b"x").expect("write");
+        let err = write_atomic(&path, b"new").unwrap_err();
+        assert_eq!(err.step, WriteStep::Rename);
+        assert_eq!(fs::read_dir(dir.path()).expect("read_dir").count(), 1);
+    }
+
+    #[test]
+    fn fs_stats_reports_a_filesystem() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let st = fs_stats(dir.path()).expect("statvfs");
+        assert!(st.total_bytes > 0);
+        assert!(st.available_bytes <= st.total_bytes);
+        let err = fs_stats(&dir.path().join("nope")).unwrap_err();
+        assert_eq!(err.source.kind(), io::ErrorKind::NotFound);
+    }
+}

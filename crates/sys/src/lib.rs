@@ -1,0 +1,22 @@
+//! The syscalls berth makes, behind small traits so the logic above them can be tested without
+//! root: bind mounts and the mount table ([`mount`]), ids that become path segments ([`ids`]),
+//! crash-safe file writes and filesystem statistics ([`fs`]).
+//!
+//! Everything here is safe Rust over `nix`; the crate forbids `unsafe`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod fs;
+pub mod ids;
+pub mod mount;
+mod mountinfo;
+
+pub use fs::{AtomicWriteError, FsStats, FsStatsError, fs_stats, hostname, write_atomic};
+pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, validate_path_segment};
+pub use mount::{
+    LinuxMounter, MountCall, MountEntry, MountError, Mounter, RecordingMounter, top_mount_at,
+};
+pub use mountinfo::{MountinfoError, parse_mountinfo, read_mountinfo};
+/// The errno type of mount errors, re-exported so callers need not depend on `nix`.
+pub use nix::errno::Errno;

@@ -1,0 +1,604 @@
+//! Bind mounts and the mount table, behind the [`Mounter`] trait.
+//!
+//! [`LinuxMounter`] makes the real syscalls; [`RecordingMounter`] records every call and keeps an
+//! in-memory mount table, so code above it can be unit-tested without root.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+    sync::{Mutex, MutexGuard},
+};
+
+use nix::{
+    errno::Errno,
+    mount::{MntFlags, MsFlags, mount, umount2},
+};
+
+use crate::mountinfo::{MountinfoError, read_mountinfo};
+
+/// One line of a mountinfo file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountEntry {
+    /// Unique id of the mount.
+    pub mount_id: u32,
+    /// Id of the mount this one is mounted on.
+    pub parent_id: u32,
+    /// Path, inside the source filesystem, of the directory mounted here (a bind mount of
+    /// `/data/v1` shows `/data/v1` if `/data` is on the same filesystem as `/`).
+    pub root: PathBuf,
+    /// Where it is mounted, relative to the reading process's root.
+    pub mount_point: PathBuf,
+    /// Whether the mount itself (not only the filesystem) is read-only.
+    pub read_only: bool,
+    /// Filesystem type, e.g. `ext4`.
+    pub fs_type: String,
+    /// Mount source, e.g. `/dev/sda1` or `tmpfs`.
+    pub source: String,
+}
+
+/// A mount operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    /// `mount(MS_BIND)` failed; nothing was mounted.
+    #[error("bind-mounting {} onto {}", from.display(), target.display())]
+    Bind {
+        /// The directory that was to be bind-mounted.
+        from: PathBuf,
+        /// The mount point.
+        target: PathBuf,
+        /// The errno of the syscall.
+        #[source]
+        errno: Errno,
+    },
+    /// The bind mount worked but making it read-only did not; the bind mount was undone.
+    #[error("making the bind mount at {} read-only", target.display())]
+    RemountReadOnly {
+        /// The mount point.
+        target: PathBuf,
+        /// The errno of the remount.
+        #[source]
+        errno: Errno,
+    },
+    /// `umount2` said `EINVAL`: nothing is mounted at `target`.
+    #[error("{} is not a mount point", target.display())]
+    NotMounted {
+        /// The path that was to be unmounted.
+        target: PathBuf,
+    },
+    /// `umount2` failed for another reason (`EBUSY`, `ENOENT`, `EPERM`…).
+    #[error("unmounting {}", target.display())]
+    Unmount {
+        /// The path that was to be unmounted.
+        target: PathBuf,
+        /// The errno of the syscall.
+        #[source]
+        errno: Errno,
+    },
+    /// The mount table could not be read.
+    #[error("reading the mount table {}", path.display())]
+    ReadMountinfo {
+        /// The mountinfo file.
+        path: PathBuf,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The mount table did not parse.
+    #[error("parsing the mount table {}", path.display())]
+    ParseMountinfo {
+        /// The mountinfo file.
+        path: PathBuf,
+        /// The line that failed.
+        #[source]
+        source: MountinfoError,
+    },
+}
+
+impl MountError {
+    /// Whether the error means "nothing was mounted there", which unmount callers usually treat
+    /// as success.
+    pub fn is_not_mounted(&self) -> bool {
+        matches!(self, Self::NotMounted { .. })
+    }
+}
+
+/// Mounts and unmounts, in the mount namespace of the calling process.
+pub trait Mounter: Send + Sync + fmt::Debug {
+    /// Bind-mounts the directory `source` onto `target` (both must exist). With `read_only`, the
+    /// new mount is remounted read-only before this returns; if that fails the bind is undone,
+    /// so on error nothing new is left mounted.
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
+
+    /// Unmounts the top-most mount at `target` (no lazy detach, no force). Returns
+    /// [`MountError::NotMounted`] if `target` is not a mount point.
+    fn unmount(&self, target: &Path) -> Result<(), MountError>;
+
+    /// The current mount table, in mountinfo order.
+    fn mounts(&self) -> Result<Vec<MountEntry>, MountError>;
+
+    /// The top-most mount whose mount point is `path` (compared component-wise, without
+    /// resolving symlinks), if any.
+    fn mount_at(&self, path: &Path) -> Result<Option<MountEntry>, MountError> {
+        Ok(top_mount_at(&self.mounts()?, path).cloned())
+    }
+}
+
+/// The top-most entry of `entries` mounted at `path`: of the entries whose mount point equals
+/// `path`, the one no other of them is mounted on.
+pub fn top_mount_at<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    let at: Vec<&MountEntry> = entries.iter().filter(|e| e.mount_point == path).collect();
+    at.iter()
+        .rev()
+        .find(|e| !at.iter().any(|o| o.parent_id == e.mount_id))
+        .or(at.last())
+        .copied()
+}
+
+/// The real thing: `mount(2)` and `umount2(2)` through `nix`, `/proc/self/mountinfo`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LinuxMounter;
+
+impl LinuxMounter {
+    const MOUNTINFO: &'static str = "/proc/self/mountinfo";
+}
+
+impl Mounter for LinuxMounter {
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|errno| MountError::Bind {
+            from: source.to_path_buf(),
+            target: target.to_path_buf(),
+            errno,
+        })?;
+        if read_only {
+            let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
+            if let Err(errno) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
+                // Never leave a writable mount behind when a read-only one was asked for.
+                let _ = umount2(target, MntFlags::empty());
+                return Err(MountError::RemountReadOnly {
+                    target: target.to_path_buf(),
+                    errno,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<(), MountError> {
+        umount2(target, MntFlags::empty()).map_err(|errno| match errno {
+            Errno::EINVAL => MountError::NotMounted {
+                target: target.to_path_buf(),
+            },
+            errno => MountError::Unmount {
+                target: target.to_path_buf(),
+                errno,
+            },
+        })
+    }
+
+    fn mounts(&self) -> Result<Vec<MountEntry>, MountError> {
+        read_mountinfo(Path::new(Self::MOUNTINFO))
+    }
+}
+
+/// A call made to a [`RecordingMounter`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MountCall {
+    /// [`Mounter::bind`].
+    Bind {
+        /// Directory bind-mounted.
+        source: PathBuf,
+        /// Mount point.
+        target: PathBuf,
+        /// Whether a read-only mount was asked for.
+        read_only: bool,
+    },
+    /// [`Mounter::unmount`].
+    Unmount {
+        /// Path unmounted.
+        target: PathBuf,
+    },
+}
+
+/// A fake [`Mounter`]: records every call and keeps an in-memory mount table that starts with
+/// one root mount (id 1, `/`). [`fail_next`](Self::fail_next) makes the next call fail.
+#[derive(Debug)]
+pub struct RecordingMounter {
+    inner: Mutex<Recording>,
+}
+
+#[derive(Debug)]
+struct Recording {
+    calls: Vec<MountCall>,
+    table: Vec<MountEntry>,
+    next_id: u32,
+    fail_next: Option<Errno>,
+}
+
+impl Default for RecordingMounter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RecordingMounter {
+    /// A fake whose table holds only the root mount.
+    pub fn new() -> Self {
+        let root = MountEntry {
+            mount_id: 1,
+            parent_id: 0,
+            root: PathBuf::from("/"),
+            mount_point: PathBuf::from("/"),
+            read_only: false,
+            fs_type: "rootfs".to_owned(),
+            source: "rootfs".to_owned(),
+        };
+        Self {
+            inner: Mutex::new(Recording {
+                calls: Vec::new(),
+                table: vec![root],
+                next_id: 100,
+                fail_next: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Recording> {
+        // A panic while holding the lock cannot leave the recording half-updated.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Every call made so far, in order.
+    pub fn calls(&self) -> Vec<MountCall> {
+        self.lock().calls.clone()
+    }
+
+    /// Returns the calls made so far and forgets them.
+    pub fn take_calls(&self) -> Vec<MountCall> {
+        std::mem::take(&mut self.lock().calls)
+    }
+
+    /// Makes the next `bind` or `unmount` fail with `errno` (recorded, table unchanged; an
+    /// `unmount` failing with `EINVAL` reports [`MountError::NotMounted`]).
+    pub fn fail_next(&self, errno: Errno) {
+        self.lock().fail_next = Some(errno);
+    }
+
+    /// Adds an entry to the table, as if something else had mounted it.
+    pub fn insert(&self, entry: MountEntry) {
+        self.lock().table.push(entry);
+    }
+}
+
+impl Mounter for RecordingMounter {
+    fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
+        let mut rec = self.lock();
+        rec.calls.push(MountCall::Bind {
+            source: source.to_path_buf(),
+            target: target.to_path_buf(),
+            read_only,
+        });
+        if let Some(errno) = rec.fail_next.take() {
+            return Err(MountError::Bind {
+                from: source.to_path_buf(),
+                target: target.to_path_buf(),
+                errno,
+            });
+        }
+        let parent_id = containing_mount(&rec.table, target).map_or(1, |e| e.mount_id);
+        // As the kernel does, the root is the source's path inside its own filesystem: a bind of
+        // a bind mount shows the first mount's root.
+        let (root, fs_type, src) = match containing_mount(&rec.table, source) {
+            Some(e) => (
+                e.root
+                    .join(source.strip_prefix(&e.mount_point).unwrap_or(source)),
+                e.fs_type.clone(),
+                e.source.clone(),
+            ),
+            None => (source.to_path_buf(), "none".to_owned(), "none".to_owned()),
+        };
+        let mount_id = rec.next_id;
+        rec.next_id += 1;
+        rec.table.push(MountEntry {
+            mount_id,
+            parent_id,
+            root,
+            mount_point: target.to_path_buf(),
+            read_only,
+            fs_type,
+            source: src,
+        });
+        Ok(())
+    }
+
+    fn unmount(&self, target: &Path) -> Result<(), MountError> {
+        let mut rec = self.lock();
+        rec.calls.push(MountCall::Unmount {
+            target: target.to_path_buf(),
+        });
+        let not_mounted = || MountError::NotMounted {
+            target: target.to_path_buf(),
+        };
+        match rec.fail_next.take() {
+            Some(Errno::EINVAL) => return Err(not_mounted()),
+            Some(errno) => {
+                return Err(MountError::Unmount {
+                    target: target.to_path_buf(),
+                    errno,
+                });
+            }
+            None => {}
+        }
+        let id = top_mount_at(&rec.table, target)
+            .map(|e| e.mount_id)
+            .ok_or_else(not_mounted)?;
+        rec.table.retain(|e| e.mount_id != id);
+        Ok(())
+    }
+
+    fn mounts(&self) -> Result<Vec<MountEntry>, MountError> {
+        Ok(self.lock().table.clone())
+    }
+}
+
+/// The top-most mount whose mount point is the longest prefix of `path`.
+fn containing_mount<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+    let longest = table
+        .iter()
+        .filter(|e| path.starts_with(&e.mount_point))
+        .map(|e| e.mount_point.components().count())
+        .max()?;
+    let point = table
+        .iter()
+        .find(|e| {
+            path.starts_with(&e.mount_point) && e.mount_point.components().count() == longest
+        })?
+        .mount_point
+        .clone();
+    top_mount_at(table, &point)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(mount_id: u32, parent_id: u32, mount_point: &str) -> MountEntry {
+        MountEntry {
+            mount_id,
+            parent_id,
+            root: PathBuf::from("/"),
+            mount_point: PathBuf::from(mount_point),
+            read_only: false,
+            fs_type: "ext4".into(),
+            source: "/dev/sda".into(),
+        }
+    }
+
+    #[test]
+    fn top_mount_at_picks_the_stacked_one() {
+        let table = vec![
+            entry(1, 0, "/"),
+            entry(10, 1, "/mnt"),
+            entry(12, 11, "/other"),
+            entry(11, 10, "/mnt"),
+        ];
+        assert_eq!(
+            top_mount_at(&table, Path::new("/mnt")).map(|e| e.mount_id),
+            Some(11)
+        );
+        assert_eq!(
+            top_mount_at(&table, Path::new("/mnt/")).map(|e| e.mount_id),
+            Some(11)
+        );
+        assert_eq!(top_mount_at(&table, Path::new("/mnt/x")), None);
+        assert_eq!(
+            top_mount_at(&table, Path::new("/")).map(|e| e.mount_id),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn recording_mounter_records_exact_calls() {
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/data/v1"), Path::new("/stage/v1"), false)
+            .expect("bind");
+        m.bind(Path::new("/stage/v1"), Path::new("/pub/a"), true)
+            .expect("ro bind");
+        m.unmount(Path::new("/pub/a")).expect("unmount");
+        assert_eq!(
+            m.take_calls(),
+            vec![
+                MountCall::Bind {
+                    source: "/data/v1".into(),
+                    target: "/stage/v1".into(),
+                    read_only: false
+                },
+                MountCall::Bind {
+                    source: "/stage/v1".into(),
+                    target: "/pub/a".into(),
+                    read_only: true
+                },
+                MountCall::Unmount {
+                    target: "/pub/a".into()
+                },
+            ]
+        );
+        assert!(m.calls().is_empty());
+    }
+
+    #[test]
+    fn recording_mounter_keeps_a_table() {
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/data/v1"), Path::new("/t"), false)
+            .expect("bind");
+        m.bind(Path::new("/data/v2"), Path::new("/t"), true)
+            .expect("stacked bind");
+        let top = m
+            .mount_at(Path::new("/t"))
+            .expect("table")
+            .expect("mounted");
+        assert_eq!(top.root, Path::new("/data/v2"));
+        assert!(top.read_only);
+
+        m.unmount(Path::new("/t")).expect("unmount top");
+        let top = m
+            .mount_at(Path::new("/t"))
+            .expect("table")
+            .expect("still mounted");
+        assert_eq!(top.root, Path::new("/data/v1"));
+        m.unmount(Path::new("/t")).expect("unmount bottom");
+        assert_eq!(m.mount_at(Path::new("/t")).expect("table"), None);
+
+        let err = m.unmount(Path::new("/t")).unwrap_err();
+        assert!(err.is_not_mounted(), "{err:?}");
+        assert_eq!(m.mounts().expect("table").len(), 1);
+    }
+
+    #[test]
+    fn recording_mounter_binds_of_binds_keep_the_first_root() {
+        let m = RecordingMounter::new();
+        m.bind(Path::new("/data/v1"), Path::new("/stage"), false)
+            .expect("bind");
+        m.bind(Path::new("/stage/sub"), Path::new("/pub"), true)
+            .expect("bind of a bind");
+        let e = m
+            .mount_at(Path::new("/pub"))
+            .expect("table")
+            .expect("mounted");
+        assert_eq!(e.root, Path::new("/data/v1/sub"));
+    }
+
+    #[test]
+    fn recording_mounter_injects_failures() {
+        let m = RecordingMounter::new();
+        m.fail_next(Errno::EPERM);
+        let err = m.bind(Path::new("/a"), Path::new("/b"), false).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MountError::Bind {
+                    errno: Errno::EPERM,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(m.mount_at(Path::new("/b")).expect("table"), None);
+
+        m.bind(Path::new("/a"), Path::new("/b"), false)
+            .expect("bind");
+        m.fail_next(Errno::EBUSY);
+        let err = m.unmount(Path::new("/b")).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MountError::Unmount {
+                    errno: Errno::EBUSY,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(m.mount_at(Path::new("/b")).expect("table").is_some());
+        assert_eq!(m.calls().len(), 3);
+    }
+
+    #[test]
+    fn bind_error_names_both_paths() {
+        let err = MountError::Bind {
+            from: "/src dir".into(),
+            target: "/dst".into(),
+            errno: Errno::ENOENT,
+        };
+        assert_eq!(err.to_string(), "bind-mounting /src dir onto /dst");
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("ENOENT: No such file or directory"));
+    }
+}
+
+/// Real mounts, made by this test binary re-run inside `unshare -m` (a private mount namespace
+/// that vanishes with the child), so nothing leaks into the host.
+#[cfg(test)]
+mod linux_tests {
+    use std::{fs, process::Command};
+
+    use super::*;
+
+    const IN_NS: &str = "BERTH_SYS_TEST_IN_PRIVATE_MOUNT_NS";
+
+    /// Runs the test named `name` of this binary again inside a private mount namespace.
+    fn rerun_in_private_ns(name: &str) {
+        let exe = std::env::current_exe().expect("current_exe");
+        let out = Command::new("unshare")
+            .args(["-m", "--propagation", "private", "--"])
+            .arg(exe)
+            .args(["--exact", name, "--nocapture", "--test-threads=1"])
+            .env(IN_NS, "1")
+            .output()
+            .expect("running unshare (util-linux) as root");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "inner test failed:\n{text}");
+        assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
+    }
+
+    #[test]
+    fn linux_mounter_binds_read_only_and_unmounts() {
+        const NAME: &str = "mount::linux_tests::linux_mounter_binds_read_only_and_unmounts";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("src dir");
+        let rw = dir.path().join("rw");
+        let ro = dir.path().join("ro");
+        for d in [&src, &rw, &ro] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        fs::write(src.join("f"), b"data").expect("write");
+        let m = LinuxMounter;
+
+        m.bind(&src, &rw, false).expect("bind");
+        let e = m.mount_at(&rw).expect("mountinfo").expect("mounted");
+        assert!(e.root.ends_with("src dir"), "{e:?}");
+        assert!(!e.read_only);
+        fs::write(rw.join("g"), b"through rw").expect("write through rw bind");
+
+        m.bind(&src, &ro, true).expect("read-only bind");
+        let e = m.mount_at(&ro).expect("mountinfo").expect("mounted");
+        assert!(e.read_only, "{e:?}");
+        assert_eq!(
+            fs::read(ro.join("g")).expect("read through ro bind"),
+            b"through rw"
+        );
+        let err = fs::write(ro.join("h"), b"x").unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(Errno::EROFS as i32));
+
+        m.unmount(&ro).expect("unmount ro");
+        m.unmount(&rw).expect("unmount rw");
+        assert_eq!(m.mount_at(&rw).expect("mountinfo"), None);
+        let err = m.unmount(&rw).unwrap_err();
+        assert!(err.is_not_mounted(), "{err:?}");
+
+        let err = m.bind(&dir.path().join("missing"), &rw, false).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                MountError::Bind {
+                    errno: Errno::ENOENT,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+}

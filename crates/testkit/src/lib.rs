@@ -1,0 +1,133 @@
+//! Helpers for berth's integration tests and benches: binaries built by this workspace
+//! ([`bin_path`]), a real `berth-hostpath` plugin running in its own private mount namespace
+//! ([`HostpathPlugin`]), a gRPC channel over a unix socket ([`raw_channel`]), and bounded polling
+//! ([`eventually`], [`assert_eventually!`]) instead of sleeps.
+//!
+//! Needs Linux, root, and util-linux's `unshare` and `setpriv` on `PATH`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod plugin;
+
+use std::{
+    future::Future,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use hyper_util::rt::TokioIo;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError};
+
+/// How often [`eventually`] re-checks its condition.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Path of the binary `name` built by this workspace: `NEXTEST_BIN_EXE_<name>` (or
+/// `CARGO_BIN_EXE_<name>`) when set, else the file next to the running test's directory
+/// (`target/<profile>/deps/<test>` → `target/<profile>/<name>`).
+///
+/// # Panics
+/// If the binary does not exist; the message says how to build it.
+pub fn bin_path(name: &str) -> PathBuf {
+    let underscored = name.replace('-', "_");
+    for var in [
+        format!("NEXTEST_BIN_EXE_{name}"),
+        format!("NEXTEST_BIN_EXE_{underscored}"),
+        format!("CARGO_BIN_EXE_{name}"),
+    ] {
+        if let Some(path) = std::env::var_os(&var) {
+            return PathBuf::from(path);
+        }
+    }
+    let exe = std::env::current_exe().expect("the path of the running test binary");
+    let mut dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.is_file(),
+        "binary {name:?} not found at {}: build it first (`cargo build -p <its package>`), or \
+         run the tests with cargo-nextest, which sets NEXTEST_BIN_EXE_{name}",
+        path.display()
+    );
+    path
+}
+
+/// A gRPC channel to the unix socket at `socket` (connects once now, reconnects on demand).
+pub async fn raw_channel(socket: impl AsRef<Path>) -> Result<Channel, tonic::transport::Error> {
+    let path = socket.as_ref().to_path_buf();
+    // The URI is required by the API and ignored by the connector.
+    Endpoint::from_static("http://[::]:50051")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+        }))
+        .await
+}
+
+/// Polls `check` every [`POLL_INTERVAL`] until it returns true (then true) or `timeout` has
+/// passed (then false). `check` runs at least once, and once more at the deadline.
+pub async fn eventually<F, Fut>(timeout: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if check().await {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return false;
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+/// Panics unless the async condition becomes true within the timeout:
+/// `assert_eventually!(Duration::from_secs(5), || async { cond().await }, "what {}", x)`.
+#[macro_export]
+macro_rules! assert_eventually {
+    ($timeout:expr, $check:expr $(,)?) => {
+        $crate::assert_eventually!($timeout, $check, "condition")
+    };
+    ($timeout:expr, $check:expr, $($msg:tt)+) => {{
+        let timeout: ::std::time::Duration = $timeout;
+        if !$crate::eventually(timeout, $check).await {
+            panic!("not true within {:?}: {}", timeout, format_args!($($msg)+));
+        }
+    }};
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn eventually_stops_when_true_and_gives_up_at_deadline() {
+        let calls = AtomicU32::new(0);
+        let ok = eventually(Duration::from_secs(5), || async {
+            calls.fetch_add(1, Ordering::SeqCst) >= 2
+        })
+        .await;
+        assert!(ok);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+
+        let start = tokio::time::Instant::now();
+        assert!(!eventually(Duration::from_millis(50), || async { false }).await);
+        assert!(start.elapsed() >= Duration::from_millis(50));
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "not true within 30ms: flag 7")]
+    async fn assert_eventually_panics_with_message() {
+        assert_eventually!(Duration::from_millis(30), || async { false }, "flag {}", 7);
+    }
+}
