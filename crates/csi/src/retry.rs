@@ -43,6 +43,41 @@ pub enum Rpc {
     NodeGetInfo,
 }
 
+impl Rpc {
+    /// Every RPC, in service order.
+    pub const ALL: [Rpc; 26] = {
+        use Rpc::*;
+        [
+            GetPluginInfo,
+            GetPluginCapabilities,
+            Probe,
+            CreateVolume,
+            DeleteVolume,
+            ControllerPublishVolume,
+            ControllerUnpublishVolume,
+            ValidateVolumeCapabilities,
+            ListVolumes,
+            GetCapacity,
+            ControllerGetCapabilities,
+            CreateSnapshot,
+            DeleteSnapshot,
+            ListSnapshots,
+            GetSnapshot,
+            ControllerExpandVolume,
+            ControllerGetVolume,
+            ControllerModifyVolume,
+            NodeStageVolume,
+            NodeUnstageVolume,
+            NodePublishVolume,
+            NodeUnpublishVolume,
+            NodeGetVolumeStats,
+            NodeExpandVolume,
+            NodeGetCapabilities,
+            NodeGetInfo,
+        ]
+    };
+}
+
 impl fmt::Display for Rpc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(self, f)
@@ -223,35 +258,7 @@ mod tests {
     #[test]
     fn every_attempt_fits_its_overall_deadline() {
         use Rpc::*;
-        let all = [
-            GetPluginInfo,
-            GetPluginCapabilities,
-            Probe,
-            CreateVolume,
-            DeleteVolume,
-            ControllerPublishVolume,
-            ControllerUnpublishVolume,
-            ValidateVolumeCapabilities,
-            ListVolumes,
-            GetCapacity,
-            ControllerGetCapabilities,
-            CreateSnapshot,
-            DeleteSnapshot,
-            ListSnapshots,
-            GetSnapshot,
-            ControllerExpandVolume,
-            ControllerGetVolume,
-            ControllerModifyVolume,
-            NodeStageVolume,
-            NodeUnstageVolume,
-            NodePublishVolume,
-            NodeUnpublishVolume,
-            NodeGetVolumeStats,
-            NodeExpandVolume,
-            NodeGetCapabilities,
-            NodeGetInfo,
-        ];
-        for rpc in all {
+        for rpc in Rpc::ALL {
             let p = rpc.policy();
             assert!(p.attempt_timeout < p.overall_timeout, "{rpc}");
         }

@@ -424,7 +424,7 @@ fn client(args: &CsiArgs) -> anyhow::Result<CsiClient> {
     endpoint.check()?;
     let mut builder = CsiClient::builder(endpoint);
     if let Some(limit) = args.timeout {
-        for rpc in ALL_RPCS {
+        for rpc in Rpc::ALL {
             let p = rpc.policy();
             builder = builder.policy(
                 rpc,
@@ -438,35 +438,6 @@ fn client(args: &CsiArgs) -> anyhow::Result<CsiClient> {
     }
     Ok(builder.build())
 }
-
-const ALL_RPCS: [Rpc; 26] = [
-    Rpc::GetPluginInfo,
-    Rpc::GetPluginCapabilities,
-    Rpc::Probe,
-    Rpc::CreateVolume,
-    Rpc::DeleteVolume,
-    Rpc::ControllerPublishVolume,
-    Rpc::ControllerUnpublishVolume,
-    Rpc::ValidateVolumeCapabilities,
-    Rpc::ListVolumes,
-    Rpc::GetCapacity,
-    Rpc::ControllerGetCapabilities,
-    Rpc::CreateSnapshot,
-    Rpc::DeleteSnapshot,
-    Rpc::ListSnapshots,
-    Rpc::GetSnapshot,
-    Rpc::ControllerExpandVolume,
-    Rpc::ControllerGetVolume,
-    Rpc::ControllerModifyVolume,
-    Rpc::NodeStageVolume,
-    Rpc::NodeUnstageVolume,
-    Rpc::NodePublishVolume,
-    Rpc::NodeUnpublishVolume,
-    Rpc::NodeGetVolumeStats,
-    Rpc::NodeExpandVolume,
-    Rpc::NodeGetCapabilities,
-    Rpc::NodeGetInfo,
-];
 
 /// Prints `ok: <what>` (or `{"ok": true}`) for calls that return nothing.
 fn done(json: bool, what: &str) -> anyhow::Result<()> {
