@@ -249,9 +249,9 @@ impl CsiClient {
                     Some(e) => e.to_string(),
                     None => sanitize(status.message(), sensitive),
                 };
-                if let Some(e) = socket.as_ref().filter(|e| !e.is_transient()) {
+                if let Some(e) = socket.clone().filter(|e| !e.is_transient()) {
                     debug!(attempt = attempts, error = %e, "socket unusable");
-                    return Err(CsiError::Endpoint { rpc, source: clone_endpoint_error(e) });
+                    return Err(CsiError::Endpoint { rpc, source: e });
                 }
                 if !policy.retries(code) {
                     debug!(attempt = attempts, ?code, %message, "failed");
@@ -878,38 +878,16 @@ fn endpoint_error(status: &Status) -> Option<EndpointError> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
     while let Some(err) = cur {
         if let Some(e) = err.downcast_ref::<EndpointError>() {
-            return Some(clone_endpoint_error(e));
+            return Some(e.clone());
         }
         if let Some(e) = err
             .downcast_ref::<io::Error>()
             .and_then(|io| io.get_ref())
             .and_then(|e| e.downcast_ref::<EndpointError>())
         {
-            return Some(clone_endpoint_error(e));
+            return Some(e.clone());
         }
         cur = err.source();
     }
     None
-}
-
-fn clone_endpoint_error(e: &EndpointError) -> EndpointError {
-    match e {
-        EndpointError::Scheme { value } => EndpointError::Scheme {
-            value: value.clone(),
-        },
-        EndpointError::Relative { value } => EndpointError::Relative {
-            value: value.clone(),
-        },
-        EndpointError::TooLong { path, len } => EndpointError::TooLong {
-            path: path.clone(),
-            len: *len,
-        },
-        EndpointError::Missing { path } => EndpointError::Missing { path: path.clone() },
-        EndpointError::NotSocket { path } => EndpointError::NotSocket { path: path.clone() },
-        EndpointError::Refused { path } => EndpointError::Refused { path: path.clone() },
-        EndpointError::Io { path, source } => EndpointError::Io {
-            path: path.clone(),
-            source: io::Error::new(source.kind(), source.to_string()),
-        },
-    }
 }

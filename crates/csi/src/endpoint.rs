@@ -2,15 +2,17 @@
 
 use std::{
     io,
+    os::unix::ffi::OsStrExt as _,
     os::unix::fs::FileTypeExt as _,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 /// The longest socket path the kernel takes (`sun_path` is 108 bytes, NUL included).
 pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Why an endpoint is unusable. Names the path or value it is about.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum EndpointError {
     /// Not `unix://…` nor an absolute path.
     #[error(
@@ -54,24 +56,41 @@ pub enum EndpointError {
         /// The path.
         path: PathBuf,
     },
+    /// The path has a NUL byte.
+    #[error("endpoint {value:?}: socket path must not contain a NUL byte")]
+    Nul {
+        /// The value as given.
+        value: String,
+    },
     /// Another I/O failure.
     #[error("cannot use socket {path}: {source}")]
     Io {
         /// The path.
         path: PathBuf,
-        /// The failure.
+        /// The failure (shared, so the error can be cloned).
         #[source]
-        source: io::Error,
+        source: Arc<io::Error>,
     },
 }
 
 impl EndpointError {
     /// True when waiting may fix it (the plugin may be starting or restarting).
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Self::Missing { .. } | Self::Refused { .. } | Self::Io { .. }
-        )
+        match self {
+            Self::Missing { .. } | Self::Refused { .. } => true,
+            Self::Io { source, .. } => !matches!(
+                source.kind(),
+                io::ErrorKind::PermissionDenied
+                    | io::ErrorKind::InvalidInput
+                    | io::ErrorKind::NotADirectory
+                    | io::ErrorKind::InvalidFilename
+            ),
+            Self::Scheme { .. }
+            | Self::Relative { .. }
+            | Self::TooLong { .. }
+            | Self::NotSocket { .. }
+            | Self::Nul { .. } => false,
+        }
     }
 }
 
@@ -116,6 +135,11 @@ impl Endpoint {
                 value: path.display().to_string(),
             });
         }
+        if path.as_os_str().as_bytes().contains(&0) {
+            return Err(EndpointError::Nul {
+                value: path.display().to_string(),
+            });
+        }
         let len = path.as_os_str().len();
         if len > MAX_SOCKET_PATH {
             return Err(EndpointError::TooLong { path, len });
@@ -145,7 +169,7 @@ impl Endpoint {
             }),
             Err(source) => Err(EndpointError::Io {
                 path: self.path.clone(),
-                source,
+                source: Arc::new(source),
             }),
         }
     }
@@ -159,7 +183,7 @@ impl Endpoint {
             },
             Ok(()) => EndpointError::Io {
                 path: self.path.clone(),
-                source: err,
+                source: Arc::new(err),
             },
         }
     }
@@ -201,6 +225,21 @@ mod tests {
         assert!(e.to_string().contains("107 bytes"), "{e}");
         let ok = format!("/{}", "a".repeat(MAX_SOCKET_PATH - 1));
         assert!(Endpoint::parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn nul_is_refused_and_permission_problems_are_permanent() {
+        let e = Endpoint::parse("/run/a\0b.sock").unwrap_err();
+        assert!(
+            matches!(e, EndpointError::Nul { .. }) && !e.is_transient(),
+            "{e}"
+        );
+        let io = |kind| EndpointError::Io {
+            path: "/x".into(),
+            source: Arc::new(io::Error::from(kind)),
+        };
+        assert!(!io(io::ErrorKind::PermissionDenied).is_transient());
+        assert!(io(io::ErrorKind::ConnectionReset).is_transient());
     }
 
     #[test]
