@@ -8,13 +8,28 @@ use berth_testkit::HostpathPlugin;
 const SECRET: &str = "cli-secret-0a9b8c";
 
 fn berth(endpoint: &str, args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+    berth_with_stdin(endpoint, args, b"")
+}
+
+fn berth_with_stdin(endpoint: &str, args: &[&str], stdin: &[u8]) -> Output {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
         .arg("csi")
         .args(["--endpoint", endpoint])
         .args(args)
         .env_remove("CSI_ENDPOINT")
-        .output()
-        .expect("run berth")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write stdin");
+    child.wait_with_output().expect("berth output")
 }
 
 fn text(o: &Output) -> (String, String) {
@@ -220,6 +235,20 @@ async fn secrets_and_mount_flags_are_never_echoed() {
                 secrets_file.to_str().expect("utf8"),
             ],
         ),
+        // Secrets from standard input.
+        berth_with_stdin(
+            &ep,
+            &[
+                "--json",
+                "volume",
+                "create",
+                "--name",
+                "t",
+                "--secrets-file",
+                "-",
+            ],
+            format!("token={SECRET}\n").as_bytes(),
+        ),
         // A failing call with secrets attached: unknown volume.
         berth(
             &ep,
@@ -265,11 +294,14 @@ async fn secrets_and_mount_flags_are_never_echoed() {
             "mount flag echoed: {out} {err}"
         );
     }
-    assert_eq!(runs[2].status.code(), Some(1));
-    assert_eq!(runs[3].status.code(), Some(2));
+    assert!(runs[0].status.success(), "{:?}", text(&runs[0]));
+    assert!(runs[1].status.success(), "{:?}", text(&runs[1]));
+    assert!(runs[2].status.success(), "{:?}", text(&runs[2]));
+    assert_eq!(runs[3].status.code(), Some(1));
+    assert_eq!(runs[4].status.code(), Some(2));
     assert!(
-        text(&runs[3]).1.contains("bad.json:2"),
+        text(&runs[4]).1.contains("bad.json:2"),
         "{:?}",
-        text(&runs[3])
+        text(&runs[4])
     );
 }

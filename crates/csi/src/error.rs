@@ -147,6 +147,10 @@ impl CsiError {
 /// Longest plugin message kept.
 const MAX_MESSAGE: usize = 1024;
 
+/// Values shorter than this are only redacted where they stand as a whole word, so a flag like
+/// `ro` does not blank out every "error" in a message.
+const MIN_ANYWHERE: usize = 4;
+
 /// Removes every sensitive value from a plugin's message, strips control characters and bounds
 /// its length.
 pub(crate) fn sanitize(message: &str, sensitive: &[String]) -> String {
@@ -155,7 +159,11 @@ pub(crate) fn sanitize(message: &str, sensitive: &[String]) -> String {
     let mut values: Vec<&String> = sensitive.iter().filter(|v| !v.is_empty()).collect();
     values.sort_by_key(|v| std::cmp::Reverse(v.len()));
     for v in values {
-        out = out.replace(v.as_str(), crate::REDACTED);
+        out = if v.chars().count() >= MIN_ANYWHERE {
+            out.replace(v.as_str(), crate::REDACTED)
+        } else {
+            replace_words(&out, v)
+        };
     }
     let mut out: String = out
         .chars()
@@ -172,6 +180,27 @@ pub(crate) fn sanitize(message: &str, sensitive: &[String]) -> String {
     out
 }
 
+/// Replaces `word` where no letter or digit touches it on either side.
+fn replace_words(text: &str, word: &str) -> String {
+    let is_word = |c: Option<char>| c.is_some_and(char::is_alphanumeric);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0;
+    for (at, _) in text.match_indices(word) {
+        if at < rest {
+            continue;
+        }
+        let before = text[..at].chars().next_back();
+        let after = text[at + word.len()..].chars().next();
+        if !is_word(before) && !is_word(after) {
+            out.push_str(&text[rest..at]);
+            out.push_str(crate::REDACTED);
+            rest = at + word.len();
+        }
+    }
+    out.push_str(&text[rest..]);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +214,18 @@ mod tests {
         assert_eq!(s, "bad pw [REDACTED] and [REDACTED] flag [REDACTED]");
         let long = sanitize(&"é".repeat(2000), &[]);
         assert!(long.len() <= MAX_MESSAGE + '…'.len_utf8());
+    }
+
+    #[test]
+    fn short_values_are_redacted_as_whole_words_only() {
+        let s = sanitize(
+            "error: ro refused (ro,x) for pw ab",
+            &["ro".into(), "ab".into()],
+        );
+        assert_eq!(
+            s,
+            "error: [REDACTED] refused ([REDACTED],x) for pw [REDACTED]"
+        );
     }
 
     #[test]

@@ -242,8 +242,10 @@ impl FromStr for AttachmentMode {
     }
 }
 
-/// Mount flags (`mount -o` options). They may carry credentials, so they never print.
-#[derive(Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// Mount flags (`mount -o` options). They may carry credentials, so they never print, and they
+/// do not implement `Serialize`: whatever stores or returns them must do so on purpose, through
+/// [`MountFlags::expose`].
+#[derive(Clone, Default, PartialEq, Eq, Hash, Deserialize)]
 #[serde(transparent)]
 pub struct MountFlags(Vec<String>);
 
@@ -275,7 +277,7 @@ impl fmt::Debug for MountFlags {
 }
 
 /// How a filesystem volume is mounted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Deserialize)]
 pub struct MountOptions {
     /// Filesystem type; empty means the plugin's default.
     #[serde(default)]
@@ -288,8 +290,9 @@ pub struct MountOptions {
     pub volume_mount_group: String,
 }
 
-/// Secrets passed to a plugin. The values never print; only the number of keys does.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Secrets passed to a plugin. The values never print, and the type does not implement
+/// `Serialize`: storing them takes a deliberate [`Secrets::expose`].
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(transparent)]
 pub struct Secrets(BTreeMap<String, String>);
 
@@ -336,7 +339,7 @@ impl FromIterator<(String, String)> for Secrets {
 }
 
 /// How the volume is accessed: as a block device, or mounted with options.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AccessType {
     /// Raw block device.
@@ -346,7 +349,7 @@ pub enum AccessType {
 }
 
 /// One way a volume may be used: access type plus access mode.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
 pub struct VolumeCapability {
     /// Block or mount (with its options).
     pub access_type: AccessType,

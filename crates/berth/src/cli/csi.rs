@@ -54,7 +54,7 @@ enum CsiCommand {
 }
 
 /// How the volume will be used: one capability.
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct CapabilityArgs {
     /// Access mode: single-node-writer, single-node-reader-only, multi-node-reader-only,
     /// multi-node-single-writer, multi-node-multi-writer, single-node-single-writer,
@@ -95,22 +95,49 @@ impl CapabilityArgs {
 }
 
 /// Secrets, by flag or file. Never echoed.
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct SecretArgs {
     /// A secret as KEY=VALUE (repeatable).
     #[arg(long = "secret", value_parser = parse_key_value)]
     secrets: Vec<(String, String)>,
-    /// A file of secrets: a JSON object, or KEY=VALUE lines.
+    /// A file of secrets: a JSON object, or KEY=VALUE lines; `-` reads standard input (keeps
+    /// them out of the process list, unlike --secret).
     #[arg(long)]
     secrets_file: Option<PathBuf>,
+}
+
+// Hand-written so the values can never be printed through `{:?}`.
+impl std::fmt::Debug for SecretArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretArgs")
+            .field("secrets", &berth_csi::REDACTED)
+            .field("secrets_file", &self.secrets_file)
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for CapabilityArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CapabilityArgs")
+            .field("access_mode", &self.access_mode)
+            .field("block", &self.block)
+            .field("fs_type", &self.fs_type)
+            .field("mount_flags", &berth_csi::REDACTED)
+            .finish()
+    }
 }
 
 impl SecretArgs {
     fn load(&self) -> anyhow::Result<Secrets> {
         let mut map = BTreeMap::new();
         if let Some(path) = &self.secrets_file {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read --secrets-file {}", path.display()))?;
+            let text = if path.as_os_str() == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .context("cannot read secrets from stdin")?
+            } else {
+                std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read --secrets-file {}", path.display()))?
+            };
             map.extend(parse_secrets_file(path, &text)?);
         }
         map.extend(self.secrets.iter().cloned());
