@@ -59,6 +59,25 @@ pub enum MountError {
         #[source]
         errno: Errno,
     },
+    /// Making the bind mount read-only failed, and so did undoing it (`umount2`, then
+    /// `umount2(MNT_DETACH)`): a **writable** bind mount is left at `target`.
+    #[error(
+        "making the bind mount at {} read-only failed, and undoing it failed too (unmount: \
+         {unmount_errno}; lazy unmount: {detach_errno}): a writable mount is left at {}",
+        target.display(),
+        target.display()
+    )]
+    LeftWritable {
+        /// The mount point, where the writable mount is.
+        target: PathBuf,
+        /// The errno of the read-only remount.
+        #[source]
+        remount_errno: Errno,
+        /// The errno of the plain `umount2`.
+        unmount_errno: Errno,
+        /// The errno of `umount2(MNT_DETACH)`.
+        detach_errno: Errno,
+    },
     /// `umount2` said `EINVAL`: nothing is mounted at `target`.
     #[error("{} is not a mount point", target.display())]
     NotMounted {
@@ -100,13 +119,20 @@ impl MountError {
     pub fn is_not_mounted(&self) -> bool {
         matches!(self, Self::NotMounted { .. })
     }
+
+    /// Whether a [`Mounter::bind`] that failed with this error left a mount at its target (the
+    /// only such case is [`MountError::LeftWritable`]).
+    pub fn left_a_mount(&self) -> bool {
+        matches!(self, Self::LeftWritable { .. })
+    }
 }
 
 /// Mounts and unmounts, in the mount namespace of the calling process.
 pub trait Mounter: Send + Sync + fmt::Debug {
     /// Bind-mounts the directory `source` onto `target` (both must exist). With `read_only`, the
-    /// new mount is remounted read-only before this returns; if that fails the bind is undone,
-    /// so on error nothing new is left mounted.
+    /// new mount is remounted read-only before this returns; if that fails the bind is undone
+    /// (lazily if need be), so on error nothing new is left mounted, except after
+    /// [`MountError::LeftWritable`] (see [`MountError::left_a_mount`]).
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
 
     /// Unmounts the top-most mount at `target` (no lazy detach, no force). Returns
@@ -160,11 +186,7 @@ impl Mounter for LinuxMounter {
             let flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY;
             if let Err(errno) = mount(None::<&str>, target, None::<&str>, flags, None::<&str>) {
                 // Never leave a writable mount behind when a read-only one was asked for.
-                let _ = umount2(target, MntFlags::empty());
-                return Err(MountError::RemountReadOnly {
-                    target: target.to_path_buf(),
-                    errno,
-                });
+                return Err(undo_bind(target, errno, |flags| umount2(target, flags)));
             }
         }
         Ok(())
@@ -184,6 +206,38 @@ impl Mounter for LinuxMounter {
 
     fn mounts(&self) -> Result<Vec<MountEntry>, MountError> {
         read_mountinfo(Path::new(Self::MOUNTINFO))
+    }
+}
+
+/// Undoes the bind mount at `target` after its read-only remount failed with `remount_errno`:
+/// unmounts it with `umount`, lazily (`MNT_DETACH`) if a plain unmount fails. The error to
+/// report: [`MountError::RemountReadOnly`] if the bind is gone, [`MountError::LeftWritable`] if
+/// it is still there.
+fn undo_bind(
+    target: &Path,
+    remount_errno: Errno,
+    mut umount: impl FnMut(MntFlags) -> Result<(), Errno>,
+) -> MountError {
+    let unmount_errno = match umount(MntFlags::empty()) {
+        Ok(()) => {
+            return MountError::RemountReadOnly {
+                target: target.to_path_buf(),
+                errno: remount_errno,
+            };
+        }
+        Err(errno) => errno,
+    };
+    match umount(MntFlags::MNT_DETACH) {
+        Ok(()) => MountError::RemountReadOnly {
+            target: target.to_path_buf(),
+            errno: remount_errno,
+        },
+        Err(detach_errno) => MountError::LeftWritable {
+            target: target.to_path_buf(),
+            remount_errno,
+            unmount_errno,
+            detach_errno,
+        },
     }
 }
 
@@ -269,11 +323,6 @@ impl RecordingMounter {
     pub fn fail_next(&self, errno: Errno) {
         self.lock().fail_next = Some(errno);
     }
-
-    /// Adds an entry to the table, as if something else had mounted it.
-    pub fn insert(&self, entry: MountEntry) {
-        self.lock().table.push(entry);
-    }
 }
 
 impl Mounter for RecordingMounter {
@@ -347,8 +396,9 @@ impl Mounter for RecordingMounter {
     }
 }
 
-/// The top-most mount whose mount point is the longest prefix of `path`.
-fn containing_mount<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
+/// The mount `path` lives on: the top-most mount whose mount point is the longest prefix of
+/// `path` (compared component-wise, without resolving symlinks).
+pub fn containing_mount<'a>(table: &'a [MountEntry], path: &Path) -> Option<&'a MountEntry> {
     let longest = table
         .iter()
         .filter(|e| path.starts_with(&e.mount_point))
@@ -401,6 +451,23 @@ mod tests {
             top_mount_at(&table, Path::new("/")).map(|e| e.mount_id),
             Some(1)
         );
+    }
+
+    #[test]
+    fn containing_mount_is_the_top_of_the_longest_prefix() {
+        let table = vec![
+            entry(1, 0, "/"),
+            entry(2, 1, "/tmp"),
+            entry(3, 2, "/tmp/state"),
+            entry(4, 2, "/tmp"),
+        ];
+        let at = |p: &str| containing_mount(&table, Path::new(p)).map(|e| e.mount_id);
+        assert_eq!(at("/var/lib"), Some(1));
+        assert_eq!(at("/tmp/a/volumes"), Some(4));
+        assert_eq!(at("/tmp/statement"), Some(4));
+        assert_eq!(at("/tmp/state/volumes"), Some(3));
+        assert_eq!(at("/tmp/state"), Some(3));
+        assert_eq!(containing_mount(&[], Path::new("/x")), None);
     }
 
     #[test]
@@ -507,6 +574,73 @@ mod tests {
         );
         assert!(m.mount_at(Path::new("/b")).expect("table").is_some());
         assert_eq!(m.calls().len(), 3);
+    }
+
+    #[test]
+    fn a_failed_read_only_remount_is_undone_lazily_if_need_be() {
+        let target = Path::new("/t");
+        let mut tried = Vec::new();
+        let err = undo_bind(target, Errno::EPERM, |flags| {
+            tried.push(flags);
+            Ok(())
+        });
+        assert!(
+            matches!(
+                err,
+                MountError::RemountReadOnly {
+                    errno: Errno::EPERM,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(!err.left_a_mount());
+        assert_eq!(tried, [MntFlags::empty()]);
+
+        tried.clear();
+        let err = undo_bind(target, Errno::EPERM, |flags| {
+            tried.push(flags);
+            if flags.contains(MntFlags::MNT_DETACH) {
+                Ok(())
+            } else {
+                Err(Errno::EBUSY)
+            }
+        });
+        assert!(matches!(err, MountError::RemountReadOnly { .. }), "{err:?}");
+        assert_eq!(tried, [MntFlags::empty(), MntFlags::MNT_DETACH]);
+    }
+
+    #[test]
+    fn a_bind_that_cannot_be_undone_is_reported_as_left_writable() {
+        let err = undo_bind(Path::new("/mnt/t"), Errno::EPERM, |flags| {
+            Err(if flags.contains(MntFlags::MNT_DETACH) {
+                Errno::EINVAL
+            } else {
+                Errno::EBUSY
+            })
+        });
+        assert!(
+            matches!(
+                err,
+                MountError::LeftWritable {
+                    remount_errno: Errno::EPERM,
+                    unmount_errno: Errno::EBUSY,
+                    detach_errno: Errno::EINVAL,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.left_a_mount());
+        let text = err.to_string();
+        assert!(
+            text.contains("a writable mount is left at /mnt/t")
+                && text.contains("EBUSY")
+                && text.contains("EINVAL"),
+            "{text}"
+        );
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("EPERM: Operation not permitted"));
     }
 
     #[test]
