@@ -158,12 +158,16 @@ pub enum StateError {
     Task(#[source] tokio::task::JoinError),
 }
 
+/// How the state file is written: [`berth_sys::write_atomic`], or a fake in unit tests.
+type WriteFn = fn(&Path, &[u8]) -> Result<(), berth_sys::AtomicWriteError>;
+
 /// The state and its file. One writer at a time; the in-memory state changes only once the new
-/// state is on disk.
+/// state is on disk, so memory always holds what the file holds.
 #[derive(Debug)]
 pub(crate) struct Store {
     path: PathBuf,
     state: Mutex<State>,
+    write: WriteFn,
 }
 
 impl Store {
@@ -198,7 +202,15 @@ impl Store {
         Ok(Self {
             path: path.to_path_buf(),
             state: Mutex::new(state),
+            write: berth_sys::write_atomic,
         })
+    }
+
+    /// Writes the state file with `write` instead of [`berth_sys::write_atomic`].
+    #[cfg(test)]
+    pub fn with_writer(mut self, write: WriteFn) -> Self {
+        self.write = write;
+        self
     }
 
     /// Runs `f` on the current state.
@@ -207,7 +219,10 @@ impl Store {
     }
 
     /// Applies `f` to a copy of the state; if it returns `Ok`, writes the copy atomically and
-    /// makes it current. If `f` fails or the write fails, nothing changes.
+    /// makes it current. If `f` fails or the write fails, nothing changes. A write that fails
+    /// only after the new file replaced the old one (syncing the directory) counts as done:
+    /// the new state is what readers of the file see, so it becomes current too (with a
+    /// warning, as it may not survive a crash).
     pub async fn update<R, E>(&self, f: impl FnOnce(&mut State) -> Result<R, E>) -> Result<R, E>
     where
         E: From<StateError>,
@@ -221,10 +236,20 @@ impl Store {
             source,
         })?;
         let path = self.path.clone();
-        tokio::task::spawn_blocking(move || berth_sys::write_atomic(&path, &bytes))
+        let write = self.write;
+        let written = tokio::task::spawn_blocking(move || write(&path, &bytes))
             .await
-            .map_err(StateError::Task)?
-            .map_err(StateError::Write)?;
+            .map_err(StateError::Task)?;
+        match written {
+            Ok(()) => {}
+            Err(e) if e.content_replaced() => {
+                tracing::warn!(
+                    error = %crate::error::chain(&e),
+                    "the new state is saved but may not survive a crash"
+                );
+            }
+            Err(e) => return Err(StateError::Write(e).into()),
+        }
         *current = next;
         Ok(out)
     }
@@ -232,6 +257,8 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use berth_sys::{AtomicWriteError, WriteStep};
+
     use super::*;
 
     #[derive(Debug)]
@@ -282,6 +309,64 @@ mod tests {
             reloaded.read(|s| s.volumes["v1"].name.clone()).await,
             "name-v1"
         );
+    }
+
+    fn write_then_fail_to_sync_dir(path: &Path, bytes: &[u8]) -> Result<(), AtomicWriteError> {
+        berth_sys::write_atomic(path, bytes)?;
+        Err(AtomicWriteError {
+            path: path.to_path_buf(),
+            step: WriteStep::SyncDir,
+            source: io::Error::from_raw_os_error(5),
+        })
+    }
+
+    fn fail_to_rename(path: &Path, _: &[u8]) -> Result<(), AtomicWriteError> {
+        Err(AtomicWriteError {
+            path: path.to_path_buf(),
+            step: WriteStep::Rename,
+            source: io::Error::from_raw_os_error(5),
+        })
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_after_the_rename_is_committed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let store = Store::load(&path)
+            .expect("load empty")
+            .with_writer(write_then_fail_to_sync_dir);
+        store
+            .update(|s| {
+                s.volumes.insert("v1".into(), volume("v1"));
+                Ok::<_, Refused>(())
+            })
+            .await
+            .expect("the new state is in place: the update is done");
+        assert!(store.read(|s| s.volumes.contains_key("v1")).await);
+        let on_disk = Store::load(&path).expect("reload");
+        assert!(on_disk.read(|s| s.volumes.contains_key("v1")).await);
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_before_the_rename_changes_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let store = Store::load(&path)
+            .expect("load empty")
+            .with_writer(fail_to_rename);
+        let result = store
+            .update(|s| {
+                s.volumes.insert("v1".into(), volume("v1"));
+                Ok::<_, StateError>(())
+            })
+            .await;
+        let err = result.expect_err("nothing was written");
+        assert!(
+            matches!(&err, StateError::Write(e) if e.step == WriteStep::Rename),
+            "{err:?}"
+        );
+        assert!(store.read(|s| s.volumes.is_empty()).await);
+        assert!(!path.exists());
     }
 
     #[test]

@@ -38,10 +38,15 @@ impl fmt::Display for WriteStep {
     }
 }
 
-/// [`write_atomic`] failed; the target keeps its old content unless `step` is
-/// [`WriteStep::SyncDir`] (then the new content is in place but may not survive a crash).
+/// [`write_atomic`] failed at `step`; the target keeps its old content unless the step came
+/// after the rename ([`WriteStep::SyncDir`]: then the new content is in place but may not survive
+/// a crash; see [`AtomicWriteError::content_replaced`]).
 #[derive(Debug, thiserror::Error)]
-#[error("writing {} atomically: {step}", path.display())]
+#[error(
+    "writing {} atomically failed at step {step}{}",
+    path.display(),
+    if self.content_replaced() { " (the new content is in place)" } else { "" }
+)]
 pub struct AtomicWriteError {
     /// The file that was being written.
     pub path: PathBuf,
@@ -50,6 +55,15 @@ pub struct AtomicWriteError {
     /// The underlying error.
     #[source]
     pub source: io::Error,
+}
+
+impl AtomicWriteError {
+    /// Whether the new content already replaced the old one when the write failed (the failure
+    /// came after the rename): readers now see the new content, though it may not survive a
+    /// crash.
+    pub fn content_replaced(&self) -> bool {
+        self.step == WriteStep::SyncDir
+    }
 }
 
 static TEMP_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -183,8 +197,25 @@ mod tests {
         let path = dir.path().join("missing-dir").join("f");
         let err = write_atomic(&path, b"x").unwrap_err();
         assert_eq!(err.step, WriteStep::CreateTemp);
+        assert!(!err.content_replaced());
         assert_eq!(err.path, path);
-        assert!(err.to_string().contains("missing-dir/f"), "{err}");
+        assert!(
+            err.to_string()
+                .ends_with("missing-dir/f atomically failed at step creating the temporary file"),
+            "{err}"
+        );
+        let after_rename = AtomicWriteError {
+            path: path.clone(),
+            step: WriteStep::SyncDir,
+            source: io::Error::from(io::ErrorKind::Other),
+        };
+        assert!(after_rename.content_replaced());
+        assert!(
+            after_rename
+                .to_string()
+                .ends_with("failed at step syncing the directory (the new content is in place)"),
+            "{after_rename}"
+        );
     }
 
     #[test]
@@ -195,6 +226,7 @@ mod tests {
         fs::write(path.join("inside"), b"x").expect("write");
         let err = write_atomic(&path, b"new").unwrap_err();
         assert_eq!(err.step, WriteStep::Rename);
+        assert!(!err.content_replaced());
         assert_eq!(fs::read_dir(dir.path()).expect("read_dir").count(), 1);
     }
 

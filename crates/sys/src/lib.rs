@@ -12,10 +12,13 @@ pub mod ids;
 pub mod mount;
 mod mountinfo;
 
-pub use fs::{AtomicWriteError, FsStats, FsStatsError, fs_stats, hostname, write_atomic};
+pub use fs::{
+    AtomicWriteError, FsStats, FsStatsError, WriteStep, fs_stats, hostname, write_atomic,
+};
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, validate_path_segment};
 pub use mount::{
-    LinuxMounter, MountCall, MountEntry, MountError, Mounter, RecordingMounter, top_mount_at,
+    LinuxMounter, MountCall, MountEntry, MountError, Mounter, RecordingMounter, containing_mount,
+    top_mount_at,
 };
 pub use mountinfo::{MountinfoError, parse_mountinfo, read_mountinfo};
 /// The errno type of mount errors, re-exported so callers need not depend on `nix`.
