@@ -1,7 +1,9 @@
 //! The CSI Controller service: volumes and snapshots as directories, controller publication as
 //! a record.
 
-use std::{collections::BTreeMap, sync::Arc, time::SystemTime};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::SystemTime};
+
+use rand::Rng as _;
 
 use berth_csi::pb::{
     self, ControllerServiceCapability,
@@ -55,20 +57,17 @@ pub(crate) fn controller_capabilities(attach: bool) -> Vec<ControllerServiceCapa
         .collect()
 }
 
-/// A stable id for `name`: `<prefix>-<16 hex digits of its FNV-1a hash>`, with a suffix in the
-/// unlikely case another name already has that id.
-fn id_for_name(prefix: &str, name: &str, taken: impl Fn(&str) -> bool) -> String {
-    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    let base = format!("{prefix}-{hash:016x}");
-    if !taken(&base) {
-        return base;
+/// A fresh random id: `<prefix>-<16 hex digits>`, not one `taken` says is in use. Never derived
+/// from the name, so a volume deleted and created again under the same name gets a new id, and
+/// a late DeleteVolume of the old id cannot touch the new volume.
+fn new_id(prefix: &str, taken: impl Fn(&str) -> bool) -> String {
+    let mut rng = rand::rng();
+    loop {
+        let id = format!("{prefix}-{:016x}", rng.random::<u64>());
+        if !taken(&id) {
+            return id;
+        }
     }
-    (2..)
-        .map(|n| format!("{base}-{n}"))
-        .find(|id| !taken(id))
-        .unwrap_or(base)
 }
 
 /// The key after which a page starts; `ABORTED` for a token this plugin did not issue.
@@ -109,6 +108,19 @@ fn page<'a, T: 'a>(
         _ => String::new(),
     };
     (out, next)
+}
+
+/// Removes `dir/<id>`, made by a create whose record could not be written. A failure is only
+/// logged: the caller reports the error that made the create fail, and the directory, which no
+/// record points at, is replaced if the id is ever drawn again.
+async fn discard_tree(dir: &Path, id: &str) {
+    let (dir, id) = (dir.to_path_buf(), id.to_owned());
+    if let Err(status) = blocking(move || files::delete_tree(&dir, &id)).await {
+        tracing::warn!(
+            error = status.message(),
+            "could not remove an unrecorded directory"
+        );
+    }
 }
 
 fn allocated(state: &State) -> i64 {
@@ -203,7 +215,13 @@ impl Plugin {
                 caps::id(&v.volume_id, "volume_content_source.volume.volume_id")?.to_owned(),
             )),
         };
-        let mut keys = vec![volume_name_key(name)];
+        // The id the volume gets if it is new. Its key is locked with the others, so that a
+        // DeleteVolume of that id waits until the record is written (or the directory is gone).
+        let id = self
+            .store
+            .read(|s| new_id("vol", |c| s.volumes.contains_key(c)))
+            .await;
+        let mut keys = vec![volume_name_key(name), volume_key(&id)];
         match &source {
             Some(ContentSource::Snapshot(id)) => keys.push(snapshot_key(id)),
             Some(ContentSource::Volume(id)) => keys.push(volume_key(id)),
@@ -268,14 +286,7 @@ impl Plugin {
             }
         };
         let capacity = caps::choose_capacity(range, floor, self.settings.max_volume_size)?;
-        let (id, fits) = self
-            .store
-            .read(|s| {
-                let id = id_for_name("vol", name, |c| s.volumes.contains_key(c));
-                (id, self.check_pool(s, capacity))
-            })
-            .await;
-        fits?;
+        self.store.read(|s| self.check_pool(s, capacity)).await?;
 
         let dir = self.volumes_dir.clone();
         let dir_id = id.clone();
@@ -294,16 +305,20 @@ impl Plugin {
         let saved = self
             .store
             .update(|s| {
+                if s.volumes.contains_key(&id) {
+                    // Another volume took this random id since it was drawn (a 2^-64 chance).
+                    return Err(Status::aborted(format!(
+                        "volume id {id} was taken concurrently; try again"
+                    )));
+                }
                 self.check_pool(s, capacity)?;
                 s.volumes.insert(id.clone(), record.clone());
                 Ok::<_, Status>(())
             })
             .await;
         if let Err(status) = saved {
-            let dir = self.volumes_dir.clone();
-            let dir_id = id.clone();
             // The record was not written: the directory must not outlive this call.
-            let _ = blocking(move || files::delete_tree(&dir, &dir_id)).await;
+            discard_tree(&self.volumes_dir, &id).await;
             return Err(status);
         }
         tracing::info!(volume_id = %id, capacity, "created volume");
@@ -587,7 +602,7 @@ impl Plugin {
             .ok_or_else(|| Status::not_found(format!("source volume {source} does not exist")))?;
         let id = self
             .store
-            .read(|s| id_for_name("snap", name, |c| s.snapshots.contains_key(c)))
+            .read(|s| new_id("snap", |c| s.snapshots.contains_key(c)))
             .await;
         let dir = self.snapshots_dir.clone();
         let from = self.volume_dir(source);
@@ -604,12 +619,24 @@ impl Plugin {
             created_seconds: i64::try_from(now.as_secs()).unwrap_or(i64::MAX),
             created_nanos: i32::try_from(now.subsec_nanos()).unwrap_or(0),
         };
-        self.store
+        let saved = self
+            .store
             .update(|s| {
+                if s.snapshots.contains_key(&id) {
+                    // Another snapshot took this random id since it was drawn (a 2^-64 chance).
+                    return Err(Status::aborted(format!(
+                        "snapshot id {id} was taken concurrently; try again"
+                    )));
+                }
                 s.snapshots.insert(id.clone(), record.clone());
                 Ok::<_, Status>(())
             })
-            .await?;
+            .await;
+        if let Err(status) = saved {
+            // The record was not written: the directory must not outlive this call.
+            discard_tree(&self.snapshots_dir, &id).await;
+            return Err(status);
+        }
         tracing::info!(snapshot_id = %id, volume_id = %source, "created snapshot");
         Ok(pb::CreateSnapshotResponse {
             snapshot: Some(record.to_pb()),
@@ -957,16 +984,112 @@ impl pb::controller_server::Controller for ControllerService {
 
 #[cfg(test)]
 mod tests {
+    use berth_sys::RecordingMounter;
+
     use super::*;
+    use crate::plugin::test_plugin;
 
     #[test]
-    fn ids_are_stable_and_avoid_collisions() {
-        let a = id_for_name("vol", "pvc-1", |_| false);
-        assert_eq!(a, id_for_name("vol", "pvc-1", |_| false));
-        assert_ne!(a, id_for_name("vol", "pvc-2", |_| false));
+    fn ids_are_random_and_avoid_taken_ones() {
+        let a = new_id("vol", |_| false);
         assert!(a.starts_with("vol-") && a.len() == 20, "{a}");
-        let b = id_for_name("vol", "pvc-1", |c| c == a);
-        assert_eq!(b, format!("{a}-2"));
+        assert!(a[4..].bytes().all(|b| b.is_ascii_hexdigit()), "{a}");
+        assert_ne!(a, new_id("vol", |_| false));
+        let tries = std::cell::Cell::new(0);
+        let b = new_id("snap", |_| {
+            tries.set(tries.get() + 1);
+            tries.get() < 3
+        });
+        assert!(b.starts_with("snap-"), "{b}");
+        assert_eq!(tries.get(), 3, "drew again until an id was free");
+    }
+
+    fn cap() -> pb::VolumeCapability {
+        use pb::volume_capability::{AccessMode, AccessType, MountVolume, access_mode::Mode};
+        pb::VolumeCapability {
+            access_mode: Some(AccessMode {
+                mode: Mode::SingleNodeWriter as i32,
+            }),
+            access_type: Some(AccessType::Mount(MountVolume::default())),
+        }
+    }
+
+    async fn create(p: &Plugin, name: &str) -> Result<String, Status> {
+        let created = p
+            .create_volume(&pb::CreateVolumeRequest {
+                name: name.into(),
+                volume_capabilities: vec![cap()],
+                ..Default::default()
+            })
+            .await?;
+        Ok(created.volume.expect("volume").volume_id)
+    }
+
+    async fn delete(p: &Plugin, id: &str) {
+        p.delete_volume(&pb::DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("delete");
+    }
+
+    /// Makes every later state write fail: the state file becomes a non-empty directory, which
+    /// nothing can be renamed over.
+    fn break_state_file(p: &Plugin) {
+        let path = p.settings.statedir.join("state.json");
+        std::fs::remove_file(&path).expect("remove state.json");
+        std::fs::create_dir_all(path.join("in-the-way")).expect("mkdir");
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .expect("list")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_late_delete_of_an_old_id_spares_the_volume_created_again_under_its_name() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, false);
+        let old = create(&p, "pvc-1").await.expect("create");
+        assert_eq!(create(&p, "pvc-1").await.expect("again"), old, "idempotent");
+        delete(&p, &old).await;
+
+        let new = create(&p, "pvc-1").await.expect("create again");
+        assert_ne!(new, old, "a new volume gets a new id");
+        // A retried DeleteVolume of the old volume arrives late.
+        delete(&p, &old).await;
+        assert!(p.store.read(|s| s.volumes.contains_key(&new)).await);
+        assert!(
+            p.volume_dir(&new).is_dir(),
+            "the new volume's directory is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn creates_whose_record_cannot_be_saved_leave_no_directory() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, false);
+        let source = create(&p, "source").await.expect("create");
+        break_state_file(&p);
+
+        let status = p
+            .create_snapshot(&pb::CreateSnapshotRequest {
+                source_volume_id: source.clone(),
+                name: "snap".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("the record cannot be saved");
+        assert_eq!(status.code(), Code::Internal, "{}", status.message());
+        assert_eq!(entries(&p.snapshots_dir), Vec::<String>::new());
+        assert!(p.store.read(|s| s.snapshots.is_empty()).await);
+
+        let status = create(&p, "other").await.expect_err("not saved either");
+        assert_eq!(status.code(), Code::Internal, "{}", status.message());
+        assert_eq!(entries(&p.volumes_dir), [source]);
     }
 
     #[test]
