@@ -8,6 +8,7 @@ use berth_csi::pb::{
     node_service_capability::{self, rpc},
     volume_usage::Unit,
 };
+use berth_sys::{MountEntry, MountError};
 use tonic::{Code, Request, Response, Status};
 
 use crate::{
@@ -96,6 +97,19 @@ fn remove_empty_dir(path: &Path) -> Result<(), Status> {
     }
 }
 
+/// The status of a failed bind onto `path`. Removes `path` if the request `created` it and the
+/// bind left nothing mounted there.
+fn bind_failed(err: &MountError, path: &Path, created: bool) -> Status {
+    if created
+        && !err.left_a_mount()
+        && let Err(status) = remove_empty_dir(path)
+    {
+        tracing::warn!(path = %path.display(), error = status.message(),
+            "could not remove the directory made for the mount");
+    }
+    internal(err)
+}
+
 impl Plugin {
     async fn node_volume(&self, id: &str) -> Result<VolumeRecord, Status> {
         self.store
@@ -115,6 +129,36 @@ impl Plugin {
         Ok(())
     }
 
+    /// Whether `mount`, an unrecorded mount of volume `id` at `field` = `path`, may be adopted
+    /// for a request that wants a mount with `read_only`. A writable mount where a read-only
+    /// one is wanted (left, for one, by a bind whose read-only remount could not be undone) is
+    /// never adopted: it is unmounted, and `false` tells the caller to mount afresh.
+    fn adoptable(
+        &self,
+        path: &Path,
+        field: &str,
+        id: &str,
+        mount: &MountEntry,
+        read_only: bool,
+    ) -> Result<bool, Status> {
+        if mount.read_only || !read_only {
+            return Ok(true);
+        }
+        tracing::warn!(
+            volume_id = %id,
+            path = %path.display(),
+            "replacing an unrecorded writable mount of the volume by a read-only one"
+        );
+        if self.unmount_volume_at(path, id)? {
+            Ok(false)
+        } else {
+            Err(Status::failed_precondition(format!(
+                "{field} {} has another mount under the volume's",
+                path.display()
+            )))
+        }
+    }
+
     /// Unmounts every mount of volume `id` stacked at `path`. Returns whether `path` is free of
     /// mounts afterwards (false when something else is mounted there, which is left alone).
     fn unmount_volume_at(&self, path: &Path, id: &str) -> Result<bool, Status> {
@@ -122,7 +166,7 @@ impl Plugin {
             match self.mount_at(path, id)? {
                 MountAt::Nothing => return Ok(true),
                 MountAt::Other(_) => return Ok(false),
-                MountAt::Volume => match self.mounter.unmount(path) {
+                MountAt::Volume(_) => match self.mounter.unmount(path) {
                     Ok(()) => tracing::debug!(path = %path.display(), "unmounted"),
                     Err(e) if e.is_not_mounted() => {}
                     Err(e) => return Err(internal(&e)),
@@ -159,22 +203,28 @@ impl Plugin {
         let v = self.node_volume(id).await?;
         self.require_controller_published(&v)?;
         let record = v.staged.get(&staging);
+        let read_only = caps::reader_only(&capability);
         match self.mount_at(&staging, id)? {
-            MountAt::Volume => {
-                match record {
-                    Some(s) if s.capability == capability => {}
-                    Some(s) => {
-                        return Err(Status::already_exists(format!(
-                            "volume {id} is already staged at {} with access mode {}",
-                            staging.display(),
-                            s.capability.access_mode
-                        )));
-                    }
-                    // Mounted but not recorded (the record was lost): adopt the mount.
-                    None => self.record_staging(id, &staging, capability, false).await?,
+            MountAt::Volume(mount) => match record {
+                Some(s) if s.capability == capability => {
+                    return Ok(pb::NodeStageVolumeResponse {});
                 }
-                return Ok(pb::NodeStageVolumeResponse {});
-            }
+                Some(s) => {
+                    return Err(Status::already_exists(format!(
+                        "volume {id} is already staged at {} with access mode {}",
+                        staging.display(),
+                        s.capability.access_mode
+                    )));
+                }
+                None => {
+                    // Mounted but not recorded (the record was lost): adopt the mount if it
+                    // is what is asked for.
+                    if self.adoptable(&staging, "staging_target_path", id, &mount, read_only)? {
+                        self.record_staging(id, &staging, capability, false).await?;
+                        return Ok(pb::NodeStageVolumeResponse {});
+                    }
+                }
+            },
             MountAt::Other(e) => {
                 return Err(Status::failed_precondition(format!(
                     "staging_target_path {} already has another mount ({})",
@@ -185,12 +235,8 @@ impl Plugin {
             MountAt::Nothing => {}
         }
         let created = ensure_dir(&staging, "staging_target_path")?;
-        let read_only = caps::reader_only(&capability);
         if let Err(e) = self.mounter.bind(&self.volume_dir(id), &staging, read_only) {
-            if created {
-                remove_empty_dir(&staging)?;
-            }
-            return Err(internal(&e));
+            return Err(bind_failed(&e, &staging, created));
         }
         let created = created || record.is_some_and(|s| s.created_dir);
         self.record_staging(id, &staging, capability, created)
@@ -236,8 +282,11 @@ impl Plugin {
             &self.settings.statedir,
         )?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
+        // Unmount first: whatever the answer, the volume is not staged here afterwards (callers
+        // take NOT_FOUND as "already unstaged", so it must be true). Without a record, nothing
+        // says who made the directory: it stays.
         let free = self.unmount_volume_at(&staging, id)?;
+        let v = self.node_volume(id).await?;
         let record = v.staged.get(&staging).cloned();
         if record.is_some() {
             self.store
@@ -288,7 +337,7 @@ impl Plugin {
         let v = self.node_volume(id).await?;
         let source = match &staging {
             Some(path) => match self.mount_at(path, id)? {
-                MountAt::Volume => path.clone(),
+                MountAt::Volume(_) => path.clone(),
                 _ => {
                     return Err(Status::failed_precondition(format!(
                         "volume {id} is not staged at {}; call NodeStageVolume first",
@@ -306,24 +355,28 @@ impl Plugin {
             capability: capability.clone(),
             staging_path: staging.clone(),
         };
+        let read_only = req.readonly || caps::reader_only(&capability);
         match self.mount_at(&target, id)? {
-            MountAt::Volume => {
-                match v.published.get(&target) {
-                    Some(p) if *p == wanted => {}
-                    Some(p) => {
-                        return Err(Status::already_exists(format!(
-                            "volume {id} is already published at {} with readonly={} and \
-                             access mode {}",
-                            target.display(),
-                            p.readonly,
-                            p.capability.access_mode
-                        )));
-                    }
-                    // Mounted but not recorded (the record was lost): adopt the mount.
-                    None => self.record_publication(id, &target, wanted).await?,
+            MountAt::Volume(mount) => match v.published.get(&target) {
+                Some(p) if *p == wanted => return Ok(pb::NodePublishVolumeResponse {}),
+                Some(p) => {
+                    return Err(Status::already_exists(format!(
+                        "volume {id} is already published at {} with readonly={} and access \
+                         mode {}",
+                        target.display(),
+                        p.readonly,
+                        p.capability.access_mode
+                    )));
                 }
-                return Ok(pb::NodePublishVolumeResponse {});
-            }
+                None => {
+                    // Mounted but not recorded (the record was lost): adopt the mount if it
+                    // is what is asked for.
+                    if self.adoptable(&target, "target_path", id, &mount, read_only)? {
+                        self.record_publication(id, &target, wanted).await?;
+                        return Ok(pb::NodePublishVolumeResponse {});
+                    }
+                }
+            },
             MountAt::Other(e) => {
                 return Err(Status::failed_precondition(format!(
                     "target_path {} already has another mount ({})",
@@ -336,12 +389,8 @@ impl Plugin {
         self.check_other_targets(&v, &target, &capability)?;
 
         let created = ensure_dir(&target, "target_path")?;
-        let read_only = req.readonly || caps::reader_only(&capability);
         if let Err(e) = self.mounter.bind(&source, &target, read_only) {
-            if created {
-                remove_empty_dir(&target)?;
-            }
-            return Err(internal(&e));
+            return Err(bind_failed(&e, &target, created));
         }
         self.record_publication(id, &target, wanted).await?;
         tracing::info!(volume_id = %id, path = %target.display(), read_only, "published");
@@ -360,7 +409,7 @@ impl Plugin {
             if !caps::single_target(capability) && !caps::single_target(&p.capability) {
                 continue;
             }
-            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume) {
+            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
                 return Err(Status::failed_precondition(format!(
                     "volume {} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
                      one target path per node",
@@ -395,8 +444,11 @@ impl Plugin {
         let id = caps::id(&req.volume_id, "volume_id")?;
         let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir)?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
+        // Unmount first: whatever the answer, the volume is not published here afterwards
+        // (callers take NOT_FOUND as "already unpublished", so it must be true).
+        // Without a record, nothing says who made the directory: it stays.
         let free = self.unmount_volume_at(&target, id)?;
+        let v = self.node_volume(id).await?;
         if v.published.contains_key(&target) {
             self.store
                 .update(|s| {
@@ -417,7 +469,7 @@ impl Plugin {
     /// The volume's mount at `field` = `path`, or `NOT_FOUND`.
     fn require_mounted(&self, id: &str, path: &Path, field: &str) -> Result<(), Status> {
         match self.mount_at(path, id)? {
-            MountAt::Volume => Ok(()),
+            MountAt::Volume(_) => Ok(()),
             _ => Err(Status::not_found(format!(
                 "volume {id} is not staged or published at {field} {}",
                 path.display()
@@ -609,7 +661,7 @@ mod tests {
     use berth_csi::pb::volume_capability::{
         AccessMode, AccessType, MountVolume, access_mode::Mode,
     };
-    use berth_sys::{MountCall, RecordingMounter};
+    use berth_sys::{MountCall, Mounter as _, RecordingMounter};
 
     use super::*;
     use crate::plugin::test_plugin;
@@ -694,6 +746,147 @@ mod tests {
             !staging.exists() && !target.exists(),
             "directories the plugin made are gone"
         );
+    }
+
+    async fn create(p: &Plugin, mode: Mode) -> String {
+        p.create_volume(&pb::CreateVolumeRequest {
+            name: "v".into(),
+            volume_capabilities: vec![cap(mode)],
+            ..Default::default()
+        })
+        .await
+        .expect("create")
+        .volume
+        .expect("volume")
+        .volume_id
+    }
+
+    #[tokio::test]
+    async fn unstage_and_unpublish_unmount_before_saying_the_volume_does_not_exist() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = Arc::new(RecordingMounter::new());
+        let p = test_plugin(dir.path(), mounter.clone(), true, false);
+        let id = create(&p, Mode::SingleNodeWriter).await;
+        let staging = dir.path().join("staging");
+        let target = dir.path().join("target");
+        p.node_stage_volume(&pb::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        })
+        .await
+        .expect("stage");
+        p.node_publish_volume(&pb::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        })
+        .await
+        .expect("publish");
+        // The volume's record is gone (lost state, or deleted behind the node's back) while
+        // its mounts are still there.
+        p.store
+            .update(|s| {
+                s.volumes.remove(&id);
+                Ok::<_, Status>(())
+            })
+            .await
+            .expect("forget the volume");
+        mounter.take_calls();
+
+        let unpublish = pb::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        };
+        let unstage = pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        };
+        for _ in 0..2 {
+            let status = p.node_unpublish_volume(&unpublish).await.unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{}", status.message());
+            let status = p.node_unstage_volume(&unstage).await.unwrap_err();
+            assert_eq!(status.code(), Code::NotFound, "{}", status.message());
+        }
+        assert_eq!(
+            mounter.take_calls(),
+            vec![
+                MountCall::Unmount {
+                    target: target.clone()
+                },
+                MountCall::Unmount {
+                    target: staging.clone()
+                },
+            ],
+            "NOT_FOUND comes once nothing of the volume is mounted there"
+        );
+        assert_eq!(mounter.mount_at(&target).expect("table"), None);
+        assert_eq!(mounter.mount_at(&staging).expect("table"), None);
+    }
+
+    #[tokio::test]
+    async fn an_unrecorded_writable_mount_is_not_adopted_for_a_read_only_stage() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = Arc::new(RecordingMounter::new());
+        let p = test_plugin(dir.path(), mounter.clone(), true, false);
+        let id = create(&p, Mode::MultiNodeReaderOnly).await;
+        let staging = dir.path().join("staging");
+        std::fs::create_dir(&staging).expect("mkdir");
+        // What a bind whose read-only remount could not be undone leaves behind.
+        mounter
+            .bind(&p.volume_dir(&id), &staging, false)
+            .expect("writable bind");
+        mounter.take_calls();
+
+        let stage = |mode| pb::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(mode)),
+            ..Default::default()
+        };
+        p.node_stage_volume(&stage(Mode::MultiNodeReaderOnly))
+            .await
+            .expect("stage");
+        assert_eq!(
+            mounter.take_calls(),
+            vec![
+                MountCall::Unmount {
+                    target: staging.clone()
+                },
+                MountCall::Bind {
+                    source: p.volume_dir(&id),
+                    target: staging.clone(),
+                    read_only: true
+                },
+            ]
+        );
+        let top = mounter.mount_at(&staging).expect("table").expect("mounted");
+        assert!(top.read_only, "{top:?}");
+        assert_eq!(
+            mounter.mounts().expect("table").len(),
+            2,
+            "root and staging"
+        );
+
+        // A writable unrecorded mount is adopted as it is for a writable stage.
+        p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .expect("unstage");
+        std::fs::create_dir_all(&staging).expect("mkdir");
+        mounter
+            .bind(&p.volume_dir(&id), &staging, false)
+            .expect("writable bind");
+        mounter.take_calls();
+        p.node_stage_volume(&stage(Mode::SingleNodeWriter))
+            .await
+            .expect("stage");
+        assert_eq!(mounter.take_calls(), vec![]);
     }
 
     #[tokio::test]

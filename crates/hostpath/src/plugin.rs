@@ -105,7 +105,7 @@ pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 pub(crate) enum MountAt {
     Nothing,
     /// The volume's directory (directly or through its staging mount).
-    Volume,
+    Volume(MountEntry),
     /// Something else.
     Other(MountEntry),
 }
@@ -218,7 +218,7 @@ impl Plugin {
         let entry = self.mounter.mount_at(path).map_err(|e| internal(&e))?;
         Ok(match entry {
             None => MountAt::Nothing,
-            Some(e) if self.is_volume_mount(&e, id) => MountAt::Volume,
+            Some(e) if self.is_volume_mount(&e, id) => MountAt::Volume(e),
             Some(e) => MountAt::Other(e),
         })
     }
