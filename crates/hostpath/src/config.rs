@@ -52,7 +52,8 @@ pub enum LogFormat {
     after_long_help = FAULT_HELP
 )]
 pub struct Config {
-    /// CSI endpoint: unix:///absolute/path.sock, or an absolute socket path.
+    /// CSI endpoint: unix:///absolute/path.sock, unix:/absolute/path.sock, or an absolute socket
+    /// path (at most 107 bytes).
     #[arg(long, env = "CSI_ENDPOINT")]
     pub endpoint: String,
 

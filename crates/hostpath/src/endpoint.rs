@@ -1,4 +1,7 @@
-//! The CSI endpoint: `unix:///abs/path.sock` or a bare absolute path, and its listening socket.
+//! The CSI endpoint's listening socket. What an endpoint may be (`unix:///abs/path.sock`,
+//! `unix:/abs/path.sock` or `/abs/path.sock`, at most [`berth_csi::MAX_SOCKET_PATH`] bytes, no
+//! NUL) is [`berth_csi::Endpoint`]'s to say; this module sets up the socket the plugin serves
+//! on.
 
 use std::{
     fs, io,
@@ -6,32 +9,15 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use berth_csi::Endpoint;
 use tokio::net::UnixListener;
-
-/// Longest unix socket path Linux accepts (`sun_path` is 108 bytes with the trailing NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
 
 /// The endpoint cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum EndpointError {
-    /// Not `unix:///abs/path` nor an absolute path.
-    #[error("endpoint {endpoint:?} is not unix:///absolute/path.sock or an absolute path")]
-    Malformed {
-        /// The endpoint as given.
-        endpoint: String,
-    },
-    /// The socket path does not fit in `sun_path`.
-    #[error(
-        "socket path {} is {len} bytes long; unix socket paths must be at most {MAX_SOCKET_PATH} \
-         bytes",
-        path.display()
-    )]
-    TooLong {
-        /// The socket path.
-        path: PathBuf,
-        /// Its length in bytes.
-        len: usize,
-    },
+    /// The `--endpoint` value is not a usable unix socket endpoint.
+    #[error("invalid --endpoint")]
+    Invalid(#[source] berth_csi::EndpointError),
     /// Something that is not a socket is in the way.
     #[error("{} exists and is not a socket; not removing it", path.display())]
     NotASocket {
@@ -57,25 +43,15 @@ pub enum EndpointError {
     },
 }
 
-/// The socket path of `endpoint`.
-pub fn socket_path(endpoint: &str) -> Result<PathBuf, EndpointError> {
-    let path = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
-    if !path.starts_with('/') || path.contains('\0') {
-        return Err(EndpointError::Malformed {
-            endpoint: endpoint.to_owned(),
-        });
-    }
-    let path = PathBuf::from(path);
-    let len = path.as_os_str().len();
-    if len > MAX_SOCKET_PATH {
-        return Err(EndpointError::TooLong { path, len });
-    }
-    Ok(path)
+/// Parses the `--endpoint` value.
+pub fn parse(value: &str) -> Result<Endpoint, EndpointError> {
+    Endpoint::parse(value).map_err(EndpointError::Invalid)
 }
 
-/// Listens on `path`: creates its parent directory (0700) if missing, removes a stale socket
-/// left by a dead process (never anything else), binds, and makes the socket 0600.
-pub fn listen(path: &Path) -> Result<UnixListener, EndpointError> {
+/// Listens on `endpoint`'s socket: creates its parent directory (0700) if missing, removes a
+/// stale socket left by a dead process (never anything else), binds, and makes the socket 0600.
+pub fn listen(endpoint: &Endpoint) -> Result<UnixListener, EndpointError> {
+    let path = endpoint.path();
     let io_err = |action, source| EndpointError::Io {
         action,
         path: path.to_path_buf(),
@@ -125,56 +101,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn parses_endpoints() {
-        assert_eq!(
-            socket_path("unix:///run/csi.sock").ok(),
-            Some("/run/csi.sock".into())
-        );
-        assert_eq!(
-            socket_path("/run/csi.sock").ok(),
-            Some("/run/csi.sock".into())
-        );
+    fn endpoints_are_parsed_by_berth_csi() {
+        for value in [
+            "unix:///run/csi.sock",
+            "unix:/run/csi.sock",
+            "/run/csi.sock",
+        ] {
+            let endpoint = parse(value).unwrap_or_else(|e| panic!("{value:?}: {e}"));
+            assert_eq!(endpoint.path(), Path::new("/run/csi.sock"));
+        }
+        let long = format!("/{}", "a".repeat(berth_csi::MAX_SOCKET_PATH));
         for bad in [
             "unix://run/csi.sock",
             "run/csi.sock",
             "tcp://1.2.3.4:5",
             "",
             "unix://",
+            "/run/a\0b.sock",
+            &long,
         ] {
-            assert!(
-                matches!(socket_path(bad), Err(EndpointError::Malformed { .. })),
-                "{bad:?}"
-            );
+            let err = parse(bad).unwrap_err();
+            assert!(matches!(err, EndpointError::Invalid(_)), "{bad:?}: {err:?}");
+            assert_eq!(err.to_string(), "invalid --endpoint");
         }
-    }
-
-    #[test]
-    fn rejects_long_socket_paths() {
-        let long = format!("/{}", "a".repeat(107));
-        let err = socket_path(&format!("unix://{long}")).unwrap_err();
+        let err = parse(&long).unwrap_err();
         assert!(
-            matches!(err, EndpointError::TooLong { len: 108, .. }),
+            matches!(
+                err,
+                EndpointError::Invalid(berth_csi::EndpointError::TooLong { len: 108, .. })
+            ),
             "{err:?}"
         );
-        assert!(err.to_string().contains("at most 107 bytes"), "{err}");
-        assert!(socket_path(&format!("/{}", "a".repeat(106))).is_ok());
     }
 
     #[tokio::test]
     async fn listen_replaces_stale_sockets_only() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("sub/csi.sock");
-        let first = listen(&path).expect("listen");
+        let endpoint = Endpoint::from_path(&path).expect("endpoint");
+        let first = listen(&endpoint).expect("listen");
         let mode = fs::metadata(&path).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(matches!(listen(&path), Err(EndpointError::InUse { .. })));
+        let parent = fs::metadata(path.parent().expect("parent")).expect("stat");
+        assert_eq!(parent.permissions().mode() & 0o777, 0o700);
+        assert!(matches!(
+            listen(&endpoint),
+            Err(EndpointError::InUse { .. })
+        ));
         drop(first);
-        let _second = listen(&path).expect("stale socket is replaced");
+        let _second = listen(&endpoint).expect("stale socket is replaced");
 
         let file = dir.path().join("file");
         fs::write(&file, b"x").expect("write");
         assert!(matches!(
-            listen(&file),
+            listen(&Endpoint::from_path(&file).expect("endpoint")),
             Err(EndpointError::NotASocket { .. })
         ));
         assert!(file.exists());

@@ -90,7 +90,7 @@ pub async fn run_with_mounter(
     shutdown: CancellationToken,
     mounter: Arc<dyn Mounter>,
 ) -> Result<(), RunError> {
-    let socket = endpoint::socket_path(&config.endpoint)?;
+    let endpoint = endpoint::parse(&config.endpoint)?;
     validate_driver_name(&config.drivername)?;
     let node_id = match config.nodeid.clone() {
         Some(id) => id,
@@ -120,9 +120,9 @@ pub async fn run_with_mounter(
             .map_err(RunError::Mounts)?,
     );
 
-    let listener = endpoint::listen(&socket)?;
+    let listener = endpoint::listen(&endpoint)?;
     tracing::info!(
-        socket = %socket.display(),
+        socket = %endpoint.path().display(),
         driver = %plugin.settings.driver_name,
         node_id = %plugin.settings.node_id,
         statedir = %plugin.settings.statedir.display(),
@@ -153,7 +153,7 @@ pub async fn run_with_mounter(
             Ok(())
         }
     };
-    endpoint::remove_socket(&socket);
+    endpoint::remove_socket(endpoint.path());
     // Operations whose callers are gone still finish (bounded by the grace period).
     plugin.tasks.close();
     if tokio::time::timeout(SHUTDOWN_GRACE, plugin.tasks.wait())

@@ -1,7 +1,7 @@
 //! Helpers for berth's integration tests and benches: binaries built by this workspace
 //! ([`bin_path`]), a real `berth-hostpath` plugin running in its own private mount namespace
-//! ([`HostpathPlugin`]), a gRPC channel over a unix socket ([`raw_channel`]), and bounded polling
-//! ([`eventually`], [`assert_eventually!`]) instead of sleeps.
+//! ([`HostpathPlugin`], with a gRPC channel to it: [`HostpathPlugin::channel`]), and bounded
+//! polling ([`eventually`], [`assert_eventually!`]) instead of sleeps.
 //!
 //! Needs Linux, root, and util-linux's `unshare` and `setpriv` on `PATH`.
 
@@ -15,10 +15,6 @@ use std::{
     path::{Path, PathBuf},
     time::Duration,
 };
-
-use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Endpoint, Uri};
 
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError};
 
@@ -55,18 +51,6 @@ pub fn bin_path(name: &str) -> PathBuf {
         path.display()
     );
     path
-}
-
-/// A gRPC channel to the unix socket at `socket` (connects once now, reconnects on demand).
-pub async fn raw_channel(socket: impl AsRef<Path>) -> Result<Channel, tonic::transport::Error> {
-    let path = socket.as_ref().to_path_buf();
-    // The URI is required by the API and ignored by the connector.
-    Endpoint::from_static("http://[::]:50051")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-        }))
-        .await
 }
 
 /// Polls `check` every [`POLL_INTERVAL`] until it returns true (then true) or `timeout` has

@@ -11,8 +11,10 @@ use std::{
     time::Duration,
 };
 
+use berth_csi::Endpoint;
 use berth_sys::MountEntry;
 use tempfile::TempDir;
+use tonic::transport::Channel;
 
 use crate::{POLL_INTERVAL, bin_path};
 
@@ -295,6 +297,17 @@ impl HostpathPlugin {
     /// `unix://<socket>`.
     pub fn endpoint(&self) -> String {
         format!("unix://{}", self.socket.display())
+    }
+
+    /// A gRPC channel to the plugin's socket, for raw generated clients: [`berth_csi::channel`],
+    /// which connects on first use and reconnects after a restart.
+    ///
+    /// # Panics
+    /// If the socket path is not a valid endpoint (it always is: testkit keeps it short).
+    pub fn channel(&self) -> Channel {
+        let endpoint = Endpoint::from_path(&self.socket)
+            .unwrap_or_else(|e| panic!("plugin socket as an endpoint: {e}"));
+        berth_csi::channel(&endpoint)
     }
 
     /// The plugin's `--statedir`.

@@ -12,7 +12,7 @@ use berth_csi::pb::{
     volume_capability::{AccessMode, AccessType, BlockVolume, MountVolume, access_mode::Mode},
 };
 use berth_sys::MountEntry;
-use berth_testkit::{HostpathPlugin, raw_channel};
+use berth_testkit::HostpathPlugin;
 use tonic::{Code, Response, Status, transport::Channel};
 
 pub const GIB: i64 = 1 << 30;
@@ -27,9 +27,7 @@ pub struct Clients {
 }
 
 pub async fn clients(plugin: &HostpathPlugin) -> Clients {
-    let channel = raw_channel(plugin.socket())
-        .await
-        .unwrap_or_else(|e| panic!("connecting to {}: {e:?}", plugin.socket().display()));
+    let channel = plugin.channel();
     Clients {
         identity: IdentityClient::new(channel.clone()),
         controller: ControllerClient::new(channel.clone()),
