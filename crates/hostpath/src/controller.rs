@@ -5,11 +5,14 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::SystemTime};
 
 use rand::Rng as _;
 
-use berth_csi::pb::{
-    self, ControllerServiceCapability,
-    controller_service_capability::{self, rpc},
-    list_snapshots_response, list_volumes_response, validate_volume_capabilities_response,
-    volume_content_source,
+use berth_csi::{
+    Rpc,
+    pb::{
+        self, ControllerServiceCapability,
+        controller_service_capability::{self, rpc},
+        list_snapshots_response, list_volumes_response, validate_volume_capabilities_response,
+        volume_content_source,
+    },
 };
 use tonic::{Code, Request, Response, Status};
 
@@ -781,7 +784,7 @@ impl pb::controller_server::Controller for ControllerService {
         request: Request<pb::CreateVolumeRequest>,
     ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
         self.0
-            .rpc("CreateVolume", "", request, |p, req| async move {
+            .rpc(Rpc::CreateVolume, "", request, |p, req| async move {
                 p.create_volume(&req).await
             })
             .await
@@ -793,7 +796,7 @@ impl pb::controller_server::Controller for ControllerService {
     ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("DeleteVolume", &id, request, |p, req| async move {
+            .rpc(Rpc::DeleteVolume, &id, request, |p, req| async move {
                 p.delete_volume(&req).await
             })
             .await
@@ -806,7 +809,7 @@ impl pb::controller_server::Controller for ControllerService {
         let id = request.get_ref().volume_id.clone();
         self.0
             .rpc(
-                "ControllerPublishVolume",
+                Rpc::ControllerPublishVolume,
                 &id,
                 request,
                 |p, req| async move { p.controller_publish_volume(&req).await },
@@ -821,7 +824,7 @@ impl pb::controller_server::Controller for ControllerService {
         let id = request.get_ref().volume_id.clone();
         self.0
             .rpc(
-                "ControllerUnpublishVolume",
+                Rpc::ControllerUnpublishVolume,
                 &id,
                 request,
                 |p, req| async move { p.controller_unpublish_volume(&req).await },
@@ -836,7 +839,7 @@ impl pb::controller_server::Controller for ControllerService {
         let id = request.get_ref().volume_id.clone();
         self.0
             .rpc(
-                "ValidateVolumeCapabilities",
+                Rpc::ValidateVolumeCapabilities,
                 &id,
                 request,
                 |p, req| async move { p.validate_volume_capabilities(&req).await },
@@ -849,7 +852,7 @@ impl pb::controller_server::Controller for ControllerService {
         request: Request<pb::ListVolumesRequest>,
     ) -> Result<Response<pb::ListVolumesResponse>, Status> {
         self.0
-            .rpc("ListVolumes", "", request, |p, req| async move {
+            .rpc(Rpc::ListVolumes, "", request, |p, req| async move {
                 p.list_volumes(&req).await
             })
             .await
@@ -860,7 +863,7 @@ impl pb::controller_server::Controller for ControllerService {
         request: Request<pb::GetCapacityRequest>,
     ) -> Result<Response<pb::GetCapacityResponse>, Status> {
         self.0
-            .rpc("GetCapacity", "", request, |p, req| async move {
+            .rpc(Rpc::GetCapacity, "", request, |p, req| async move {
                 p.get_capacity(&req).await
             })
             .await
@@ -872,7 +875,7 @@ impl pb::controller_server::Controller for ControllerService {
     ) -> Result<Response<pb::ControllerGetCapabilitiesResponse>, Status> {
         self.0
             .rpc(
-                "ControllerGetCapabilities",
+                Rpc::ControllerGetCapabilities,
                 "",
                 request,
                 |p, req| async move {
@@ -891,7 +894,7 @@ impl pb::controller_server::Controller for ControllerService {
     ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
         let id = request.get_ref().source_volume_id.clone();
         self.0
-            .rpc("CreateSnapshot", &id, request, |p, req| async move {
+            .rpc(Rpc::CreateSnapshot, &id, request, |p, req| async move {
                 p.create_snapshot(&req).await
             })
             .await
@@ -902,7 +905,7 @@ impl pb::controller_server::Controller for ControllerService {
         request: Request<pb::DeleteSnapshotRequest>,
     ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
         self.0
-            .rpc("DeleteSnapshot", "", request, |p, req| async move {
+            .rpc(Rpc::DeleteSnapshot, "", request, |p, req| async move {
                 p.delete_snapshot(&req).await
             })
             .await
@@ -914,7 +917,7 @@ impl pb::controller_server::Controller for ControllerService {
     ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
         let id = request.get_ref().source_volume_id.clone();
         self.0
-            .rpc("ListSnapshots", &id, request, |p, req| async move {
+            .rpc(Rpc::ListSnapshots, &id, request, |p, req| async move {
                 p.list_snapshots(&req).await
             })
             .await
@@ -925,7 +928,7 @@ impl pb::controller_server::Controller for ControllerService {
         request: Request<pb::GetSnapshotRequest>,
     ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
         self.0
-            .rpc("GetSnapshot", "", request, |p, req| async move {
+            .rpc(Rpc::GetSnapshot, "", request, |p, req| async move {
                 let _ = (p, req);
                 Err(Status::unimplemented(
                     "GetSnapshot is not supported (no GET_SNAPSHOT)",
@@ -941,7 +944,7 @@ impl pb::controller_server::Controller for ControllerService {
         let id = request.get_ref().volume_id.clone();
         self.0
             .rpc(
-                "ControllerExpandVolume",
+                Rpc::ControllerExpandVolume,
                 &id,
                 request,
                 |p, req| async move { p.controller_expand_volume(&req).await },
@@ -955,9 +958,12 @@ impl pb::controller_server::Controller for ControllerService {
     ) -> Result<Response<pb::ControllerGetVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("ControllerGetVolume", &id, request, |p, req| async move {
-                p.controller_get_volume(&req).await
-            })
+            .rpc(
+                Rpc::ControllerGetVolume,
+                &id,
+                request,
+                |p, req| async move { p.controller_get_volume(&req).await },
+            )
             .await
     }
 
@@ -968,7 +974,7 @@ impl pb::controller_server::Controller for ControllerService {
         let id = request.get_ref().volume_id.clone();
         self.0
             .rpc(
-                "ControllerModifyVolume",
+                Rpc::ControllerModifyVolume,
                 &id,
                 request,
                 |p, req| async move {

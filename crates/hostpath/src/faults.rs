@@ -10,6 +10,7 @@ use std::{
     time::Duration,
 };
 
+use berth_csi::Rpc;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -22,36 +23,6 @@ pub const CONTROL_FILE: &str = "faults";
 
 /// Name of the file, in the state directory, that keeps the used counts.
 pub const COUNTERS_FILE: &str = "faults.state.json";
-
-/// Every CSI method this plugin serves, as a spec names it.
-pub const RPC_NAMES: &[&str] = &[
-    "GetPluginInfo",
-    "GetPluginCapabilities",
-    "Probe",
-    "CreateVolume",
-    "DeleteVolume",
-    "ControllerPublishVolume",
-    "ControllerUnpublishVolume",
-    "ValidateVolumeCapabilities",
-    "ListVolumes",
-    "GetCapacity",
-    "ControllerGetCapabilities",
-    "CreateSnapshot",
-    "DeleteSnapshot",
-    "ListSnapshots",
-    "GetSnapshot",
-    "ControllerExpandVolume",
-    "ControllerGetVolume",
-    "ControllerModifyVolume",
-    "NodeStageVolume",
-    "NodeUnstageVolume",
-    "NodePublishVolume",
-    "NodeUnpublishVolume",
-    "NodeGetVolumeStats",
-    "NodeExpandVolume",
-    "NodeGetCapabilities",
-    "NodeGetInfo",
-];
 
 const CODES: &[(&str, Code)] = &[
     ("CANCELLED", Code::Cancelled),
@@ -89,7 +60,7 @@ pub enum FaultAction {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FaultSpec {
     /// The method it applies to; `None` for `*` (every method).
-    pub rpc: Option<String>,
+    pub rpc: Option<Rpc>,
     /// What it does.
     pub action: FaultAction,
     /// How many matching calls it applies to; `None` for every call.
@@ -114,8 +85,8 @@ impl FaultSpec {
     }
 
     /// Whether this spec applies to calls of `rpc`.
-    pub fn matches(&self, rpc: &str) -> bool {
-        self.rpc.as_deref().is_none_or(|r| r == rpc)
+    pub fn matches(&self, rpc: Rpc) -> bool {
+        self.rpc.is_none_or(|r| r == rpc)
     }
 }
 
@@ -144,12 +115,15 @@ impl FromStr for FaultSpec {
         }
         let rpc = match rpc {
             "*" => None,
-            name if RPC_NAMES.contains(&name) => Some(name.to_owned()),
-            name => {
-                return Err(err(format!(
-                    "unknown RPC name {name:?} (a CSI method name such as NodeStageVolume, or *)"
-                )));
-            }
+            name => match Rpc::ALL.into_iter().find(|r| r.to_string() == name) {
+                Some(rpc) => Some(rpc),
+                None => {
+                    return Err(err(format!(
+                        "unknown RPC name {name:?} (a CSI method name such as NodeStageVolume, \
+                         or *)"
+                    )));
+                }
+            },
         };
         let action = match action {
             "hang" => FaultAction::Hang,
@@ -290,7 +264,7 @@ impl Faults {
     /// Re-reads the control file, then finds the first spec that matches `rpc` and is not used
     /// up, and counts it as used (persisting the count before returning). `None` for `rpc`
     /// only refreshes.
-    fn take(&self, rpc: Option<&str>) -> Result<Option<FaultSpec>, FaultsError> {
+    fn take(&self, rpc: Option<Rpc>) -> Result<Option<FaultSpec>, FaultsError> {
         let text = match std::fs::read_to_string(&self.control_path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -367,11 +341,7 @@ impl Faults {
     /// Applies the fault configured for a call of `rpc`, if any: `Err` for an injected failure,
     /// `Ok` once a delay has passed or when no fault applies. `hang` and `delay` end early with
     /// `UNAVAILABLE` when `shutdown` fires; `exit` never returns.
-    pub(crate) async fn apply(
-        &self,
-        rpc: &'static str,
-        shutdown: &CancellationToken,
-    ) -> Result<(), Status> {
+    pub(crate) async fn apply(&self, rpc: Rpc, shutdown: &CancellationToken) -> Result<(), Status> {
         let this = self.clone();
         let taken = tokio::task::spawn_blocking(move || this.take(Some(rpc)))
             .await
@@ -384,27 +354,27 @@ impl Faults {
         let shutting_down = || Status::unavailable("the plugin is shutting down");
         match spec.action {
             FaultAction::Fail(code) => {
-                tracing::info!(rpc, fault = %spec, "injecting failure");
+                tracing::info!(rpc = %rpc, fault = %spec, "injecting failure");
                 Err(Status::new(
                     code,
                     format!("injected fault {spec} (test fault switch)"),
                 ))
             }
             FaultAction::Delay(d) => {
-                tracing::info!(rpc, fault = %spec, "injecting delay");
+                tracing::info!(rpc = %rpc, fault = %spec, "injecting delay");
                 tokio::select! {
                     () = tokio::time::sleep(d) => Ok(()),
                     () = shutdown.cancelled() => Err(shutting_down()),
                 }
             }
             FaultAction::Hang => {
-                tracing::info!(rpc, fault = %spec, "injecting hang");
+                tracing::info!(rpc = %rpc, fault = %spec, "injecting hang");
                 let _log_end = HangEnd(rpc);
                 shutdown.cancelled().await;
                 Err(shutting_down())
             }
             FaultAction::Exit => {
-                tracing::warn!(rpc, fault = %spec, code = EXIT_CODE, "injected exit");
+                tracing::warn!(rpc = %rpc, fault = %spec, code = EXIT_CODE, "injected exit");
                 std::process::exit(EXIT_CODE)
             }
         }
@@ -412,11 +382,11 @@ impl Faults {
 }
 
 /// Logs the end of a hung call: dropped when its client goes away, or at shutdown.
-struct HangEnd(&'static str);
+struct HangEnd(Rpc);
 
 impl Drop for HangEnd {
     fn drop(&mut self) {
-        tracing::info!(rpc = self.0, "hung call ended");
+        tracing::info!(rpc = %self.0, "hung call ended");
     }
 }
 
@@ -435,7 +405,7 @@ mod tests {
     #[test]
     fn parses_every_action() {
         let s = spec("NodeUnpublishVolume:UNAVAILABLE:3");
-        assert_eq!(s.rpc.as_deref(), Some("NodeUnpublishVolume"));
+        assert_eq!(s.rpc, Some(Rpc::NodeUnpublishVolume));
         assert_eq!(s.action, FaultAction::Fail(Code::Unavailable));
         assert_eq!(s.count, Some(3));
 
@@ -458,6 +428,14 @@ mod tests {
     }
 
     #[test]
+    fn every_rpc_name_parses() {
+        for rpc in Rpc::ALL {
+            assert_eq!(spec(&format!("{rpc}:hang")).rpc, Some(rpc));
+        }
+        assert!(reason("nodestagevolume:hang").contains("unknown RPC name"));
+    }
+
+    #[test]
     fn every_code_name_parses() {
         for (name, code) in CODES {
             assert_eq!(
@@ -469,9 +447,9 @@ mod tests {
 
     #[test]
     fn matches_by_name_or_star() {
-        assert!(spec("Probe:hang").matches("Probe"));
-        assert!(!spec("Probe:hang").matches("NodeGetInfo"));
-        assert!(spec("*:hang").matches("NodeGetInfo"));
+        assert!(spec("Probe:hang").matches(Rpc::Probe));
+        assert!(!spec("Probe:hang").matches(Rpc::NodeGetInfo));
+        assert!(spec("*:hang").matches(Rpc::NodeGetInfo));
     }
 
     #[test]
@@ -509,26 +487,29 @@ mod tests {
         let f = Faults::load(flags.clone(), dir.path()).expect("load");
         let code = |f: &Faults, rpc| f.take(Some(rpc)).expect("take").map(|s| s.action);
         assert_eq!(
-            code(&f, "Probe"),
+            code(&f, Rpc::Probe),
             Some(FaultAction::Fail(Code::Unavailable))
         );
         assert_eq!(
-            code(&f, "Probe"),
+            code(&f, Rpc::Probe),
             Some(FaultAction::Fail(Code::Unavailable))
         );
-        assert_eq!(code(&f, "Probe"), Some(FaultAction::Fail(Code::NotFound)));
-        assert_eq!(code(&f, "Probe"), None);
+        assert_eq!(
+            code(&f, Rpc::Probe),
+            Some(FaultAction::Fail(Code::NotFound))
+        );
+        assert_eq!(code(&f, Rpc::Probe), None);
 
         // A new instance with the same flags finds them used up.
         let f = Faults::load(flags, dir.path()).expect("reload");
-        assert_eq!(code(&f, "Probe"), None);
+        assert_eq!(code(&f, Rpc::Probe), None);
     }
 
     #[test]
     fn control_file_counts_restart_when_it_changes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let f = Faults::load(Vec::new(), dir.path()).expect("load");
-        let take = |f: &Faults| f.take(Some("NodeGetInfo")).expect("take").is_some();
+        let take = |f: &Faults| f.take(Some(Rpc::NodeGetInfo)).expect("take").is_some();
         assert!(!take(&f));
         let control = dir.path().join(CONTROL_FILE);
         std::fs::write(&control, "NodeGetInfo:ABORTED:1\n").expect("write");
@@ -539,7 +520,7 @@ mod tests {
         assert!(!take(&f));
 
         std::fs::write(&control, "NodeGetInfo:SOMETIMES\n").expect("write");
-        let err = f.take(Some("NodeGetInfo")).unwrap_err();
+        let err = f.take(Some(Rpc::NodeGetInfo)).unwrap_err();
         assert!(matches!(err, FaultsError::ControlFile { .. }), "{err:?}");
         assert!(Faults::load(Vec::new(), dir.path()).is_err());
     }

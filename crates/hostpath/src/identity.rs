@@ -2,9 +2,12 @@
 
 use std::sync::Arc;
 
-use berth_csi::pb::{
-    self, PluginCapability,
-    plugin_capability::{self, Service, VolumeExpansion, service, volume_expansion},
+use berth_csi::{
+    Rpc,
+    pb::{
+        self, PluginCapability,
+        plugin_capability::{self, Service, VolumeExpansion, service, volume_expansion},
+    },
 };
 use tonic::{Request, Response, Status};
 
@@ -38,7 +41,7 @@ impl pb::identity_server::Identity for IdentityService {
         request: Request<pb::GetPluginInfoRequest>,
     ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
         self.0
-            .rpc("GetPluginInfo", "", request, |p, req| async move {
+            .rpc(Rpc::GetPluginInfo, "", request, |p, req| async move {
                 let _ = req;
                 Ok(pb::GetPluginInfoResponse {
                     name: p.settings.driver_name.clone(),
@@ -54,12 +57,17 @@ impl pb::identity_server::Identity for IdentityService {
         request: Request<pb::GetPluginCapabilitiesRequest>,
     ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
         self.0
-            .rpc("GetPluginCapabilities", "", request, |p, req| async move {
-                let _ = (p, req);
-                Ok(pb::GetPluginCapabilitiesResponse {
-                    capabilities: plugin_capabilities(),
-                })
-            })
+            .rpc(
+                Rpc::GetPluginCapabilities,
+                "",
+                request,
+                |p, req| async move {
+                    let _ = (p, req);
+                    Ok(pb::GetPluginCapabilitiesResponse {
+                        capabilities: plugin_capabilities(),
+                    })
+                },
+            )
             .await
     }
 
@@ -68,7 +76,7 @@ impl pb::identity_server::Identity for IdentityService {
         request: Request<pb::ProbeRequest>,
     ) -> Result<Response<pb::ProbeResponse>, Status> {
         self.0
-            .rpc("Probe", "", request, |p, req| async move {
+            .rpc(Rpc::Probe, "", request, |p, req| async move {
                 let _ = (p, req);
                 Ok(pb::ProbeResponse { ready: Some(true) })
             })

@@ -3,10 +3,13 @@
 
 use std::{fs, io, path::Path, sync::Arc};
 
-use berth_csi::pb::{
-    self, NodeServiceCapability,
-    node_service_capability::{self, rpc},
-    volume_usage::Unit,
+use berth_csi::{
+    Rpc,
+    pb::{
+        self, NodeServiceCapability,
+        node_service_capability::{self, rpc},
+        volume_usage::Unit,
+    },
 };
 use berth_sys::{MountEntry, MountError};
 use tonic::{Code, Request, Response, Status};
@@ -563,7 +566,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodeStageVolume", &id, request, |p, req| async move {
+            .rpc(Rpc::NodeStageVolume, &id, request, |p, req| async move {
                 p.node_stage_volume(&req).await
             })
             .await
@@ -575,7 +578,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodeUnstageVolume", &id, request, |p, req| async move {
+            .rpc(Rpc::NodeUnstageVolume, &id, request, |p, req| async move {
                 p.node_unstage_volume(&req).await
             })
             .await
@@ -587,7 +590,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodePublishVolume", &id, request, |p, req| async move {
+            .rpc(Rpc::NodePublishVolume, &id, request, |p, req| async move {
                 p.node_publish_volume(&req).await
             })
             .await
@@ -599,9 +602,12 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodeUnpublishVolume", &id, request, |p, req| async move {
-                p.node_unpublish_volume(&req).await
-            })
+            .rpc(
+                Rpc::NodeUnpublishVolume,
+                &id,
+                request,
+                |p, req| async move { p.node_unpublish_volume(&req).await },
+            )
             .await
     }
 
@@ -611,7 +617,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodeGetVolumeStats", &id, request, |p, req| async move {
+            .rpc(Rpc::NodeGetVolumeStats, &id, request, |p, req| async move {
                 p.node_get_volume_stats(&req).await
             })
             .await
@@ -623,7 +629,7 @@ impl pb::node_server::Node for NodeService {
     ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
         let id = request.get_ref().volume_id.clone();
         self.0
-            .rpc("NodeExpandVolume", &id, request, |p, req| async move {
+            .rpc(Rpc::NodeExpandVolume, &id, request, |p, req| async move {
                 p.node_expand_volume(&req).await
             })
             .await
@@ -634,7 +640,7 @@ impl pb::node_server::Node for NodeService {
         request: Request<pb::NodeGetCapabilitiesRequest>,
     ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
         self.0
-            .rpc("NodeGetCapabilities", "", request, |p, req| async move {
+            .rpc(Rpc::NodeGetCapabilities, "", request, |p, req| async move {
                 let _ = req;
                 Ok(pb::NodeGetCapabilitiesResponse {
                     capabilities: node_capabilities(p.settings.stage),
@@ -648,7 +654,7 @@ impl pb::node_server::Node for NodeService {
         request: Request<pb::NodeGetInfoRequest>,
     ) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
         self.0
-            .rpc("NodeGetInfo", "", request, |p, req| async move {
+            .rpc(Rpc::NodeGetInfo, "", request, |p, req| async move {
                 let _ = req;
                 Ok(p.node_info())
             })

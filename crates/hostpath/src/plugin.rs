@@ -9,6 +9,7 @@ use std::{
     sync::Arc,
 };
 
+use berth_csi::Rpc;
 use berth_sys::{MountEntry, Mounter};
 use tokio::time::{Duration, Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -144,7 +145,7 @@ impl Plugin {
     /// no operation is left half done and a retry finds it finished.
     pub async fn rpc<Req, T, Fut>(
         self: &Arc<Self>,
-        method: &'static str,
+        method: Rpc,
         volume_id: &str,
         request: Request<Req>,
         body: impl FnOnce(Arc<Self>, Req) -> Fut,
@@ -156,7 +157,7 @@ impl Plugin {
     {
         let deadline = deadline(&request);
         let request = request.into_inner();
-        let span = tracing::debug_span!("rpc", method, volume_id);
+        let span = tracing::debug_span!("rpc", method = %method, volume_id);
         let work = async {
             tracing::debug!("call");
             tracing::trace!(?request);
@@ -247,29 +248,11 @@ where
         .map_err(|e| internal(&e))
 }
 
-/// Where `dir` lives inside its filesystem, as mountinfo roots show it: the root of the
-/// top-most mount containing `dir`, joined with the rest of the path.
+/// Where `dir` lives inside its filesystem, as mountinfo roots show it: the root of the mount
+/// containing `dir`, joined with the rest of the path.
 fn fs_root_of(mounts: &[MountEntry], dir: &Path) -> PathBuf {
-    let containing = mounts
-        .iter()
-        .filter(|e| dir.starts_with(&e.mount_point))
-        .map(|e| e.mount_point.components().count())
-        .max()
-        .and_then(|depth| {
-            let point = mounts
-                .iter()
-                .find(|e| {
-                    dir.starts_with(&e.mount_point) && e.mount_point.components().count() == depth
-                })?
-                .mount_point
-                .clone();
-            berth_sys::top_mount_at(mounts, &point)
-        });
-    match containing {
-        Some(e) => {
-            let rest = dir.strip_prefix(&e.mount_point).unwrap_or(dir);
-            e.root.join(rest)
-        }
+    match berth_sys::containing_mount(mounts, dir) {
+        Some(e) => e.root.join(dir.strip_prefix(&e.mount_point).unwrap_or(dir)),
         None => dir.to_path_buf(),
     }
 }
@@ -323,7 +306,7 @@ mod tests {
         let finished = Arc::clone(&done);
         let start = Instant::now();
         let answer = p
-            .rpc("Probe", "", request, move |_, _| async move {
+            .rpc(Rpc::Probe, "", request, move |_, _| async move {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 finished.store(true, Ordering::SeqCst);
                 Ok(())
