@@ -224,6 +224,7 @@ async fn create_volume_checks_its_arguments() {
             ..create_req("x")
         },
     ));
+    let state_before = fs::read(plugin.statedir().join("state.json")).ok();
     for (what, req) in invalid {
         let status = c.controller.create_volume(req).await.expect_err(what);
         assert_eq!(
@@ -233,6 +234,11 @@ async fn create_volume_checks_its_arguments() {
             status.message()
         );
     }
+    // Refused requests leave the plugin's state file as it was.
+    assert_eq!(
+        fs::read(plugin.statedir().join("state.json")).ok(),
+        state_before
+    );
 
     let range = |required_bytes, limit_bytes| pb::CreateVolumeRequest {
         capacity_range: Some(pb::CapacityRange {
