@@ -1,0 +1,363 @@
+//! berth's store: one redb file (`state.redb` in the data dir) holding plain JSON records in
+//! named tables, with a schema version and a migration step.
+//!
+//! Every write is one redb transaction: after a crash the store holds either the old record or
+//! the new one, never a torn one. Callers write a record before they act and again after.
+
+use std::{
+    fmt,
+    path::{Path, PathBuf},
+};
+
+use redb::{ReadableDatabase as _, ReadableTable as _, TableDefinition};
+use serde::{Serialize, de::DeserializeOwned};
+
+/// The schema this build writes.
+pub const SCHEMA_VERSION: u64 = 1;
+
+const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
+const SCHEMA_KEY: &str = "schema_version";
+
+/// A table of records, keyed by string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Table(&'static str);
+
+impl Table {
+    /// Registered CSI plugin instances, keyed `<plugin id>/<instance>`.
+    pub const PLUGINS: Table = Table("plugins");
+    /// Facts about this node (its id).
+    pub const NODE: Table = Table("node");
+
+    fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+        TableDefinition::new(self.0)
+    }
+}
+
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+/// A store failure, naming the file and what was being done.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// redb refused to open, read or write.
+    #[error("state store {path}: {action}: {source}")]
+    Db {
+        /// The store file.
+        path: PathBuf,
+        /// What was being done.
+        action: String,
+        /// redb's error.
+        #[source]
+        source: redb::Error,
+    },
+    /// A record does not decode (or encode).
+    #[error("state store {path}: table {table}, key {key:?}: {source}")]
+    Record {
+        /// The store file.
+        path: PathBuf,
+        /// The table.
+        table: Table,
+        /// The key.
+        key: String,
+        /// The JSON error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The file was written by a newer berth.
+    #[error(
+        "state store {path} has schema version {found}; this berth knows up to {SCHEMA_VERSION} (was it written by a newer berth?)"
+    )]
+    TooNew {
+        /// The store file.
+        path: PathBuf,
+        /// The version found.
+        found: u64,
+    },
+}
+
+/// The open store. Cheap to share behind an `Arc`; redb serializes writers.
+pub struct Store {
+    db: redb::Database,
+    path: PathBuf,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One migration: from `version` to `version + 1`.
+type Migration = fn(&redb::WriteTransaction) -> Result<(), redb::Error>;
+
+/// Migrations in order; entry `i` takes the schema from version `i + 1` to `i + 2`. Version 1 is
+/// the first schema, so there is none yet.
+const MIGRATIONS: &[Migration] = &[];
+
+impl Store {
+    /// Opens (or creates) the store at `path` and brings its schema to [`SCHEMA_VERSION`].
+    pub fn open(path: impl Into<PathBuf>) -> Result<Self, StateError> {
+        let path = path.into();
+        let db = redb::Database::create(&path).map_err(|e| db_err(&path, "open", e))?;
+        let store = Self { db, path };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// The store file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The schema version in the file.
+    pub fn schema_version(&self) -> Result<u64, StateError> {
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| self.err("read schema version", e))?;
+        let table = match txn.open_table(META) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+            Err(e) => return Err(self.err("read schema version", e)),
+        };
+        let v = table
+            .get(SCHEMA_KEY)
+            .map_err(|e| self.err("read schema version", e))?;
+        Ok(v.map_or(0, |g| decode_version(g.value())))
+    }
+
+    fn migrate(&self) -> Result<(), StateError> {
+        let found = self.schema_version()?;
+        if found > SCHEMA_VERSION {
+            return Err(StateError::TooNew {
+                path: self.path.clone(),
+                found,
+            });
+        }
+        if found == SCHEMA_VERSION {
+            return Ok(());
+        }
+        let txn = self.db.begin_write().map_err(|e| self.err("migrate", e))?;
+        // 0 is a new file, created at the current schema; older files run each step, all in
+        // this one transaction.
+        if found > 0 {
+            for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize - 1) {
+                tracing::info!(path = %self.path.display(), from = i + 1, to = i + 2, "migrating state");
+                step(&txn).map_err(|e| self.err("migrate", e))?;
+            }
+        }
+        {
+            let mut meta = txn.open_table(META).map_err(|e| self.err("migrate", e))?;
+            meta.insert(SCHEMA_KEY, SCHEMA_VERSION.to_be_bytes().as_slice())
+                .map_err(|e| self.err("migrate", e))?;
+        }
+        txn.commit().map_err(|e| self.err("migrate", e))?;
+        Ok(())
+    }
+
+    /// Writes `value` under `key`, replacing what was there. Durable when it returns.
+    pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StateError> {
+        let bytes =
+            serde_json::to_vec(value).map_err(|source| self.record_err(table, key, source))?;
+        let action = || format!("write {table}/{key}");
+        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
+        {
+            let mut t = txn
+                .open_table(table.def())
+                .map_err(|e| self.err(&action(), e))?;
+            t.insert(key, bytes.as_slice())
+                .map_err(|e| self.err(&action(), e))?;
+        }
+        txn.commit().map_err(|e| self.err(&action(), e))
+    }
+
+    /// Removes `key`; whether it was there. Durable when it returns.
+    pub fn delete(&self, table: Table, key: &str) -> Result<bool, StateError> {
+        let action = || format!("delete {table}/{key}");
+        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
+        let existed = {
+            let mut t = txn
+                .open_table(table.def())
+                .map_err(|e| self.err(&action(), e))?;
+            t.remove(key).map_err(|e| self.err(&action(), e))?.is_some()
+        };
+        txn.commit().map_err(|e| self.err(&action(), e))?;
+        Ok(existed)
+    }
+
+    /// The record under `key`, if any.
+    pub fn get<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        key: &str,
+    ) -> Result<Option<T>, StateError> {
+        let action = || format!("read {table}/{key}");
+        let txn = self.db.begin_read().map_err(|e| self.err(&action(), e))?;
+        let t = match txn.open_table(table.def()) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.err(&action(), e)),
+        };
+        let Some(v) = t.get(key).map_err(|e| self.err(&action(), e))? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(v.value())
+            .map(Some)
+            .map_err(|source| self.record_err(table, key, source))
+    }
+
+    /// Every record of `table`, in key order.
+    pub fn list<T: DeserializeOwned>(&self, table: Table) -> Result<Vec<(String, T)>, StateError> {
+        let action = || format!("list {table}");
+        let txn = self.db.begin_read().map_err(|e| self.err(&action(), e))?;
+        let t = match txn.open_table(table.def()) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.err(&action(), e)),
+        };
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.err(&action(), e))? {
+            let (k, v) = row.map_err(|e| self.err(&action(), e))?;
+            let key = k.value().to_string();
+            let value = serde_json::from_slice(v.value())
+                .map_err(|source| self.record_err(table, &key, source))?;
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
+    fn err(&self, action: &str, e: impl Into<redb::Error>) -> StateError {
+        db_err(&self.path, action, e)
+    }
+
+    fn record_err(&self, table: Table, key: &str, source: serde_json::Error) -> StateError {
+        StateError::Record {
+            path: self.path.clone(),
+            table,
+            key: key.to_string(),
+            source,
+        }
+    }
+}
+
+fn db_err(path: &Path, action: &str, e: impl Into<redb::Error>) -> StateError {
+    StateError::Db {
+        path: path.to_path_buf(),
+        action: action.to_string(),
+        source: e.into(),
+    }
+}
+
+fn decode_version(bytes: &[u8]) -> u64 {
+    bytes.try_into().map_or(0, u64::from_be_bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+
+    use super::*;
+
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct Rec {
+        name: String,
+        n: u32,
+    }
+
+    #[test]
+    fn records_survive_reopen_and_delete_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        {
+            let s = Store::open(&path).unwrap();
+            assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+            s.put(
+                Table::PLUGINS,
+                "a/1",
+                &Rec {
+                    name: "a".into(),
+                    n: 1,
+                },
+            )
+            .unwrap();
+            s.put(
+                Table::PLUGINS,
+                "b/1",
+                &Rec {
+                    name: "b".into(),
+                    n: 2,
+                },
+            )
+            .unwrap();
+            s.put(
+                Table::PLUGINS,
+                "a/1",
+                &Rec {
+                    name: "a".into(),
+                    n: 3,
+                },
+            )
+            .unwrap();
+            assert!(s.delete(Table::PLUGINS, "b/1").unwrap());
+            assert!(!s.delete(Table::PLUGINS, "b/1").unwrap());
+        }
+        let s = Store::open(&path).unwrap();
+        let all: Vec<(String, Rec)> = s.list(Table::PLUGINS).unwrap();
+        assert_eq!(
+            all,
+            vec![(
+                "a/1".to_string(),
+                Rec {
+                    name: "a".into(),
+                    n: 3
+                }
+            )]
+        );
+        assert_eq!(s.get::<Rec>(Table::PLUGINS, "a/1").unwrap().unwrap().n, 3);
+        assert!(s.get::<Rec>(Table::NODE, "x").unwrap().is_none());
+        assert!(s.list::<Rec>(Table::NODE).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_and_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                meta.insert(SCHEMA_KEY, 9u64.to_be_bytes().as_slice())
+                    .unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StateError::TooNew { found: 9, .. }), "{err}");
+        assert!(err.to_string().contains("newer berth"), "{err}");
+        let db = redb::Database::create(&path).unwrap();
+        let txn = db.begin_read().unwrap();
+        let meta = txn.open_table(META).unwrap();
+        assert_eq!(
+            decode_version(meta.get(SCHEMA_KEY).unwrap().unwrap().value()),
+            9
+        );
+    }
+
+    #[test]
+    fn a_bad_record_names_table_and_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path().join("state.redb")).unwrap();
+        s.put(Table::PLUGINS, "x/1", &"not a record").unwrap();
+        let err = s.list::<Rec>(Table::PLUGINS).unwrap_err();
+        assert!(
+            err.to_string().contains("plugins") && err.to_string().contains("x/1"),
+            "{err}"
+        );
+    }
+}
