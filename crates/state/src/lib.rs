@@ -51,7 +51,7 @@ pub enum StateError {
         action: String,
         /// redb's error.
         #[source]
-        source: redb::Error,
+        source: Box<redb::Error>,
     },
     /// A record does not decode (or encode).
     #[error("state store {path}: table {table}, key {key:?}: {source}")]
