@@ -249,7 +249,7 @@ fn db_err(path: &Path, action: &str, e: impl Into<redb::Error>) -> StateError {
     StateError::Db {
         path: path.to_path_buf(),
         action: action.to_string(),
-        source: e.into(),
+        source: Box::new(e.into()),
     }
 }
 
