@@ -78,7 +78,8 @@ pub enum CsiError {
     },
 }
 
-pub(crate) fn code_name(code: Code) -> String {
+/// The spec's name of a code: `UNAVAILABLE`, `NOT_FOUND`, `OK`.
+pub fn code_name(code: Code) -> String {
     // `Code::Unavailable` → `UNAVAILABLE`
     let mut out = String::new();
     for (i, c) in format!("{code:?}").chars().enumerate() {

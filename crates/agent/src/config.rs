@@ -1,0 +1,523 @@
+//! The agent's configuration file (HCL; JSON when the file ends in `.json`), checked whole
+//! before the agent starts. Every error names the file, and the line or the field.
+
+use std::{
+    collections::{BTreeMap, HashSet},
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use berth_api::PluginType;
+use serde::Deserialize;
+
+/// Default interval between health probes.
+pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
+/// Default consecutive failed probes before a healthy plugin is unhealthy.
+pub const DEFAULT_HEALTH_FAILURES: u32 = 3;
+/// Default rescan interval of the registration directory.
+pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
+
+/// A configuration problem: file, line when known, the field, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{}: {field}{}{message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), if field.is_empty() { "" } else { ": " })]
+pub struct ConfigError {
+    /// The config file.
+    pub file: PathBuf,
+    /// 1-based line, when known.
+    pub line: Option<usize>,
+    /// The field, e.g. `plugin "x".socket`; empty for syntax errors.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// How health is checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HealthConfig {
+    /// Between probes.
+    pub interval: Duration,
+    /// Consecutive failures before healthy → unhealthy.
+    pub failures: u32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval: DEFAULT_HEALTH_INTERVAL,
+            failures: DEFAULT_HEALTH_FAILURES,
+        }
+    }
+}
+
+/// How a declared plugin is reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PluginRun {
+    /// Someone else runs it; it listens here.
+    External {
+        /// Absolute socket path.
+        socket: PathBuf,
+    },
+    /// The agent runs it, with `CSI_ENDPOINT` set to a socket in the data dir.
+    Command {
+        /// The program.
+        command: PathBuf,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Extra environment.
+        env: BTreeMap<String, String>,
+    },
+}
+
+/// A `plugin "<id>" { … }` block.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginDecl {
+    /// Plugin id.
+    pub id: String,
+    /// What it does.
+    pub plugin_type: PluginType,
+    /// How it is reached.
+    pub run: PluginRun,
+}
+
+/// The checked configuration. Every field is optional in the file; flags override it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// `data_dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `log_level`.
+    pub log_level: Option<String>,
+    /// `log_format` (`human` or `json`).
+    pub log_format: Option<String>,
+    /// `api { socket = … }`: the API socket; default `<data_dir>/berth.sock`.
+    pub api_socket: Option<PathBuf>,
+    /// `api { address = "127.0.0.1:PORT" }`: an extra loopback TCP listener.
+    pub api_address: Option<SocketAddr>,
+    /// `plugins_registry_dir`: default `<data_dir>/plugins_registry`.
+    pub registry_dir: Option<PathBuf>,
+    /// `registry_rescan_interval`.
+    pub rescan_interval: Option<Duration>,
+    /// `health { interval, failures }`.
+    pub health: HealthConfig,
+    /// `plugin` blocks, in file order.
+    pub plugins: Vec<PluginDecl>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Raw {
+    data_dir: Option<PathBuf>,
+    log_level: Option<String>,
+    log_format: Option<String>,
+    api: Option<RawApi>,
+    plugins_registry_dir: Option<PathBuf>,
+    registry_rescan_interval: Option<String>,
+    health: Option<RawHealth>,
+    plugin: Option<BTreeMap<String, RawPlugin>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawApi {
+    socket: Option<PathBuf>,
+    address: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHealth {
+    interval: Option<String>,
+    failures: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlugin {
+    #[serde(rename = "type")]
+    plugin_type: String,
+    socket: Option<PathBuf>,
+    command: Option<PathBuf>,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+}
+
+impl Config {
+    /// Reads and checks `file`. Nothing is created or changed.
+    pub fn load(file: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+            file: file.to_path_buf(),
+            line: None,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(file, &text)
+    }
+
+    /// Checks `text` as the contents of `file` (HCL, or JSON when `file` ends in `.json`).
+    pub fn parse(file: &Path, text: &str) -> Result<Config, ConfigError> {
+        let err = |line: Option<usize>, field: &str, message: String| ConfigError {
+            file: file.to_path_buf(),
+            line,
+            field: field.to_string(),
+            message,
+        };
+        let json = file.extension().is_some_and(|e| e == "json");
+        let raw: Raw = if json {
+            serde_json::from_str(text).map_err(|e| err(Some(e.line()), "", e.to_string()))?
+        } else {
+            let body = hcl::parse(text).map_err(|e| {
+                let msg = one_line(&e.to_string());
+                let msg = msg.trim_start_matches("-->").trim().to_string();
+                err(hcl_line(&e), "", msg)
+            })?;
+            check_duplicate_blocks(&body, text).map_err(|(line, label)| {
+                err(
+                    line,
+                    &format!("plugin {label:?}"),
+                    "declared more than once".into(),
+                )
+            })?;
+            hcl::from_body(body).map_err(|e| err(None, "", one_line(&e.to_string())))?
+        };
+
+        let mut cfg = Config {
+            data_dir: raw.data_dir,
+            log_level: raw.log_level,
+            log_format: raw.log_format,
+            registry_dir: raw.plugins_registry_dir,
+            ..Config::default()
+        };
+        if let Some(f) = &cfg.log_format
+            && f != "human"
+            && f != "json"
+        {
+            return Err(err(
+                None,
+                "log_format",
+                format!("{f:?}: expected \"human\" or \"json\""),
+            ));
+        }
+        for (field, dir) in [
+            ("data_dir", &cfg.data_dir),
+            ("plugins_registry_dir", &cfg.registry_dir),
+        ] {
+            if let Some(d) = dir
+                && !d.is_absolute()
+            {
+                return Err(err(
+                    None,
+                    field,
+                    format!("{} must be an absolute path", d.display()),
+                ));
+            }
+        }
+        if let Some(api) = raw.api {
+            if let Some(s) = api.socket {
+                if !s.is_absolute() {
+                    return Err(err(
+                        None,
+                        "api.socket",
+                        format!("{} must be an absolute path", s.display()),
+                    ));
+                }
+                cfg.api_socket = Some(s);
+            }
+            if let Some(a) = api.address {
+                let addr: SocketAddr = a.parse().map_err(|_| {
+                    err(
+                        None,
+                        "api.address",
+                        format!("{a:?} is not an address like 127.0.0.1:4747"),
+                    )
+                })?;
+                if !addr.ip().is_loopback() {
+                    return Err(err(
+                        None,
+                        "api.address",
+                        format!("{addr} is not a loopback address"),
+                    ));
+                }
+                cfg.api_address = Some(addr);
+            }
+        }
+        if let Some(s) = raw.registry_rescan_interval {
+            cfg.rescan_interval =
+                Some(duration(&s).map_err(|m| err(None, "registry_rescan_interval", m))?);
+        }
+        if let Some(h) = raw.health {
+            if let Some(s) = h.interval {
+                cfg.health.interval = duration(&s).map_err(|m| err(None, "health.interval", m))?;
+            }
+            if let Some(n) = h.failures {
+                if n == 0 {
+                    return Err(err(None, "health.failures", "must be at least 1".into()));
+                }
+                cfg.health.failures = n;
+            }
+        }
+        for (id, p) in raw.plugin.unwrap_or_default() {
+            let line = if json {
+                None
+            } else {
+                block_line(text, "plugin", &id, 0)
+            };
+            let field = |f: &str| format!("plugin {id:?}.{f}");
+            berth_sys::validate_path_segment("plugin id", &id)
+                .map_err(|e| err(line, &format!("plugin {id:?}"), e.to_string()))?;
+            let plugin_type: PluginType = p
+                .plugin_type
+                .parse()
+                .map_err(|m| err(line, &field("type"), m))?;
+            let run = match (p.socket, p.command) {
+                (Some(_), Some(_)) => {
+                    return Err(err(
+                        line,
+                        &field("socket"),
+                        "give either socket or command, not both".into(),
+                    ));
+                }
+                (None, None) => {
+                    return Err(err(line, &field("socket"), "give socket (a plugin run by someone else) or command (one the agent runs)".into()));
+                }
+                (Some(socket), None) => {
+                    if !socket.is_absolute() {
+                        return Err(err(
+                            line,
+                            &field("socket"),
+                            format!("{} must be an absolute path", socket.display()),
+                        ));
+                    }
+                    berth_csi::Endpoint::from_path(&socket)
+                        .map_err(|e| err(line, &field("socket"), e.to_string()))?;
+                    if !p.args.is_empty() || !p.env.is_empty() {
+                        return Err(err(
+                            line,
+                            &field("args"),
+                            "args and env go with command, not socket".into(),
+                        ));
+                    }
+                    PluginRun::External { socket }
+                }
+                (None, Some(command)) => PluginRun::Command {
+                    command,
+                    args: p.args,
+                    env: p.env,
+                },
+            };
+            cfg.plugins.push(PluginDecl {
+                id,
+                plugin_type,
+                run,
+            });
+        }
+        // File order, for stable start-up.
+        if !json {
+            cfg.plugins
+                .sort_by_key(|p| block_line(text, "plugin", &p.id, 0).unwrap_or(usize::MAX));
+        }
+        Ok(cfg)
+    }
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let d =
+        humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. \"30s\", \"2m\")"))?;
+    if d.is_zero() {
+        return Err(format!("{s:?}: must be more than zero"));
+    }
+    Ok(d)
+}
+
+fn one_line(s: &str) -> String {
+    s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The line a parse error points at ("… parse error in line 3, column 10 …").
+fn hcl_line(e: &hcl::Error) -> Option<usize> {
+    let s = e.to_string();
+    let at = s.find("in line ")?;
+    s[at + 8..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// `Err((line, label))` for the second `plugin "<label>"` block with a label already seen.
+fn check_duplicate_blocks(body: &hcl::Body, text: &str) -> Result<(), (Option<usize>, String)> {
+    let mut seen = HashSet::new();
+    for block in body.blocks().filter(|b| b.identifier() == "plugin") {
+        let Some(label) = block.labels().first() else {
+            continue;
+        };
+        let label = label.as_str().to_string();
+        if !seen.insert(label.clone()) {
+            return Err((block_line(text, "plugin", &label, 1), label));
+        }
+    }
+    Ok(())
+}
+
+/// 1-based line of the `nth` (0-based) `<ident> "<label>"` block header in `text`.
+fn block_line(text: &str, ident: &str, label: &str, nth: usize) -> Option<usize> {
+    let quoted = format!("\"{label}\"");
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| {
+            let t = l.trim_start();
+            t.strip_prefix(ident)
+                .is_some_and(|rest| rest.trim_start().starts_with(&quoted))
+        })
+        .nth(nth)
+        .map(|(i, _)| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(Path::new("/etc/berth/agent.hcl"), text)
+    }
+
+    #[test]
+    fn a_full_config_parses() {
+        let cfg = parse(
+            r#"
+data_dir  = "/var/lib/berth"
+log_level = "debug"
+log_format = "json"
+plugins_registry_dir = "/var/lib/berth/reg"
+registry_rescan_interval = "10s"
+api {
+  socket  = "/run/berth.sock"
+  address = "127.0.0.1:4747"
+}
+health {
+  interval = "5s"
+  failures = 2
+}
+plugin "ebs" {
+  type   = "node"
+  socket = "/run/csi/ebs.sock"
+}
+plugin "hostpath" {
+  type    = "monolith"
+  command = "/usr/bin/berth-hostpath"
+  args    = ["--statedir", "/var/lib/hp"]
+  env     = { RUST_LOG = "info" }
+}
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.data_dir.as_deref(), Some(Path::new("/var/lib/berth")));
+        assert_eq!(cfg.api_address, Some("127.0.0.1:4747".parse().unwrap()));
+        assert_eq!(
+            cfg.health,
+            HealthConfig {
+                interval: Duration::from_secs(5),
+                failures: 2
+            }
+        );
+        assert_eq!(cfg.rescan_interval, Some(Duration::from_secs(10)));
+        assert_eq!(cfg.plugins.len(), 2);
+        assert_eq!(cfg.plugins[0].id, "ebs");
+        assert_eq!(
+            cfg.plugins[0].run,
+            PluginRun::External {
+                socket: "/run/csi/ebs.sock".into()
+            }
+        );
+        match &cfg.plugins[1].run {
+            PluginRun::Command { command, args, env } => {
+                assert_eq!(command, Path::new("/usr/bin/berth-hostpath"));
+                assert_eq!(args, &["--statedir", "/var/lib/hp"]);
+                assert_eq!(env["RUST_LOG"], "info");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn json_is_accepted() {
+        let cfg = Config::parse(
+            Path::new("/etc/berth/agent.json"),
+            r#"{"data_dir": "/d", "plugin": {"p": {"type": "controller", "socket": "/s.sock"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.plugins[0].plugin_type, PluginType::Controller);
+        let e =
+            Config::parse(Path::new("/etc/berth/agent.json"), "{\n\"data_dir\": }").unwrap_err();
+        assert_eq!(e.line, Some(2), "{e}");
+    }
+
+    #[test]
+    fn bad_configs_name_file_line_or_field() {
+        let cases = [
+            (
+                "data_dir = \"/x\"\nplugin \"a\" {\n  type = \n}\n",
+                "agent.hcl:",
+                "",
+            ),
+            (
+                "plugin \"a\" {\n  type = \"storage\"\n  socket = \"/a.sock\"\n}\n",
+                "agent.hcl:1: plugin \"a\".type",
+                "unknown plugin type \"storage\"",
+            ),
+            (
+                "plugin \"a\" {\n  type = \"node\"\n  socket = \"a.sock\"\n}\n",
+                "agent.hcl:1: plugin \"a\".socket",
+                "absolute",
+            ),
+            (
+                "plugin \"a\" {\n  type = \"node\"\n  socket = \"/a.sock\"\n}\n\nplugin \"a\" {\n  type = \"node\"\n  socket = \"/b.sock\"\n}\n",
+                "agent.hcl:6: plugin \"a\"",
+                "more than once",
+            ),
+            (
+                "plugin \"a\" {\n  type = \"node\"\n}\n",
+                "plugin \"a\".socket",
+                "give socket",
+            ),
+            ("colour = \"blue\"\n", "agent.hcl", "colour"),
+            (
+                "api {\n  address = \"0.0.0.0:1\"\n}\n",
+                "api.address",
+                "loopback",
+            ),
+            (
+                "health {\n  interval = \"soon\"\n}\n",
+                "health.interval",
+                "soon",
+            ),
+            (
+                "health {\n  failures = 0\n}\n",
+                "health.failures",
+                "at least 1",
+            ),
+            (
+                &format!(
+                    "plugin \"a\" {{\n  type = \"node\"\n  socket = \"/{}\"\n}}\n",
+                    "s".repeat(120)
+                ),
+                "plugin \"a\".socket",
+                "107 bytes",
+            ),
+            (
+                "plugin \"../x\" {\n  type = \"node\"\n  socket = \"/a.sock\"\n}\n",
+                "plugin \"../x\"",
+                "",
+            ),
+        ];
+        for (text, place, what) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.starts_with("/etc/berth/"), "{e}");
+            assert!(e.contains(place), "{text:?}: {e} should name {place:?}");
+            assert!(e.contains(what), "{text:?}: {e} should say {what:?}");
+        }
+        let syntax = parse("data_dir = \"/x\"\nplugin \"a\" {\n  type = \n}\n").unwrap_err();
+        assert!(syntax.line.is_some(), "a syntax error has a line: {syntax}");
+    }
+}

@@ -1,0 +1,85 @@
+//! The agent's event bus: a broadcast that never blocks the sender, plus the recent events.
+
+use std::{
+    collections::VecDeque,
+    sync::{
+        Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+};
+
+use berth_api::{Event, EventKind};
+use tokio::sync::broadcast;
+
+/// How many recent events are kept for late readers.
+const RECENT: usize = 512;
+
+/// Emits events to any number of subscribers. A slow subscriber loses the oldest events (its
+/// receiver reports the lag); it never slows the emitter.
+#[derive(Debug)]
+pub struct EventBus {
+    tx: broadcast::Sender<Event>,
+    seq: AtomicU64,
+    recent: Mutex<VecDeque<Event>>,
+}
+
+impl Default for EventBus {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EventBus {
+    /// An empty bus.
+    pub fn new() -> Self {
+        let (tx, _) = broadcast::channel(1024);
+        Self {
+            tx,
+            seq: AtomicU64::new(0),
+            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
+        }
+    }
+
+    /// Emits one event and logs it.
+    pub fn emit(
+        &self,
+        kind: EventKind,
+        plugin_id: &str,
+        instance: Option<&str>,
+        reason: impl Into<String>,
+    ) {
+        let event = Event {
+            seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
+            time_ms: crate::now_ms(),
+            kind,
+            plugin_id: plugin_id.to_string(),
+            instance: instance.map(str::to_string),
+            reason: reason.into(),
+        };
+        tracing::info!(plugin = %event.plugin_id, instance = ?event.instance, kind = ?event.kind, reason = %event.reason, "event");
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(event.clone());
+        }
+        // No receiver is fine.
+        let _ = self.tx.send(event);
+    }
+
+    /// Live events from now on.
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.tx.subscribe()
+    }
+
+    /// The most recent events, oldest first.
+    pub fn recent(&self) -> Vec<Event> {
+        self.recent
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+}

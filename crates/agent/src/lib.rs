@@ -1,0 +1,17 @@
+//! The berth agent: a persisted registry of CSI plugins, fed by the config, a kubelet-style
+//! registration directory and the API; one health loop per plugin instance; and the view the
+//! HTTP API serves.
+
+pub mod config;
+pub mod events;
+pub mod manager;
+pub mod metrics;
+pub mod registry;
+pub mod watch;
+
+/// Milliseconds since the epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}

@@ -1,0 +1,396 @@
+//! The CSI manager: one health loop per registered plugin instance.
+//!
+//! A loop starts the moment its instance registers: it fingerprints at once (plugin info and
+//! capabilities, then node info and node or controller capabilities by role), then probes on an
+//! interval. One Probe per interval while nothing changes; the fingerprint is taken again when
+//! the plugin's socket is replaced (it restarted) or after a failure. A healthy instance turns
+//! unhealthy only after `failures` consecutive failed checks; an instance never seen healthy is
+//! unhealthy from its first failed check. Every transition is an event with its reason. A socket
+//! appearing or disappearing wakes the loop at once.
+
+use std::{
+    collections::HashMap,
+    os::unix::fs::MetadataExt as _,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use berth_api::{EventKind, Fingerprint, Health};
+use berth_csi::{CsiClient, CsiError, Endpoint, RetryPolicy, Rpc};
+use tokio::sync::watch;
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    config::HealthConfig,
+    events::EventBus,
+    metrics::Metrics,
+    registry::{Change, PluginRecord, Registry},
+    watch::SocketWatcher,
+};
+
+/// Deadline of one fingerprint call (each of its RPCs is one attempt, no retries: the loop
+/// itself retries).
+const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deadline of one Probe.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the loop knows of one instance.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceState {
+    /// Current health.
+    pub health: Health,
+    /// The last fingerprint, if one was ever taken.
+    pub fingerprint: Option<Fingerprint>,
+}
+
+impl InstanceState {
+    fn pending() -> Self {
+        Self {
+            health: Health {
+                healthy: false,
+                description: "not checked yet".into(),
+                last_transition_ms: 0,
+            },
+            fingerprint: None,
+        }
+    }
+}
+
+struct Monitor {
+    record: PluginRecord,
+    state: watch::Receiver<InstanceState>,
+    cancel: CancellationToken,
+}
+
+/// Runs and tracks the health loops.
+#[derive(Debug)]
+pub struct Manager {
+    registry: Arc<Registry>,
+    events: Arc<EventBus>,
+    metrics: Arc<Metrics>,
+    sockets: Arc<SocketWatcher>,
+    health: HealthConfig,
+    monitors: Mutex<HashMap<(String, String), Monitor>>,
+    tasks: TaskTracker,
+}
+
+impl std::fmt::Debug for Monitor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Monitor")
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Manager {
+    /// A manager; nothing runs until [`Manager::run`].
+    pub fn new(
+        registry: Arc<Registry>,
+        events: Arc<EventBus>,
+        metrics: Arc<Metrics>,
+        sockets: Arc<SocketWatcher>,
+        health: HealthConfig,
+    ) -> Self {
+        Self {
+            registry,
+            events,
+            metrics,
+            sockets,
+            health,
+            monitors: Mutex::default(),
+            tasks: TaskTracker::new(),
+        }
+    }
+
+    /// Starts a loop for every registered instance, then follows registry changes until
+    /// `shutdown`; then stops every loop and waits for them.
+    pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        // Subscribe before reading the list, so nothing registered in between is missed.
+        let mut changes = self.registry.subscribe();
+        for record in self.registry.list() {
+            self.start(record, &shutdown);
+        }
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                change = changes.recv() => match change {
+                    Ok(Change::Registered(r)) => self.start(r, &shutdown),
+                    Ok(Change::Deregistered(r)) => self.stop(&r.id, &r.instance),
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => self.resync(&shutdown),
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+                },
+            }
+        }
+        for m in self.lock().values() {
+            m.cancel.cancel();
+        }
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+
+    /// The state of one instance, if it has a loop.
+    pub fn state(&self, id: &str, instance: &str) -> Option<InstanceState> {
+        self.lock()
+            .get(&(id.to_string(), instance.to_string()))
+            .map(|m| m.state.borrow().clone())
+    }
+
+    /// A receiver of one instance's state changes (for tests and waiters).
+    pub fn subscribe(&self, id: &str, instance: &str) -> Option<watch::Receiver<InstanceState>> {
+        self.lock()
+            .get(&(id.to_string(), instance.to_string()))
+            .map(|m| m.state.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Monitor>> {
+        self.monitors.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Brings the loops in line with the registry after missed change notices.
+    fn resync(&self, shutdown: &CancellationToken) {
+        let records = self.registry.list();
+        let live: Vec<(String, String)> = records
+            .iter()
+            .map(|r| (r.id.clone(), r.instance.clone()))
+            .collect();
+        let stale: Vec<(String, String)> = self
+            .lock()
+            .keys()
+            .filter(|k| !live.contains(k))
+            .cloned()
+            .collect();
+        for (id, instance) in stale {
+            self.stop(&id, &instance);
+        }
+        for r in records {
+            self.start(r, shutdown);
+        }
+    }
+
+    fn start(&self, record: PluginRecord, shutdown: &CancellationToken) {
+        let key = (record.id.clone(), record.instance.clone());
+        let mut monitors = self.lock();
+        if let Some(m) = monitors.get(&key) {
+            if m.record == record {
+                return;
+            }
+            m.cancel.cancel();
+        }
+        let cancel = shutdown.child_token();
+        let (tx, rx) = watch::channel(InstanceState::pending());
+        let lp = HealthLoop {
+            record: record.clone(),
+            events: Arc::clone(&self.events),
+            metrics: Arc::clone(&self.metrics),
+            sockets: Arc::clone(&self.sockets),
+            health: self.health,
+            state: tx,
+            cancel: cancel.clone(),
+        };
+        let span = tracing::info_span!("plugin", plugin = %record.id, instance = %record.instance);
+        self.tasks
+            .spawn(tracing::Instrument::instrument(lp.run(), span));
+        monitors.insert(
+            key,
+            Monitor {
+                record,
+                state: rx,
+                cancel,
+            },
+        );
+    }
+
+    fn stop(&self, id: &str, instance: &str) {
+        if let Some(m) = self.lock().remove(&(id.to_string(), instance.to_string())) {
+            m.cancel.cancel();
+        }
+        self.metrics.remove_instance(id, instance);
+    }
+}
+
+struct HealthLoop {
+    record: PluginRecord,
+    events: Arc<EventBus>,
+    metrics: Arc<Metrics>,
+    sockets: Arc<SocketWatcher>,
+    health: HealthConfig,
+    state: watch::Sender<InstanceState>,
+    cancel: CancellationToken,
+}
+
+/// One check's outcome.
+enum Check {
+    Ok(Option<Fingerprint>),
+    Failed(String),
+}
+
+impl HealthLoop {
+    async fn run(self) {
+        let Ok(endpoint) = Endpoint::from_path(&self.record.socket) else {
+            // The registry checks sockets; this cannot happen, but never panic on it.
+            self.transition(
+                false,
+                format!("invalid socket {}", self.record.socket.display()),
+            );
+            return;
+        };
+        let client = self.client(endpoint);
+        let wake = self.sockets.watch(&self.record.socket, None);
+        let mut failures = 0u32;
+        let mut socket_id = None;
+        let mut fingerprinted = false;
+        loop {
+            let current = socket_identity(&self.record.socket);
+            if current != socket_id {
+                socket_id = current;
+                fingerprinted = false;
+            }
+            let check = tokio::select! {
+                () = self.cancel.cancelled() => break,
+                c = self.check(&client, !fingerprinted) => c,
+            };
+            match check {
+                Check::Ok(fp) => {
+                    failures = 0;
+                    if let Some(fp) = fp {
+                        fingerprinted = true;
+                        self.state.send_modify(|s| s.fingerprint = Some(fp));
+                    }
+                    self.transition(true, "probe ok".into());
+                }
+                Check::Failed(reason) => {
+                    failures += 1;
+                    fingerprinted = false;
+                    let was_healthy = self.state.borrow().health.healthy;
+                    if was_healthy && failures < self.health.failures {
+                        tracing::debug!(failures, %reason, "check failed");
+                        self.state.send_modify(|s| {
+                            s.health.description =
+                                format!("healthy; {failures} failed check(s): {reason}");
+                        });
+                    } else {
+                        self.transition(false, reason);
+                    }
+                }
+            }
+            if !self.sockets.is_watching(&self.record.socket) {
+                // The directory may exist now.
+                self.sockets
+                    .watch(&self.record.socket, Some(Arc::clone(&wake)));
+            }
+            tokio::select! {
+                () = self.cancel.cancelled() => break,
+                () = tokio::time::sleep(self.health.interval) => {}
+                () = wake.notified() => {}
+            }
+        }
+    }
+
+    /// A client whose calls make one attempt each: the loop is the retry.
+    fn client(&self, endpoint: Endpoint) -> CsiClient {
+        let once = |timeout| RetryPolicy {
+            attempt_timeout: timeout,
+            overall_timeout: timeout + Duration::from_millis(1),
+            ..Rpc::Probe.policy()
+        };
+        let mut b = CsiClient::builder(endpoint)
+            .cancellation(self.cancel.clone())
+            .observer(self.metrics.observer(&self.record.id))
+            .policy(Rpc::Probe, once(PROBE_TIMEOUT));
+        for rpc in [
+            Rpc::GetPluginInfo,
+            Rpc::GetPluginCapabilities,
+            Rpc::NodeGetInfo,
+            Rpc::NodeGetCapabilities,
+            Rpc::ControllerGetCapabilities,
+        ] {
+            b = b.policy(rpc, once(FINGERPRINT_TIMEOUT));
+        }
+        b.build()
+    }
+
+    async fn check(&self, client: &CsiClient, fingerprint: bool) -> Check {
+        let fp = if fingerprint {
+            match self.fingerprint(client).await {
+                Ok(fp) => Some(fp),
+                Err(e) => return Check::Failed(describe(&e)),
+            }
+        } else {
+            None
+        };
+        match client.probe().await {
+            Ok(true) => Check::Ok(fp),
+            Ok(false) => {
+                Check::Failed("the plugin says it is not ready (Probe ready = false)".into())
+            }
+            Err(e) => Check::Failed(describe(&e)),
+        }
+    }
+
+    async fn fingerprint(&self, client: &CsiClient) -> Result<Fingerprint, CsiError> {
+        let info = client.plugin_info().await?;
+        let plugin_capabilities = client.plugin_capabilities().await?;
+        let t = self.record.plugin_type;
+        let (node_info, node_capabilities) = if t.is_node() {
+            (
+                Some(client.node_info().await?),
+                Some(client.node_capabilities().await?),
+            )
+        } else {
+            (None, None)
+        };
+        let controller_capabilities = if t.is_controller() {
+            Some(client.controller_capabilities().await?)
+        } else {
+            None
+        };
+        tracing::info!(provider = %info.name, version = %info.vendor_version, "fingerprinted");
+        Ok(Fingerprint {
+            provider: info.name,
+            version: info.vendor_version,
+            plugin_capabilities,
+            controller_capabilities,
+            node_capabilities,
+            node_info,
+            taken_ms: crate::now_ms(),
+        })
+    }
+
+    /// Sets health; on a change (or the first check) emits an event and updates the gauge.
+    fn transition(&self, healthy: bool, description: String) {
+        let first = self.state.borrow().health.last_transition_ms == 0;
+        let changed = first || self.state.borrow().health.healthy != healthy;
+        self.state.send_modify(|s| {
+            s.health.healthy = healthy;
+            s.health.description = description.clone();
+            if changed {
+                s.health.last_transition_ms = crate::now_ms();
+            }
+        });
+        if changed {
+            let kind = if healthy {
+                EventKind::PluginHealthy
+            } else {
+                EventKind::PluginUnhealthy
+            };
+            self.events.emit(
+                kind,
+                &self.record.id,
+                Some(&self.record.instance),
+                description,
+            );
+            self.metrics
+                .set_healthy(&self.record.id, &self.record.instance, healthy);
+        }
+    }
+}
+
+/// The socket file's identity: a new one means the plugin restarted.
+fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// A readable reason from a failed call.
+fn describe(e: &CsiError) -> String {
+    e.to_string()
+}

@@ -1,0 +1,109 @@
+//! Wakes health loops when a plugin socket appears or disappears (inotify on the socket's
+//! directory), so a plugin is checked the moment it starts, not at the next interval.
+
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex, Weak},
+};
+
+use notify::{RecursiveMode, Watcher as _};
+use tokio::sync::Notify;
+
+/// One inotify instance for every socket the agent cares about.
+pub struct SocketWatcher {
+    inner: Arc<Mutex<Interest>>,
+    watcher: Mutex<Option<notify::RecommendedWatcher>>,
+}
+
+impl std::fmt::Debug for SocketWatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SocketWatcher").finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Interest {
+    by_path: HashMap<PathBuf, Vec<Weak<Notify>>>,
+    dirs: HashMap<PathBuf, bool>,
+}
+
+impl Default for SocketWatcher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SocketWatcher {
+    /// A watcher; if inotify is unavailable, health loops fall back to their interval.
+    pub fn new() -> Self {
+        let inner = Arc::new(Mutex::new(Interest::default()));
+        let weak = Arc::downgrade(&inner);
+        let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            let (Ok(event), Some(inner)) = (res, weak.upgrade()) else {
+                return;
+            };
+            let interest = inner.lock().unwrap_or_else(|p| p.into_inner());
+            for path in &event.paths {
+                for n in interest
+                    .by_path
+                    .get(path)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Weak::upgrade)
+                {
+                    n.notify_one();
+                }
+            }
+        });
+        let watcher = match watcher {
+            Ok(w) => Some(w),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot watch plugin sockets; health checks run on their interval only");
+                None
+            }
+        };
+        Self {
+            inner,
+            watcher: Mutex::new(watcher),
+        }
+    }
+
+    /// A handle that is notified whenever `socket` is created or removed. Keep it alive as long
+    /// as you want the wake-ups. Call again (cheap) if the directory may have appeared since.
+    pub fn watch(&self, socket: &Path, existing: Option<Arc<Notify>>) -> Arc<Notify> {
+        let notify = existing.unwrap_or_default();
+        let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
+        let mut interest = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = interest.by_path.entry(socket.to_path_buf()).or_default();
+        entry.retain(|w| w.strong_count() > 0);
+        if !entry
+            .iter()
+            .any(|w| w.upgrade().is_some_and(|n| Arc::ptr_eq(&n, &notify)))
+        {
+            entry.push(Arc::downgrade(&notify));
+        }
+        if !interest.dirs.get(&dir).copied().unwrap_or(false) {
+            let ok = self
+                .watcher
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_mut()
+                .is_some_and(|w| w.watch(&dir, RecursiveMode::NonRecursive).is_ok());
+            interest.dirs.insert(dir, ok);
+        }
+        notify
+    }
+
+    /// Whether the directory of `socket` is being watched.
+    pub fn is_watching(&self, socket: &Path) -> bool {
+        let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
+        self.inner
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .dirs
+            .get(&dir)
+            .copied()
+            .unwrap_or(false)
+    }
+}
