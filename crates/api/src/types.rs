@@ -1,13 +1,9 @@
-//! The agent's HTTP API (`/v1/…`): the JSON documents it serves, shared by the server and the
-//! CLI so the two cannot drift.
+//! The JSON documents of the API, shared by the server and the CLI so the two cannot drift.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::{collections::BTreeMap, fmt, os::unix::ffi::OsStrExt as _, path::PathBuf};
 
 use berth_csi::model::{ControllerCapabilities, NodeCapabilities, NodeInfo, PluginCapabilities};
-use serde::{Deserialize, Serialize};
-
-/// The default API socket name under the data dir.
-pub const SOCKET_NAME: &str = "berth.sock";
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// What a CSI plugin does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -42,6 +38,12 @@ impl PluginType {
     }
 }
 
+impl fmt::Display for PluginType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl std::str::FromStr for PluginType {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -68,6 +70,23 @@ pub enum Source {
     Api,
 }
 
+impl Source {
+    /// `config`, `registration-dir` or `api`, as in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Config => "config",
+            Self::RegistrationDir => "registration-dir",
+            Self::Api => "api",
+        }
+    }
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// Body of `POST /v1/plugins`: register one plugin instance.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -83,6 +102,54 @@ pub struct RegisterRequest {
     /// from the socket path.
     #[serde(default)]
     pub instance: Option<String>,
+}
+
+/// A field of a request that the agent refuses; the message names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidField {
+    /// The JSON field, e.g. `"socket"`.
+    pub field: &'static str,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl RegisterRequest {
+    /// Checks what serde cannot: `id` and `instance` (when given) are valid path segments
+    /// ([`berth_sys::validate_path_segment`]), and `socket` is an absolute path without NUL that
+    /// fits in a unix socket address ([`berth_csi::MAX_SOCKET_PATH`] bytes). The first broken
+    /// rule is returned, naming its field.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let invalid = |field, reason: String| InvalidField { field, reason };
+        berth_sys::validate_path_segment("plugin id", &self.id)
+            .map_err(|e| invalid("id", e.to_string()))?;
+        if let Some(instance) = &self.instance {
+            berth_sys::validate_path_segment("instance name", instance)
+                .map_err(|e| invalid("instance", e.to_string()))?;
+        }
+        let bytes = self.socket.as_os_str().as_bytes();
+        if bytes.contains(&0) {
+            return Err(invalid("socket", "must not contain a NUL byte".into()));
+        }
+        if !self.socket.is_absolute() {
+            return Err(invalid(
+                "socket",
+                format!("{:?} is not an absolute path", self.socket),
+            ));
+        }
+        if bytes.len() > berth_csi::MAX_SOCKET_PATH {
+            return Err(invalid(
+                "socket",
+                format!(
+                    "{:?} is {} bytes; a unix socket path must fit in {} bytes",
+                    self.socket,
+                    bytes.len(),
+                    berth_csi::MAX_SOCKET_PATH
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Health of one plugin instance.
@@ -216,9 +283,117 @@ pub struct Event {
     pub reason: String,
 }
 
+/// One line of `GET /v1/events`: an event, or word that the reader fell behind and `n` events
+/// were dropped for it (`{"lagged": n}`); the stream goes on after a `Lagged` line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EventLine {
+    /// The next event.
+    Event(Event),
+    /// This many events were skipped because the reader was too slow.
+    Lagged(u64),
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LaggedLine {
+    lagged: u64,
+}
+
+impl Serialize for EventLine {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Event(event) => event.serialize(s),
+            Self::Lagged(n) => LaggedLine { lagged: *n }.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for EventLine {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        // An object with `lagged` is a lag notice; anything else must be a whole event, so a
+        // broken event is reported with the field it lacks.
+        let value = serde_json::Value::deserialize(d)?;
+        if value.get("lagged").is_some() {
+            LaggedLine::deserialize(value)
+                .map(|l| Self::Lagged(l.lagged))
+                .map_err(D::Error::custom)
+        } else {
+            Event::deserialize(value)
+                .map(Self::Event)
+                .map_err(D::Error::custom)
+        }
+    }
+}
+
 /// An error body: `{"error": "…"}` with a 4xx/5xx status.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     /// What went wrong, naming the field where it is about input.
     pub error: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(id: &str, socket: &str, instance: Option<&str>) -> RegisterRequest {
+        RegisterRequest {
+            id: id.into(),
+            plugin_type: PluginType::Node,
+            socket: socket.into(),
+            instance: instance.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn register_request_validation_names_the_field() {
+        assert_eq!(request("p", "/run/p.sock", Some("a1")).validate(), Ok(()));
+        let field = |r: RegisterRequest| r.validate().unwrap_err().field;
+        assert_eq!(field(request("a/b", "/run/p.sock", None)), "id");
+        assert_eq!(field(request("", "/run/p.sock", None)), "id");
+        assert_eq!(field(request("p", "/run/p.sock", Some(".."))), "instance");
+        assert_eq!(field(request("p", "run/p.sock", None)), "socket");
+        assert_eq!(field(request("p", "/run/\0p.sock", None)), "socket");
+        let longest = format!("/{}", "s".repeat(berth_csi::MAX_SOCKET_PATH - 1));
+        assert_eq!(request("p", &longest, None).validate(), Ok(()));
+        let err = request("p", &format!("{longest}s"), None)
+            .validate()
+            .unwrap_err();
+        assert_eq!(err.field, "socket");
+        assert!(err.to_string().contains("108 bytes"), "{err}");
+    }
+
+    #[test]
+    fn event_lines_round_trip() {
+        let event = EventLine::Event(Event {
+            seq: 7,
+            time_ms: 1,
+            kind: EventKind::PluginHealthy,
+            plugin_id: "p".into(),
+            instance: None,
+            reason: "probe ok".into(),
+        });
+        let text = serde_json::to_string(&event).unwrap();
+        assert!(text.starts_with(r#"{"seq":7,"#), "{text}");
+        assert_eq!(serde_json::from_str::<EventLine>(&text).unwrap(), event);
+        let lagged = serde_json::to_string(&EventLine::Lagged(3)).unwrap();
+        assert_eq!(lagged, r#"{"lagged":3}"#);
+        assert_eq!(
+            serde_json::from_str::<EventLine>(&lagged).unwrap(),
+            EventLine::Lagged(3)
+        );
+        let err = serde_json::from_str::<EventLine>(r#"{"seq":1}"#).unwrap_err();
+        assert!(err.to_string().contains("time_ms"), "{err}");
+    }
+
+    #[test]
+    fn names_match_json() {
+        for source in [Source::Config, Source::RegistrationDir, Source::Api] {
+            assert_eq!(
+                serde_json::to_value(source).unwrap(),
+                serde_json::Value::from(source.as_str())
+            );
+        }
+    }
 }

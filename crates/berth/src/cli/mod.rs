@@ -1,7 +1,10 @@
 //! Command-line parsing and dispatch. Exit codes: 0 ok, 1 error, 2 usage.
 
+mod api_client;
 mod csi;
+mod node;
 mod output;
+mod plugin;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -16,6 +19,9 @@ pub struct UsageError(pub String);
 pub struct Cli {
     #[command(flatten)]
     pub log: LogArgs,
+    /// The agent's API: unix:///path/berth.sock, /path/berth.sock or http://127.0.0.1:PORT.
+    #[arg(long, global = true, env = "BERTH_ADDR", default_value = berth_api::DEFAULT_ADDRESS)]
+    pub address: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,7 +49,11 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Talk to a CSI plugin socket directly, for debugging plugins.
-    Csi(csi::CsiArgs),
+    Csi(Box<csi::CsiArgs>),
+    /// CSI plugins registered with the agent.
+    Plugin(plugin::PluginArgs),
+    /// This node as the agent sees it.
+    Node(node::NodeArgs),
 }
 
 /// Sets up the tracing subscriber on stderr.
@@ -62,6 +72,8 @@ pub fn init_logging(args: &LogArgs) {
 /// Runs the parsed command.
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Csi(args) => csi::run(args).await,
+        Command::Csi(args) => csi::run(*args).await,
+        Command::Plugin(args) => plugin::run(&cli.address, args).await,
+        Command::Node(args) => node::run(&cli.address, args).await,
     }
 }

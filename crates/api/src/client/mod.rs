@@ -1,0 +1,523 @@
+//! A client for the agent's API (HTTP/1.1 over the unix socket or loopback TCP), one connection
+//! per call. Errors name the agent's address.
+
+mod address;
+mod events;
+
+use std::{fmt, io, time::Duration};
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::{
+    Method, Request, Response, StatusCode,
+    body::{Bytes, Incoming},
+    client::conn::http1::{self, SendRequest},
+    header,
+};
+use hyper_util::rt::TokioIo;
+use serde::de::DeserializeOwned;
+use tokio::{
+    io::{AsyncRead, AsyncWrite},
+    net::{TcpStream, UnixStream},
+    task::JoinHandle,
+};
+
+pub use address::{Address, InvalidAddress};
+pub use events::{EventStream, MAX_EVENT_LINE};
+
+use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequest};
+
+/// How long a call may take, connecting included, unless set with [`Client::with_timeout`].
+/// For [`Client::events`] it bounds the wait for the response head only.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many bytes of a non-JSON error body an error repeats.
+const SHOWN_BODY: usize = 200;
+
+/// Why a call failed. Every variant but [`ClientError::InvalidAddress`] names the agent's
+/// address (in [`Address`]'s display form).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address cannot be parsed.
+    #[error(transparent)]
+    InvalidAddress(#[from] InvalidAddress),
+    /// Nothing answers at the address.
+    #[error("cannot reach the agent at {address}: {failure}")]
+    Connect {
+        /// The agent's address.
+        address: String,
+        /// What went wrong.
+        failure: ConnectFailure,
+    },
+    /// The connection failed during the call.
+    #[error("talking to the agent at {address} failed during {method} {path}")]
+    Http {
+        /// The agent's address.
+        address: String,
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: hyper::Error,
+    },
+    /// No answer within the timeout.
+    #[error("the agent at {address} did not answer {method} {path} within {timeout:?}")]
+    Timeout {
+        /// The agent's address.
+        address: String,
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// The timeout.
+        timeout: Duration,
+    },
+    /// The agent answered with an error status. Displays as the agent's message alone for a
+    /// 4xx (it names what is wrong, e.g. `no plugin "x"`), with the status for a 5xx.
+    #[error("{}", api_message(*status, method, path, message))]
+    Api {
+        /// The agent's address.
+        address: String,
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// The HTTP status.
+        status: u16,
+        /// The agent's `error` text (or the start of the body when it was not an error
+        /// document).
+        message: String,
+    },
+    /// The answer is not the expected document.
+    #[error("the agent at {address} sent an unreadable answer to {method} {path}")]
+    Decode {
+        /// The agent's address.
+        address: String,
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request body cannot be encoded.
+    #[error("cannot encode the body of {method} {path}")]
+    Encode {
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A request cannot be built (e.g. a path that is not a valid URI).
+    #[error("cannot build the request {method} {path}")]
+    BuildRequest {
+        /// The request method.
+        method: Method,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: hyper::http::Error,
+    },
+    /// The event stream broke its line format.
+    #[error("the event stream from the agent at {address} is broken: {reason}")]
+    EventStream {
+        /// The agent's address.
+        address: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status, when the agent answered with an error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// Whether the agent answered 404 (e.g. no such plugin).
+    pub fn is_not_found(&self) -> bool {
+        self.status() == Some(404)
+    }
+}
+
+fn api_message(status: u16, method: &Method, path: &str, message: &str) -> String {
+    if (400..500).contains(&status) {
+        message.to_string()
+    } else {
+        format!("the agent failed {method} {path} ({status}): {message}")
+    }
+}
+
+/// Why a connection could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnectFailure {
+    /// The socket file does not exist.
+    NoSocket,
+    /// Nothing listens (a stale socket file, or a closed port).
+    Refused,
+    /// The socket is not open to this user.
+    PermissionDenied,
+    /// Anything else, in the system's words.
+    Other(String),
+}
+
+impl ConnectFailure {
+    fn from_io(e: &io::Error) -> Self {
+        match e.kind() {
+            io::ErrorKind::NotFound => Self::NoSocket,
+            io::ErrorKind::ConnectionRefused => Self::Refused,
+            io::ErrorKind::PermissionDenied => Self::PermissionDenied,
+            _ => Self::Other(e.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for ConnectFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoSocket => f.write_str("socket does not exist (is `berth agent` running?)"),
+            Self::Refused => f.write_str("connection refused (is `berth agent` running?)"),
+            Self::PermissionDenied => {
+                f.write_str("permission denied (the API socket is open to the agent's user only)")
+            }
+            Self::Other(e) => f.write_str(e),
+        }
+    }
+}
+
+/// A client of one agent. Cheap to clone; holds no connection between calls.
+#[derive(Debug, Clone)]
+pub struct Client {
+    address: Address,
+    name: String,
+    timeout: Duration,
+}
+
+/// The task driving one client connection; aborted when dropped, so nothing outlives a call.
+#[derive(Debug)]
+struct ConnTask(JoinHandle<()>);
+
+impl Drop for ConnTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+impl Client {
+    /// A client for `address` (see [`Address::parse`]). Does not connect: an agent that is not
+    /// running is reported by the first call.
+    pub fn new(address: &str) -> Result<Self, ClientError> {
+        Ok(Self::for_address(Address::parse(address)?))
+    }
+
+    /// A client for a parsed address.
+    pub fn for_address(address: Address) -> Self {
+        Self {
+            name: address.to_string(),
+            address,
+            timeout: REQUEST_TIMEOUT,
+        }
+    }
+
+    /// Sets the per-call timeout (default [`REQUEST_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The agent's address.
+    pub fn address(&self) -> &Address {
+        &self.address
+    }
+
+    /// `GET /v1/plugins`: every plugin, by id.
+    pub async fn plugins(&self) -> Result<PluginList, ClientError> {
+        self.call_json(Method::GET, "/v1/plugins".into(), None)
+            .await
+    }
+
+    /// `GET /v1/plugin/csi/{id}`; a plugin that does not exist is an [`ClientError::Api`] with
+    /// status 404 (see [`ClientError::is_not_found`]).
+    pub async fn plugin(&self, id: &str) -> Result<PluginStatus, ClientError> {
+        let path = format!("/v1/plugin/csi/{}", encode_segment(id));
+        self.call_json(Method::GET, path, None).await
+    }
+
+    /// `GET /v1/node`.
+    pub async fn node(&self) -> Result<NodeStatus, ClientError> {
+        self.call_json(Method::GET, "/v1/node".into(), None).await
+    }
+
+    /// `POST /v1/plugins`: registers one plugin instance and returns the plugin's status.
+    pub async fn register(&self, req: &RegisterRequest) -> Result<PluginStatus, ClientError> {
+        let path = "/v1/plugins".to_string();
+        let body = serde_json::to_vec(req).map_err(|source| ClientError::Encode {
+            method: Method::POST,
+            path: path.clone(),
+            source,
+        })?;
+        self.call_json(Method::POST, path, Some(body)).await
+    }
+
+    /// `DELETE /v1/plugin/csi/{id}/instances/{instance}`.
+    pub async fn deregister(&self, id: &str, instance: &str) -> Result<(), ClientError> {
+        let path = format!(
+            "/v1/plugin/csi/{}/instances/{}",
+            encode_segment(id),
+            encode_segment(instance)
+        );
+        self.call(Method::DELETE, path, None).await.map(drop)
+    }
+
+    /// `GET /v1/metrics`: the Prometheus text.
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let path = "/v1/metrics".to_string();
+        let body = self.call(Method::GET, path, None).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// `GET /v1/events`: events from the moment this returns on (the agent has subscribed by
+    /// then), in order, with a [`crate::EventLine::Lagged`] line wherever this reader fell
+    /// behind and lost events.
+    pub async fn events(&self) -> Result<EventStream, ClientError> {
+        let path = "/v1/events".to_string();
+        let (response, conn) = self
+            .timed(&Method::GET, &path, self.send(Method::GET, &path, None))
+            .await?;
+        let response = self.check_status(&Method::GET, &path, response).await?;
+        Ok(EventStream::new(
+            self.name.clone(),
+            response.into_body(),
+            conn,
+        ))
+    }
+
+    /// One call: the successful answer's body, or the error.
+    async fn call(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, ClientError> {
+        let exchange = async {
+            let (response, _conn) = self.send(method.clone(), &path, body).await?;
+            let response = self.check_status(&method, &path, response).await?;
+            self.collect(&method, &path, response).await
+        };
+        self.timed(&method, &path, exchange).await
+    }
+
+    async fn call_json<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let bytes = self.call(method.clone(), path.clone(), body).await?;
+        serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
+            address: self.name.clone(),
+            method,
+            path,
+            source,
+        })
+    }
+
+    async fn timed<T>(
+        &self,
+        method: &Method,
+        path: &str,
+        fut: impl Future<Output = Result<T, ClientError>>,
+    ) -> Result<T, ClientError> {
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| ClientError::Timeout {
+                address: self.name.clone(),
+                method: method.clone(),
+                path: path.to_string(),
+                timeout: self.timeout,
+            })?
+    }
+
+    /// Connects and sends one request; the response body is read through the returned
+    /// connection task, which must be kept until then.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(Response<Incoming>, ConnTask), ClientError> {
+        let connect_error = |e: io::Error| ClientError::Connect {
+            address: self.name.clone(),
+            failure: ConnectFailure::from_io(&e),
+        };
+        let (mut sender, conn, host) = match &self.address {
+            Address::Unix(socket) => {
+                let stream = UnixStream::connect(socket).await.map_err(connect_error)?;
+                let (sender, conn) = self.handshake(stream, &method, path).await?;
+                (sender, conn, "localhost".to_string())
+            }
+            Address::Tcp(addr) => {
+                let stream = TcpStream::connect(addr).await.map_err(connect_error)?;
+                let _ = stream.set_nodelay(true);
+                let (sender, conn) = self.handshake(stream, &method, path).await?;
+                (sender, conn, addr.to_string())
+            }
+        };
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(path)
+            .header(header::HOST, host)
+            .header(
+                header::USER_AGENT,
+                concat!("berth/", env!("CARGO_PKG_VERSION")),
+            );
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|source| ClientError::BuildRequest {
+                method: method.clone(),
+                path: path.to_string(),
+                source,
+            })?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|source| self.http_error(&method, path, source))?;
+        Ok((response, conn))
+    }
+
+    async fn handshake<S>(
+        &self,
+        stream: S,
+        method: &Method,
+        path: &str,
+    ) -> Result<(SendRequest<Full<Bytes>>, ConnTask), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|source| self.http_error(method, path, source))?;
+        let task = tokio::spawn(async move {
+            if let Err(error) = conn.await {
+                tracing::debug!(%error, "agent API connection ended with an error");
+            }
+        });
+        Ok((sender, ConnTask(task)))
+    }
+
+    /// Passes a success through; turns an error status into [`ClientError::Api`].
+    async fn check_status(
+        &self,
+        method: &Method,
+        path: &str,
+        response: Response<Incoming>,
+    ) -> Result<Response<Incoming>, ClientError> {
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = self.collect(method, path, response).await?;
+        let message = match serde_json::from_slice::<ErrorBody>(&body) {
+            Ok(ErrorBody { error }) => error,
+            Err(_) if body.is_empty() => reason(status),
+            Err(_) => {
+                let text = String::from_utf8_lossy(&body);
+                text.chars()
+                    .take(SHOWN_BODY)
+                    .collect::<String>()
+                    .trim()
+                    .to_string()
+            }
+        };
+        Err(ClientError::Api {
+            address: self.name.clone(),
+            method: method.clone(),
+            path: path.to_string(),
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    async fn collect(
+        &self,
+        method: &Method,
+        path: &str,
+        response: Response<Incoming>,
+    ) -> Result<Bytes, ClientError> {
+        response
+            .into_body()
+            .collect()
+            .await
+            .map(|collected| collected.to_bytes())
+            .map_err(|source| self.http_error(method, path, source))
+    }
+
+    fn http_error(&self, method: &Method, path: &str, source: hyper::Error) -> ClientError {
+        ClientError::Http {
+            address: self.name.clone(),
+            method: method.clone(),
+            path: path.to_string(),
+            source,
+        }
+    }
+}
+
+fn reason(status: StatusCode) -> String {
+    status
+        .canonical_reason()
+        .map_or_else(|| status.to_string(), str::to_string)
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986's unreserved characters.
+fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for b in segment.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_percent_encoded() {
+        assert_eq!(encode_segment("hostpath-1.x_~"), "hostpath-1.x_~");
+        assert_eq!(encode_segment("a/b c?%"), "a%2Fb%20c%3F%25");
+        assert_eq!(encode_segment("é"), "%C3%A9");
+    }
+
+    #[test]
+    fn api_errors_show_the_agents_words() {
+        let err = |status| ClientError::Api {
+            address: "unix:///s".into(),
+            method: Method::GET,
+            path: "/v1/plugin/csi/x".into(),
+            status,
+            message: "no plugin \"x\"".into(),
+        };
+        assert_eq!(err(404).to_string(), "no plugin \"x\"");
+        assert!(err(404).is_not_found());
+        assert_eq!(
+            err(500).to_string(),
+            "the agent failed GET /v1/plugin/csi/x (500): no plugin \"x\""
+        );
+    }
+}

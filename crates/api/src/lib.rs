@@ -1,0 +1,55 @@
+//! The agent's HTTP API (`/v1/…`): the JSON documents it serves ([`types`], re-exported here),
+//! the server side ([`server`]: routes over an [`AgentView`], served on a unix socket and
+//! optionally loopback TCP) and the client the CLI uses ([`client`]).
+//!
+//! Routes (JSON unless said otherwise; errors are [`ErrorBody`] with a 4xx/5xx status):
+//!
+//! | route | answer |
+//! |---|---|
+//! | `GET /v1/plugins` | [`PluginList`] |
+//! | `POST /v1/plugins` | body [`RegisterRequest`] → [`PluginStatus`] |
+//! | `GET /v1/plugin/csi/{id}` | [`PluginStatus`], or 404 |
+//! | `DELETE /v1/plugin/csi/{id}/instances/{instance}` | 204 |
+//! | `GET /v1/node` | [`NodeStatus`] |
+//! | `GET /v1/events` | newline-delimited [`EventLine`]s, live from the request on |
+//! | `GET /v1/metrics` | Prometheus text ([`METRICS_CONTENT_TYPE`]) |
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod server;
+pub mod types;
+
+pub use client::{Address, Client, ClientError, ConnectFailure, EventStream};
+pub use server::{AgentView, ApiError, Listeners, ServeError, router, serve};
+pub use types::*;
+
+/// The agent's default data dir.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
+
+/// The API socket's file name under the data dir.
+pub const SOCKET_NAME: &str = "berth.sock";
+
+/// Where the CLI looks for the agent unless told otherwise: the socket under
+/// [`DEFAULT_DATA_DIR`].
+pub const DEFAULT_ADDRESS: &str = "unix:///var/lib/berth/berth.sock";
+
+/// `Content-Type` of `GET /v1/metrics` (Prometheus text exposition format).
+pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `Content-Type` of `GET /v1/events`.
+pub const EVENTS_CONTENT_TYPE: &str = "application/x-ndjson";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_address_is_the_socket_in_the_default_data_dir() {
+        assert_eq!(
+            DEFAULT_ADDRESS,
+            format!("unix://{DEFAULT_DATA_DIR}/{SOCKET_NAME}")
+        );
+    }
+}

@@ -1,0 +1,101 @@
+//! The server side: [`router`] answers the routes over any [`AgentView`]; [`Listeners`] binds
+//! the unix socket (and optionally a loopback TCP port) and serves a router until shut down.
+
+mod listen;
+mod routes;
+
+use std::future::Future;
+
+use axum::{
+    Json,
+    http::StatusCode,
+    response::{IntoResponse, Response},
+};
+
+use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, RegisterRequest};
+
+pub use listen::{DRAIN_TIMEOUT, Listeners, ServeError, serve};
+pub use routes::router;
+
+/// What the API needs from the agent. Reads are synchronous snapshots and must not block (they
+/// run on the server's tasks); registration changes go through the async methods.
+pub trait AgentView: Send + Sync + 'static {
+    /// Every registered plugin (the router sorts them by id).
+    fn plugins(&self) -> Vec<PluginStatus>;
+    /// One plugin, or `None` when no plugin has that id.
+    fn plugin(&self, id: &str) -> Option<PluginStatus>;
+    /// This node.
+    fn node(&self) -> NodeStatus;
+    /// Live events from now on. The router calls it once per `GET /v1/events`, before it
+    /// answers, so an event sent after the client has the response head reaches it. A reader
+    /// that falls behind the channel's capacity loses the oldest events and is told how many.
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
+    /// Prometheus text exposition.
+    fn metrics(&self) -> String;
+    /// Registers one plugin instance. Only called with a request that passed
+    /// [`RegisterRequest::validate`].
+    fn register(
+        &self,
+        req: RegisterRequest,
+    ) -> impl Future<Output = Result<PluginStatus, ApiError>> + Send;
+    /// Deregisters one instance. Only called with an id and instance that are valid path
+    /// segments.
+    fn deregister(
+        &self,
+        id: &str,
+        instance: &str,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
+/// Why the agent refuses or fails a request; becomes an [`ErrorBody`] with the status of
+/// [`ApiError::status`]. The text must name the field or object it is about, and must never
+/// hold a secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApiError {
+    /// 400: the request is malformed or invalid; nothing changed.
+    #[error("{0}")]
+    BadRequest(String),
+    /// 404: the object does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// 409: the request contradicts the current state (e.g. an instance registered with
+    /// another socket); nothing changed.
+    #[error("{0}")]
+    Conflict(String),
+    /// 500: the agent failed.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The HTTP status it is answered with.
+    pub fn status(&self) -> u16 {
+        self.status_code().as_u16()
+    }
+
+    fn status_code(&self) -> StatusCode {
+        match self {
+            Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<InvalidField> for ApiError {
+    fn from(e: InvalidField) -> Self {
+        Self::BadRequest(e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(self.status_code(), self.to_string())
+    }
+}
+
+/// A JSON [`ErrorBody`] with `status`.
+fn error_response(status: StatusCode, error: String) -> Response {
+    (status, Json(ErrorBody { error })).into_response()
+}
