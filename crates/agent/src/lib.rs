@@ -2,11 +2,13 @@
 //! registration directory and the API; one health loop per plugin instance; and the view the
 //! HTTP API serves.
 
+pub mod agent;
 pub mod config;
 pub mod events;
 pub mod manager;
 pub mod metrics;
 pub mod registry;
+pub mod supervisor;
 pub mod watch;
 
 /// Milliseconds since the epoch, now.
@@ -15,3 +17,5 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+pub use agent::{Agent, AgentError, AgentOptions, Running};

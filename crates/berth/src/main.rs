@@ -8,7 +8,11 @@ use clap::Parser as _;
 
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::init_logging(&args.log);
+    let prepared =
+        match cli::prepare(&args).and_then(|p| cli::init_logging(&args.log, &p).map(|()| p)) {
+            Ok(p) => p,
+            Err(err) => return fail(&err),
+        };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -19,11 +23,14 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    match runtime.block_on(cli::run(args, prepared)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::from(err.downcast_ref::<cli::UsageError>().map_or(1, |_| 2))
-        }
+        Err(err) => fail(&err),
     }
+}
+
+/// Prints the error; exit code 2 for usage errors, 1 for the rest.
+fn fail(err: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {err:#}");
+    ExitCode::from(err.downcast_ref::<cli::UsageError>().map_or(1, |_| 2))
 }

@@ -169,6 +169,21 @@ pub fn hostname() -> io::Result<String> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "host name is not UTF-8"))
 }
 
+/// Creates `dir` and any missing parents with mode 0700, and makes `dir` itself 0700 if it
+/// already existed with wider permissions.
+pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let meta = std::fs::metadata(dir)?;
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;

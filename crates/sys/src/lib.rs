@@ -13,7 +13,8 @@ pub mod mount;
 mod mountinfo;
 
 pub use fs::{
-    AtomicWriteError, FsStats, FsStatsError, WriteStep, fs_stats, hostname, write_atomic,
+    AtomicWriteError, FsStats, FsStatsError, WriteStep, create_private_dir, fs_stats, hostname,
+    write_atomic,
 };
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, validate_path_segment};
 pub use mount::{

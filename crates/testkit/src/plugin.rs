@@ -61,9 +61,17 @@ pub struct HostpathPluginBuilder {
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     ready_timeout: Duration,
+    socket: Option<PathBuf>,
 }
 
 impl HostpathPluginBuilder {
+    /// Listen on `path` instead of `tmp()/csi.sock` (e.g. a socket an agent already expects).
+    /// The caller keeps the path short (≤ 107 bytes) and its directory existing.
+    pub fn socket(mut self, path: impl Into<PathBuf>) -> Self {
+        self.socket = Some(path.into());
+        self
+    }
+
     /// `--enable-stage=<on>` (the plugin's default is on).
     pub fn stage(mut self, on: bool) -> Self {
         self.stage = Some(on);
@@ -133,7 +141,10 @@ impl HostpathPluginBuilder {
             .tempdir_in("/tmp")
             .map_err(SpawnError::Start)?;
         let statedir = tmp.path().join("statedir");
-        let socket = tmp.path().join("csi.sock");
+        let socket = self
+            .socket
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("csi.sock"));
         let mut args: Vec<OsString> = vec![
             format!("--endpoint=unix://{}", socket.display()).into(),
             "--statedir".into(),
@@ -228,6 +239,7 @@ impl HostpathPlugin {
             args: Vec::new(),
             envs: Vec::new(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            socket: None,
         }
     }
 

@@ -1,0 +1,487 @@
+//! Wires the agent together: data dir, store, registry, health loops, declared plugins, the
+//! registration directory and the API; and shuts it all down in order.
+
+use std::{
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use berth_api::{
+    Instance, NodePlugin, NodeStatus, PluginStatus, RegisterRequest, Source,
+    server::{AgentView, ApiError, Listeners},
+};
+use berth_regdir::{DiscoveredPlugin, RegistrationDir};
+use berth_state::{Store, Table};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{
+    config::{Config, DEFAULT_RESCAN_INTERVAL, HealthConfig, PluginDecl, PluginRun},
+    events::EventBus,
+    manager::Manager,
+    metrics::Metrics,
+    registry::{Registration, Registry, RegistryError},
+    supervisor::{RestartPolicy, Supervisor},
+    watch::SocketWatcher,
+};
+
+/// Everything the agent needs to start; built from the config file and flags.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The data dir (created 0700 if missing).
+    pub data_dir: PathBuf,
+    /// API socket; default `<data_dir>/berth.sock`.
+    pub api_socket: Option<PathBuf>,
+    /// Extra loopback TCP listener.
+    pub api_address: Option<SocketAddr>,
+    /// Registration dir; default `<data_dir>/plugins_registry`.
+    pub registry_dir: Option<PathBuf>,
+    /// Registration dir rescan interval.
+    pub rescan_interval: Duration,
+    /// Health checking.
+    pub health: HealthConfig,
+    /// Declared plugins.
+    pub plugins: Vec<PluginDecl>,
+    /// Restart policy of plugins the agent runs.
+    pub restart: RestartPolicy,
+}
+
+impl AgentOptions {
+    /// Options from a config with `data_dir` settled.
+    pub fn from_config(config: Config, data_dir: PathBuf) -> Self {
+        Self {
+            data_dir,
+            api_socket: config.api_socket,
+            api_address: config.api_address,
+            registry_dir: config.registry_dir,
+            rescan_interval: config.rescan_interval.unwrap_or(DEFAULT_RESCAN_INTERVAL),
+            health: config.health,
+            plugins: config.plugins,
+            restart: RestartPolicy::default(),
+        }
+    }
+
+    /// The API socket path.
+    pub fn api_socket(&self) -> PathBuf {
+        self.api_socket
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(berth_api::SOCKET_NAME))
+    }
+
+    /// The socket of a plugin the agent runs: `<data_dir>/csi/plugins/<id>/csi.sock`.
+    pub fn managed_socket(&self, id: &str) -> PathBuf {
+        self.data_dir
+            .join("csi")
+            .join("plugins")
+            .join(id)
+            .join("csi.sock")
+    }
+}
+
+/// Why the agent could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// The data dir cannot be made.
+    #[error("data dir {path}: {source}")]
+    DataDir {
+        /// The dir.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store cannot be opened.
+    #[error(transparent)]
+    State(#[from] berth_state::StateError),
+    /// The registry refused a declared plugin.
+    #[error("plugin {id:?} from the config: {source}")]
+    Declared {
+        /// The plugin.
+        id: String,
+        /// Why.
+        #[source]
+        source: RegistryError,
+    },
+    /// The registry cannot be loaded.
+    #[error("plugin registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// The API cannot listen.
+    #[error(transparent)]
+    Listen(#[from] berth_api::server::ServeError),
+    /// A blocking task failed.
+    #[error("internal task failed: {0}")]
+    Task(String),
+}
+
+/// The running agent's shared state: what the API shows.
+#[derive(Debug)]
+pub struct Agent {
+    node_id: String,
+    hostname: String,
+    registry: Arc<Registry>,
+    manager: Arc<Manager>,
+    events: Arc<EventBus>,
+    metrics: Arc<Metrics>,
+}
+
+/// A started agent: its shared state, and the handle that runs it to the end.
+#[derive(Debug)]
+pub struct Running {
+    /// The shared state.
+    pub agent: Arc<Agent>,
+    /// Where the API listens.
+    pub api_socket: PathBuf,
+    tasks: TaskTracker,
+}
+
+impl Running {
+    /// Waits until every part has stopped (after the shutdown token is cancelled).
+    pub async fn wait(self) {
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+impl Agent {
+    /// Starts the agent: by the time this returns the registry is loaded from the store and the
+    /// API is listening, so the first API answer already lists every persisted plugin. Every
+    /// part stops when `shutdown` is cancelled; [`Running::wait`] waits for that.
+    pub async fn start(
+        opts: AgentOptions,
+        shutdown: CancellationToken,
+    ) -> Result<Running, AgentError> {
+        let data_dir = opts.data_dir.clone();
+        let dir_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| AgentError::DataDir { path, source }
+        };
+        berth_sys::create_private_dir(&data_dir).map_err(dir_err(&data_dir))?;
+        let plugins_dir = data_dir.join("csi").join("plugins");
+        berth_sys::create_private_dir(&plugins_dir).map_err(dir_err(&plugins_dir))?;
+
+        let store_path = data_dir.join("state.redb");
+        let store = tokio::task::spawn_blocking(move || Store::open(store_path))
+            .await
+            .map_err(|e| AgentError::Task(e.to_string()))??;
+        let store = Arc::new(store);
+        let node_id = node_id(&store)?;
+        let hostname = berth_sys::hostname().unwrap_or_else(|_| "localhost".into());
+
+        let events = Arc::new(EventBus::new());
+        let metrics = Arc::new(Metrics::new());
+        let registry = Arc::new(Registry::load(Arc::clone(&store), Arc::clone(&events))?);
+        tracing::info!(plugins = registry.list().len(), data_dir = %data_dir.display(), "registry loaded");
+
+        let api_socket = opts.api_socket();
+        let listeners = Listeners::bind(&api_socket, opts.api_address)?;
+
+        let manager = Arc::new(Manager::new(
+            Arc::clone(&registry),
+            Arc::clone(&events),
+            Arc::clone(&metrics),
+            Arc::new(SocketWatcher::new()),
+            opts.health,
+        ));
+        let agent = Arc::new(Agent {
+            node_id,
+            hostname,
+            registry,
+            manager,
+            events,
+            metrics,
+        });
+        let tasks = TaskTracker::new();
+        tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
+
+        agent.apply_declared(&opts, &tasks, &shutdown).await?;
+
+        let regdir = opts
+            .registry_dir
+            .clone()
+            .unwrap_or_else(|| data_dir.join("plugins_registry"));
+        let sink = Arc::new(RegDirSink {
+            agent: Arc::clone(&agent),
+        });
+        let watcher = RegistrationDir::new(regdir, opts.rescan_interval);
+        let token = shutdown.clone();
+        tasks.spawn(async move {
+            if let Err(e) = watcher.run(sink, token).await {
+                tracing::error!(error = %e, "registration directory watcher stopped");
+            }
+        });
+
+        let router = berth_api::server::router(Arc::clone(&agent));
+        tasks.spawn(listeners.serve(router, shutdown.clone()));
+        tracing::info!(api = %api_socket.display(), node_id = %agent.node_id, "agent started");
+        Ok(Running {
+            agent,
+            api_socket,
+            tasks,
+        })
+    }
+
+    /// Registers the config's plugins, forgets config plugins no longer declared, and starts
+    /// the processes of those the agent runs.
+    async fn apply_declared(
+        self: &Arc<Self>,
+        opts: &AgentOptions,
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) -> Result<(), AgentError> {
+        let declared: Vec<&str> = opts.plugins.iter().map(|p| p.id.as_str()).collect();
+        for stale in self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|r| r.source == Source::Config)
+        {
+            if !declared.contains(&stale.id.as_str()) {
+                self.registry
+                    .deregister(&stale.id, &stale.instance, "no longer in the config")
+                    .await
+                    .map_err(|source| AgentError::Declared {
+                        id: stale.id.clone(),
+                        source,
+                    })?;
+            }
+        }
+        for decl in &opts.plugins {
+            let socket = match &decl.run {
+                PluginRun::External { socket } => socket.clone(),
+                PluginRun::Command { command, args, env } => {
+                    let socket = opts.managed_socket(&decl.id);
+                    let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
+                    let sup = Supervisor {
+                        id: decl.id.clone(),
+                        command: command.clone(),
+                        args: args.clone(),
+                        env: env.clone(),
+                        log: dir.join("plugin.log"),
+                        socket: socket.clone(),
+                        policy: opts.restart,
+                    };
+                    berth_sys::create_private_dir(&dir).map_err(|source| AgentError::DataDir {
+                        path: dir.clone(),
+                        source,
+                    })?;
+                    tasks.spawn(sup.run(Arc::clone(&self.events), shutdown.clone()));
+                    socket
+                }
+            };
+            let reg = Registration {
+                id: decl.id.clone(),
+                instance: "config".into(),
+                plugin_type: decl.plugin_type,
+                source: Source::Config,
+                socket,
+            };
+            self.registry
+                .register(reg)
+                .await
+                .map_err(|source| AgentError::Declared {
+                    id: decl.id.clone(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The registry.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// The health loops.
+    pub fn manager(&self) -> &Arc<Manager> {
+        &self.manager
+    }
+
+    /// The event bus.
+    pub fn events(&self) -> &Arc<EventBus> {
+        &self.events
+    }
+
+    fn status(&self, id: &str) -> Option<PluginStatus> {
+        let records = self.registry.instances(id);
+        let active = records.first()?.clone();
+        let instances: Vec<Instance> = records
+            .iter()
+            .map(|r| {
+                let state = self.manager.state(&r.id, &r.instance);
+                Instance {
+                    instance: r.instance.clone(),
+                    source: r.source,
+                    socket: r.socket.clone(),
+                    registered_ms: r.registered_ms,
+                    active: r.instance == active.instance,
+                    health: state.map(|s| s.health).unwrap_or_else(pending),
+                }
+            })
+            .collect();
+        let state = self.manager.state(&active.id, &active.instance);
+        Some(PluginStatus {
+            id: id.to_string(),
+            plugin_type: active.plugin_type,
+            health: state
+                .as_ref()
+                .map(|s| s.health.clone())
+                .unwrap_or_else(pending),
+            fingerprint: state.and_then(|s| s.fingerprint),
+            instances,
+        })
+    }
+}
+
+fn pending() -> berth_api::Health {
+    berth_api::Health {
+        healthy: false,
+        description: "not checked yet".into(),
+        last_transition_ms: 0,
+    }
+}
+
+/// This node's id: made once, kept in the store.
+fn node_id(store: &Store) -> Result<String, AgentError> {
+    if let Some(id) = store.get::<String>(Table::NODE, "id")? {
+        return Ok(id);
+    }
+    let id = format!("{:032x}", rand::random::<u128>());
+    store.put(Table::NODE, "id", &id)?;
+    Ok(id)
+}
+
+impl AgentView for Agent {
+    fn plugins(&self) -> Vec<PluginStatus> {
+        let mut ids: Vec<String> = self.registry.list().into_iter().map(|r| r.id).collect();
+        ids.dedup();
+        ids.iter().filter_map(|id| self.status(id)).collect()
+    }
+
+    fn plugin(&self, id: &str) -> Option<PluginStatus> {
+        self.status(id)
+    }
+
+    fn node(&self) -> NodeStatus {
+        let csi_plugins = self
+            .plugins()
+            .into_iter()
+            .filter(|p| p.plugin_type.is_node())
+            .map(|p| {
+                let info = p.fingerprint.and_then(|f| f.node_info);
+                NodePlugin {
+                    plugin_id: p.id,
+                    healthy: p.health.healthy,
+                    csi_node_id: info.as_ref().map(|i| i.node_id.clone()),
+                    max_volumes: info.as_ref().map_or(0, |i| i.max_volumes_per_node),
+                    topology: info.and_then(|i| i.accessible_topology).unwrap_or_default(),
+                }
+            })
+            .collect();
+        NodeStatus {
+            id: self.node_id.clone(),
+            hostname: self.hostname.clone(),
+            csi_plugins,
+        }
+    }
+
+    fn subscribe(&self) -> tokio::sync::broadcast::Receiver<berth_api::Event> {
+        self.events.subscribe()
+    }
+
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    async fn register(&self, req: RegisterRequest) -> Result<PluginStatus, ApiError> {
+        let instance = req
+            .instance
+            .clone()
+            .unwrap_or_else(|| instance_for_socket(&req.socket));
+        let reg = Registration {
+            id: req.id.clone(),
+            instance,
+            plugin_type: req.plugin_type,
+            source: Source::Api,
+            socket: req.socket,
+        };
+        match self.registry.register(reg).await {
+            Ok(_) => self
+                .status(&req.id)
+                .ok_or_else(|| ApiError::Internal("registered plugin vanished".into())),
+            Err(RegistryError::Invalid(m)) => Err(ApiError::BadRequest(m)),
+            Err(e) => Err(ApiError::Internal(e.to_string())),
+        }
+    }
+
+    async fn deregister(&self, id: &str, instance: &str) -> Result<(), ApiError> {
+        match self
+            .registry
+            .deregister(id, instance, "deregistered through the API")
+            .await
+        {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(ApiError::NotFound(format!(
+                "no instance {instance:?} of plugin {id:?}"
+            ))),
+            Err(e) => Err(ApiError::Internal(e.to_string())),
+        }
+    }
+}
+
+/// A stable instance name for an API registration without one: derived from the socket path.
+fn instance_for_socket(socket: &Path) -> String {
+    let hash = socket
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("api-{hash:016x}")
+}
+
+/// Plugins found in the registration directory become registry entries: the plugin id is the
+/// driver name, the instance the registration socket's file name.
+struct RegDirSink {
+    agent: Arc<Agent>,
+}
+
+impl RegDirSink {
+    fn instance(p: &DiscoveredPlugin) -> String {
+        p.registration_socket
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "registration".into())
+    }
+}
+
+impl berth_regdir::Sink for RegDirSink {
+    async fn register(&self, p: &DiscoveredPlugin) -> Result<(), String> {
+        let reg = Registration {
+            id: p.name.clone(),
+            instance: Self::instance(p),
+            plugin_type: berth_api::PluginType::Node,
+            source: Source::RegistrationDir,
+            socket: p.endpoint.clone(),
+        };
+        self.agent
+            .registry
+            .register(reg)
+            .await
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    async fn deregister(&self, p: &DiscoveredPlugin) {
+        let instance = Self::instance(p);
+        if let Err(e) = self
+            .agent
+            .registry
+            .deregister(&p.name, &instance, "registration socket removed")
+            .await
+        {
+            tracing::warn!(plugin = %p.name, error = %e, "cannot deregister");
+        }
+    }
+}

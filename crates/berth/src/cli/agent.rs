@@ -1,0 +1,132 @@
+//! `berth agent`: runs the node agent until SIGINT/SIGTERM.
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+use berth_agent::{
+    Agent, AgentOptions,
+    config::{Config, PluginDecl, PluginRun},
+};
+use berth_api::PluginType;
+use clap::Args;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+use super::UsageError;
+
+/// How long the agent gets to stop after the first signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+/// The default data dir.
+const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
+
+/// Run the node agent.
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Config file: HCL, or JSON when it ends in `.json`.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data dir (default: the config's `data_dir`, else /var/lib/berth; with --dev a fresh
+    /// temporary dir).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Development mode: a fresh temporary data dir and a berth-hostpath CSI plugin run by the
+    /// agent, so one command gives a working node.
+    #[arg(long)]
+    dev: bool,
+}
+
+/// The config file, if any, read before logging starts (it may set the log level).
+pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
+    match &args.config {
+        Some(file) => Config::load(file).map_err(|e| UsageError(e.to_string()).into()),
+        None => Ok(Config::default()),
+    }
+}
+
+/// Runs the agent with `config` until a signal; a second signal exits at once.
+pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
+    let mut dev_dir = None;
+    let data_dir = match (&args.data_dir, &config.data_dir, args.dev) {
+        (Some(d), _, _) => d.clone(),
+        (None, _, true) => {
+            let dir = std::env::temp_dir().join(format!("berth-dev-{:08x}", rand::random::<u32>()));
+            dev_dir = Some(dir.clone());
+            dir
+        }
+        (None, Some(d), false) => d.clone(),
+        (None, None, false) => PathBuf::from(DEFAULT_DATA_DIR),
+    };
+    if !data_dir.is_absolute() {
+        return Err(UsageError(format!(
+            "--data-dir {}: must be an absolute path",
+            data_dir.display()
+        ))
+        .into());
+    }
+    if args.dev && !config.plugins.iter().any(|p| p.id == "hostpath") {
+        config.plugins.push(dev_hostpath(&data_dir)?);
+    }
+    let opts = AgentOptions::from_config(config, data_dir.clone());
+
+    let shutdown = CancellationToken::new();
+    let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+
+    let running = Agent::start(opts, shutdown.clone()).await?;
+    println!(
+        "berth agent running; data dir {}; API unix://{}\n  export BERTH_ADDR=unix://{}",
+        data_dir.display(),
+        running.api_socket.display(),
+        running.api_socket.display()
+    );
+
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tracing::info!(grace = ?SHUTDOWN_GRACE, "shutting down");
+    shutdown.cancel();
+    let stopped = tokio::select! {
+        () = running.wait() => true,
+        _ = term.recv() => false,
+        _ = int.recv() => false,
+        () = tokio::time::sleep(SHUTDOWN_GRACE) => false,
+    };
+    if let Some(dir) = dev_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    if !stopped {
+        anyhow::bail!(
+            "did not stop within {SHUTDOWN_GRACE:?} (or a second signal came); exiting now"
+        );
+    }
+    Ok(())
+}
+
+/// The berth-hostpath plugin `--dev` runs: a monolith next to the `berth` binary.
+fn dev_hostpath(data_dir: &std::path::Path) -> anyhow::Result<PluginDecl> {
+    let exe = std::env::current_exe().context("cannot find the berth binary")?;
+    let command = exe.with_file_name("berth-hostpath");
+    if !command.is_file() {
+        anyhow::bail!(
+            "--dev runs berth-hostpath, expected at {}: build it with `cargo build --bin berth-hostpath`",
+            command.display()
+        );
+    }
+    let node_id = berth_sys::hostname().unwrap_or_else(|_| "localhost".into());
+    Ok(PluginDecl {
+        id: "hostpath".into(),
+        plugin_type: PluginType::Monolith,
+        run: PluginRun::Command {
+            command,
+            args: vec![
+                "--statedir".into(),
+                data_dir.join("hostpath").display().to_string(),
+                "--nodeid".into(),
+                node_id,
+            ],
+            env: Default::default(),
+        },
+    })
+}

@@ -1,0 +1,213 @@
+//! Runs `berth agent` as a real process for tests, in its own private mount namespace, and
+//! kills it (and reaps it) when the handle is dropped.
+
+#![allow(dead_code)]
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    time::Duration,
+};
+
+use berth_api::{Client, PluginStatus};
+use tempfile::TempDir;
+
+/// A `berth agent` process with its own data dir.
+pub struct AgentProcess {
+    pub tmp: TempDir,
+    pub data_dir: PathBuf,
+    pub config: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl AgentProcess {
+    /// Writes `config` (HCL) and starts the agent; waits until its API answers.
+    pub async fn start(config: &str) -> AgentProcess {
+        Self::start_with(config, &[]).await
+    }
+
+    /// Like [`start`](Self::start) with extra `berth agent` arguments.
+    pub async fn start_with(config: &str, extra: &[&str]) -> AgentProcess {
+        let tmp = tempfile::Builder::new()
+            .prefix("ba")
+            .tempdir_in("/tmp")
+            .expect("tempdir");
+        let data_dir = tmp.path().join("data");
+        let cfg = tmp.path().join("agent.hcl");
+        std::fs::write(&cfg, config).expect("write config");
+        let mut a = AgentProcess {
+            tmp,
+            data_dir,
+            config: cfg,
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        a.spawn();
+        a.wait_ready().await;
+        a
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.tmp.path().join("agent.log")
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .expect("log file");
+        let child = Command::new("setpriv")
+            .args([
+                "--pdeathsig",
+                "KILL",
+                "--",
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "--",
+            ])
+            .arg(env!("CARGO_BIN_EXE_berth"))
+            .args(["--log-level", "debug", "agent", "--config"])
+            .arg(&self.config)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start berth agent");
+        self.child = Some(child);
+    }
+
+    /// The API socket.
+    pub fn socket(&self) -> PathBuf {
+        self.data_dir.join("berth.sock")
+    }
+
+    /// A client of its API.
+    pub fn client(&self) -> Client {
+        Client::new(&format!("unix://{}", self.socket().display())).expect("client")
+    }
+
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// What it logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Waits until the API answers (bounded).
+    pub async fn wait_ready(&mut self) {
+        let client = self.client();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if client.plugins().await.is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                panic!(
+                    "berth agent exited ({status}) before its API answered:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "API did not answer in time:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again with the same config and data dir (after [`kill9`](Self::kill9)).
+    pub fn respawn(&mut self) {
+        assert!(self.child.is_none(), "still running");
+        self.spawn();
+    }
+
+    /// SIGTERM, then waits (bounded) for it to exit.
+    pub async fn terminate(&mut self) -> ExitStatus {
+        let mut c = self.child.take().expect("running");
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).expect("pid"));
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("SIGTERM");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(s) = c.try_wait().expect("wait") {
+                return s;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = c.kill();
+                panic!("agent did not stop after SIGTERM:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Polls plugin `id` until `pred` holds (bounded); returns that status.
+    pub async fn wait_plugin(
+        &self,
+        id: &str,
+        timeout: Duration,
+        pred: impl Fn(&PluginStatus) -> bool,
+    ) -> PluginStatus {
+        let client = self.client();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut last = None;
+        loop {
+            if let Ok(p) = client.plugin(id).await {
+                if pred(&p) {
+                    return p;
+                }
+                last = Some(p);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "plugin {id} did not reach the state in {timeout:?}; last: {last:#?}\nagent log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!("--- berth agent log ---\n{}--- end ---", self.log());
+        }
+    }
+}
+
+/// Whether a process is alive.
+pub fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
+}
+
+/// `HostpathPlugin` on a given socket path.
+pub async fn hostpath_at(socket: &Path) -> berth_testkit::HostpathPlugin {
+    berth_testkit::HostpathPlugin::builder()
+        .socket(socket)
+        .spawn()
+        .await
+}
