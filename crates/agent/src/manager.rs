@@ -240,6 +240,8 @@ impl HealthLoop {
         let mut socket_id = None;
         let mut fingerprinted = false;
         loop {
+            // Read before the check: a socket replaced during the check is fingerprinted again
+            // on the next round.
             let current = socket_identity(&self.record.socket);
             if current != socket_id {
                 socket_id = current;
@@ -288,9 +290,12 @@ impl HealthLoop {
 
     /// A client whose calls make one attempt each: the loop is the retry.
     fn client(&self, endpoint: Endpoint) -> CsiClient {
-        let once = |timeout| RetryPolicy {
+        // A first wait (at least half the initial backoff) past the deadline: no second attempt.
+        let once = |timeout: Duration| RetryPolicy {
             attempt_timeout: timeout,
-            overall_timeout: timeout + Duration::from_millis(1),
+            overall_timeout: timeout,
+            initial_backoff: timeout * 2,
+            max_backoff: timeout * 2,
             ..Rpc::Probe.policy()
         };
         let mut b = CsiClient::builder(endpoint)
