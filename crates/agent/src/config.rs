@@ -441,6 +441,16 @@ plugin "hostpath" {
     }
 
     #[test]
+    fn the_readme_example_parses() {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("```hcl\n").expect("an hcl block in the README") + 7;
+        let end = start + readme[start..].find("```").expect("closed");
+        let cfg = parse(&readme[start..end]).unwrap();
+        assert_eq!(cfg.plugins.len(), 2);
+        assert_eq!(cfg.health, HealthConfig::default());
+    }
+
+    #[test]
     fn json_is_accepted() {
         let cfg = Config::parse(
             Path::new("/etc/berth/agent.json"),

@@ -31,6 +31,10 @@ use crate::{
 /// Deadline of one fingerprint call (each of its RPCs is one attempt, no retries: the loop
 /// itself retries).
 const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Re-checks after a new socket fails its first check: 10, 20, 40, … ms (about 0.6 s in all),
+/// before the loop falls back to its interval.
+const QUICK_RECHECKS: u32 = 6;
+const QUICK_RECHECK_FIRST: Duration = Duration::from_millis(10);
 /// Deadline of one Probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -239,6 +243,9 @@ impl HealthLoop {
         let mut failures = 0u32;
         let mut socket_id = None;
         let mut fingerprinted = false;
+        // Quick re-checks left for the current socket: a socket file exists from bind(2), a
+        // moment before the plugin listens, so a check right after it appears may be refused.
+        let mut quick = 0u32;
         loop {
             // Read before the check: a socket replaced during the check is fingerprinted again
             // on the next round.
@@ -246,6 +253,7 @@ impl HealthLoop {
             if current != socket_id {
                 socket_id = current;
                 fingerprinted = false;
+                quick = QUICK_RECHECKS;
             }
             let check = tokio::select! {
                 () = self.cancel.cancelled() => break,
@@ -280,9 +288,15 @@ impl HealthLoop {
                 self.sockets
                     .watch(&self.record.socket, Some(Arc::clone(&wake)));
             }
+            let wait = if failures > 0 && socket_id.is_some() && quick > 0 {
+                quick -= 1;
+                QUICK_RECHECK_FIRST * 2u32.pow(QUICK_RECHECKS - quick - 1)
+            } else {
+                self.health.interval
+            };
             tokio::select! {
                 () = self.cancel.cancelled() => break,
-                () = tokio::time::sleep(self.health.interval) => {}
+                () = tokio::time::sleep(wait.min(self.health.interval)) => {}
                 () = wake.notified() => {}
             }
         }

@@ -365,3 +365,37 @@ async fn a_bad_config_stops_the_agent_from_starting_and_names_the_place() {
         );
     }
 }
+
+#[tokio::test]
+async fn dev_mode_gives_a_healthy_hostpath_plugin_with_its_fingerprint() {
+    let mut agent = AgentProcess::start_with("", &["--dev"]).await;
+    let p = agent
+        .wait_plugin("hostpath", Duration::from_secs(10), |p| p.health.healthy)
+        .await;
+    let fp = p.fingerprint.expect("fingerprint");
+    assert_eq!(fp.provider, "hostpath.csi.berth.dev");
+    assert!(!fp.version.is_empty());
+    assert!(
+        fp.controller_capabilities
+            .is_some_and(|c| c.iter().count() > 0)
+    );
+    assert!(fp.node_capabilities.is_some_and(|c| c.iter().count() > 0));
+    let node = agent.client().node().await.expect("node");
+    assert_eq!(node.csi_plugins.len(), 1);
+    assert!(node.csi_plugins[0].csi_node_id.is_some());
+    let metrics = agent.client().metrics().await.expect("metrics");
+    assert!(
+        metrics.contains("berth_plugin_healthy{plugin=\"hostpath\",instance=\"config\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("berth_csi_rpcs_total{plugin=\"hostpath\",method=\"Probe\",code=\"OK\"}"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("berth_csi_probe_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    let status = agent.terminate().await;
+    assert!(status.success(), "{status}");
+}
