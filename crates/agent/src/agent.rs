@@ -353,8 +353,8 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
 
 impl AgentView for Agent {
     fn plugins(&self) -> Vec<PluginStatus> {
-        let mut ids: Vec<String> = self.registry.list().into_iter().map(|r| r.id).collect();
-        ids.dedup();
+        let ids: std::collections::BTreeSet<String> =
+            self.registry.list().into_iter().map(|r| r.id).collect();
         ids.iter().filter_map(|id| self.status(id)).collect()
     }
 

@@ -1,18 +1,9 @@
-//! The agent's event bus: a broadcast that never blocks the sender, plus the recent events.
+//! The agent's event bus: a broadcast that never blocks the sender.
 
-use std::{
-    collections::VecDeque,
-    sync::{
-        Mutex,
-        atomic::{AtomicU64, Ordering},
-    },
-};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use berth_api::{Event, EventKind};
 use tokio::sync::broadcast;
-
-/// How many recent events are kept for late readers.
-const RECENT: usize = 512;
 
 /// Emits events to any number of subscribers. A slow subscriber loses the oldest events (its
 /// receiver reports the lag); it never slows the emitter.
@@ -20,7 +11,6 @@ const RECENT: usize = 512;
 pub struct EventBus {
     tx: broadcast::Sender<Event>,
     seq: AtomicU64,
-    recent: Mutex<VecDeque<Event>>,
 }
 
 impl Default for EventBus {
@@ -36,7 +26,6 @@ impl EventBus {
         Self {
             tx,
             seq: AtomicU64::new(0),
-            recent: Mutex::new(VecDeque::with_capacity(RECENT)),
         }
     }
 
@@ -57,13 +46,6 @@ impl EventBus {
             reason: reason.into(),
         };
         tracing::info!(plugin = %event.plugin_id, instance = ?event.instance, kind = ?event.kind, reason = %event.reason, "event");
-        {
-            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-            if recent.len() == RECENT {
-                recent.pop_front();
-            }
-            recent.push_back(event.clone());
-        }
         // No receiver is fine.
         let _ = self.tx.send(event);
     }
@@ -71,15 +53,5 @@ impl EventBus {
     /// Live events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<Event> {
         self.tx.subscribe()
-    }
-
-    /// The most recent events, oldest first.
-    pub fn recent(&self) -> Vec<Event> {
-        self.recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect()
     }
 }

@@ -139,13 +139,6 @@ impl Manager {
             .map(|m| m.state.borrow().clone())
     }
 
-    /// A receiver of one instance's state changes (for tests and waiters).
-    pub fn subscribe(&self, id: &str, instance: &str) -> Option<watch::Receiver<InstanceState>> {
-        self.lock()
-            .get(&(id.to_string(), instance.to_string()))
-            .map(|m| m.state.clone())
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Monitor>> {
         self.monitors.lock().unwrap_or_else(|p| p.into_inner())
     }
