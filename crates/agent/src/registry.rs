@@ -177,9 +177,9 @@ impl Registry {
             &record.id,
             Some(&record.instance),
             format!(
-                "{:?} {} at {}",
-                record.source,
+                "{} plugin from {} at {}",
                 record.plugin_type.as_str(),
+                record.source.as_str(),
                 record.socket.display()
             ),
         );
