@@ -81,6 +81,9 @@ pub enum RegistryError {
     /// The store failed; nothing changed.
     #[error(transparent)]
     State(#[from] berth_state::StateError),
+    /// The blocking store task did not finish.
+    #[error("store task failed: {0}")]
+    Task(String),
 }
 
 /// The registry. Share it behind an `Arc`.
@@ -170,7 +173,7 @@ impl Registry {
         let stored = record.clone();
         tokio::task::spawn_blocking(move || store.put(Table::PLUGINS, &stored.key(), &stored))
             .await
-            .map_err(|e| RegistryError::Invalid(format!("store task failed: {e}")))??;
+            .map_err(|e| RegistryError::Task(e.to_string()))??;
         self.lock().insert(k, record.clone());
         self.events.emit(
             EventKind::PluginRegistered,
@@ -203,7 +206,7 @@ impl Registry {
         let dk = k.clone();
         tokio::task::spawn_blocking(move || store.delete(Table::PLUGINS, &dk))
             .await
-            .map_err(|e| RegistryError::Invalid(format!("store task failed: {e}")))??;
+            .map_err(|e| RegistryError::Task(e.to_string()))??;
         self.lock().remove(&k);
         self.events
             .emit(EventKind::PluginDeregistered, id, Some(instance), reason);
