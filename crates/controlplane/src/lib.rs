@@ -1,0 +1,1 @@
+//! The control plane: volume catalog and claims.
