@@ -21,6 +21,26 @@ pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError};
 /// How often [`eventually`] re-checks its condition.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 
+/// A command that runs `program` in its own private mount namespace
+/// (`unshare -m --propagation private`), killed when the thread that spawned it dies
+/// (`setpriv --pdeathsig KILL`). `unshare` execs, so the child's pid is `program`'s. Every mount
+/// it makes lives and dies with it.
+pub fn private_ns_command(program: &Path) -> std::process::Command {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args([
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "--",
+    ])
+    .arg(program);
+    cmd
+}
+
 /// Path of the binary `name` built by this workspace: `NEXTEST_BIN_EXE_<name>` (or
 /// `CARGO_BIN_EXE_<name>`) when set, else the file next to the running test's directory
 /// (`target/<profile>/deps/<test>` → `target/<profile>/<name>`).

@@ -5,7 +5,7 @@ use std::{
     io::Read as _,
     os::unix::net::UnixStream,
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, ExitStatus, Stdio},
     sync::{Arc, Mutex},
     thread::JoinHandle,
     time::Duration,
@@ -244,23 +244,12 @@ impl HostpathPlugin {
     }
 
     async fn start(&mut self) -> Result<(), SpawnError> {
-        let mut cmd = Command::new("setpriv");
-        cmd.args([
-            "--pdeathsig",
-            "KILL",
-            "--",
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "--",
-        ])
-        .arg(bin_path("berth-hostpath"))
-        .args(&self.args)
-        .envs(self.envs.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
+        let mut cmd = crate::private_ns_command(&bin_path("berth-hostpath"));
+        cmd.args(&self.args)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().map_err(SpawnError::Start)?;
         self.last_pid = child.id();
         let reader = child.stderr.take().map(|mut pipe| {

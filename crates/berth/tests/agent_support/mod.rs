@@ -5,7 +5,7 @@
 
 use std::{
     path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::{Child, ExitStatus, Stdio},
     time::Duration,
 };
 
@@ -58,18 +58,7 @@ impl AgentProcess {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let child = Command::new("setpriv")
-            .args([
-                "--pdeathsig",
-                "KILL",
-                "--",
-                "unshare",
-                "-m",
-                "--propagation",
-                "private",
-                "--",
-            ])
-            .arg(env!("CARGO_BIN_EXE_berth"))
+        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
             .args(["--log-level", "debug", "agent", "--config"])
             .arg(&self.config)
             .arg("--data-dir")
