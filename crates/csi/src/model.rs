@@ -90,7 +90,7 @@ impl fmt::Display for ExternalId {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AccessMode {
-    /// One node, read-write, any number of writers there.
+    /// One node, read-write; berth allows one writer there (readers on that node too).
     SingleNodeWriter,
     /// One node, read-only.
     SingleNodeReaderOnly,
