@@ -200,6 +200,7 @@ impl Agent {
             .registry_dir
             .clone()
             .unwrap_or_else(|| data_dir.join("plugins_registry"));
+        agent.forget_vanished_registrations(&regdir).await?;
         let sink = Arc::new(RegDirSink {
             agent: Arc::clone(&agent),
         });
@@ -251,13 +252,14 @@ impl Agent {
                 PluginRun::External { socket } => socket.clone(),
                 PluginRun::Command { command, args, env } => {
                     let socket = opts.managed_socket(&decl.id);
-                    let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
+                    // Logs live outside the watched socket dir: writes never wake health loops.
+                    let dir = opts.data_dir.join("logs");
                     let sup = Supervisor {
                         id: decl.id.clone(),
                         command: command.clone(),
                         args: args.clone(),
                         env: env.clone(),
-                        log: dir.join("plugin.log"),
+                        log: dir.join(format!("plugin-{}.log", decl.id)),
                         socket: socket.clone(),
                         policy: opts.restart,
                     };
@@ -287,19 +289,26 @@ impl Agent {
         Ok(())
     }
 
-    /// The registry.
-    pub fn registry(&self) -> &Arc<Registry> {
-        &self.registry
-    }
-
-    /// The health loops.
-    pub fn manager(&self) -> &Arc<Manager> {
-        &self.manager
-    }
-
-    /// The event bus.
-    pub fn events(&self) -> &Arc<EventBus> {
-        &self.events
+    /// Deregisters registration-dir entries whose registration socket vanished while the
+    /// agent was down (the watcher registers again those still there).
+    async fn forget_vanished_registrations(&self, regdir: &Path) -> Result<(), AgentError> {
+        for r in self
+            .registry
+            .list()
+            .into_iter()
+            .filter(|r| r.source == Source::RegistrationDir)
+        {
+            if !regdir.join(&r.instance).exists() {
+                self.registry
+                    .deregister(
+                        &r.id,
+                        &r.instance,
+                        "registration socket gone while the agent was down",
+                    )
+                    .await?;
+            }
+        }
+        Ok(())
     }
 
     fn status(&self, id: &str) -> Option<PluginStatus> {
@@ -334,11 +343,7 @@ impl Agent {
 }
 
 fn pending() -> berth_api::Health {
-    berth_api::Health {
-        healthy: false,
-        description: "not checked yet".into(),
-        last_transition_ms: 0,
-    }
+    crate::manager::InstanceState::pending().health
 }
 
 /// This node's id: made once, kept in the store.
@@ -398,6 +403,15 @@ impl AgentView for Agent {
             .instance
             .clone()
             .unwrap_or_else(|| instance_for_socket(&req.socket));
+        if let Some(existing) = self.registry.get(&req.id, &instance)
+            && existing.source != Source::Api
+        {
+            return Err(ApiError::Conflict(format!(
+                "instance {instance:?} of plugin {:?} comes from the {}; the API cannot replace it",
+                req.id,
+                existing.source.as_str()
+            )));
+        }
         let reg = Registration {
             id: req.id.clone(),
             instance,
@@ -415,6 +429,14 @@ impl AgentView for Agent {
     }
 
     async fn deregister(&self, id: &str, instance: &str) -> Result<(), ApiError> {
+        if let Some(existing) = self.registry.get(id, instance)
+            && existing.source != Source::Api
+        {
+            return Err(ApiError::Conflict(format!(
+                "instance {instance:?} of plugin {id:?} comes from the {}; remove it there",
+                existing.source.as_str()
+            )));
+        }
         match self
             .registry
             .deregister(id, instance, "deregistered through the API")

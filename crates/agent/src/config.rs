@@ -468,7 +468,7 @@ plugin "hostpath" {
         let cases = [
             (
                 "data_dir = \"/x\"\nplugin \"a\" {\n  type = \n}\n",
-                "agent.hcl:",
+                "agent.hcl:3",
                 "",
             ),
             (
@@ -491,7 +491,11 @@ plugin "hostpath" {
                 "plugin \"a\".socket",
                 "give socket",
             ),
-            ("colour = \"blue\"\n", "agent.hcl", "colour"),
+            (
+                "colour = \"blue\"\n",
+                "agent.hcl: ",
+                "unknown field `colour`",
+            ),
             (
                 "api {\n  address = \"0.0.0.0:1\"\n}\n",
                 "api.address",

@@ -48,7 +48,8 @@ pub struct InstanceState {
 }
 
 impl InstanceState {
-    fn pending() -> Self {
+    /// Before the first check.
+    pub fn pending() -> Self {
         Self {
             health: Health {
                 healthy: false,
@@ -249,12 +250,17 @@ impl HealthLoop {
                 quick = QUICK_RECHECKS;
             }
             let check = tokio::select! {
+                biased;
                 () = self.cancel.cancelled() => break,
                 c = self.check(&client, !fingerprinted) => c,
             };
+            if self.cancel.is_cancelled() {
+                break;
+            }
             match check {
                 Check::Ok(fp) => {
                     failures = 0;
+                    quick = 0;
                     if let Some(fp) = fp {
                         fingerprinted = true;
                         self.state.send_modify(|s| s.fingerprint = Some(fp));
@@ -288,6 +294,7 @@ impl HealthLoop {
                 self.health.interval
             };
             tokio::select! {
+                biased;
                 () = self.cancel.cancelled() => break,
                 () = tokio::time::sleep(wait.min(self.health.interval)) => {}
                 () = wake.notified() => {}
@@ -325,7 +332,7 @@ impl HealthLoop {
         let fp = if fingerprint {
             match self.fingerprint(client).await {
                 Ok(fp) => Some(fp),
-                Err(e) => return Check::Failed(describe(&e)),
+                Err(e) => return Check::Failed(e.to_string()),
             }
         } else {
             None
@@ -335,7 +342,7 @@ impl HealthLoop {
             Ok(false) => {
                 Check::Failed("the plugin says it is not ready (Probe ready = false)".into())
             }
-            Err(e) => Check::Failed(describe(&e)),
+            Err(e) => Check::Failed(e.to_string()),
         }
     }
 
@@ -400,9 +407,4 @@ impl HealthLoop {
 /// The socket file's identity: a new one means the plugin restarted.
 fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// A readable reason from a failed call.
-fn describe(e: &CsiError) -> String {
-    e.to_string()
 }

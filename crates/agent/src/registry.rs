@@ -132,7 +132,8 @@ impl Registry {
             .filter(|r| r.id == id)
             .cloned()
             .collect();
-        v.sort_by_key(|r| std::cmp::Reverse((r.registered_ms, r.order)));
+        // By registration order, not wall-clock time: a clock step never changes which is newest.
+        v.sort_by_key(|r| std::cmp::Reverse(r.order));
         v
     }
 
@@ -141,8 +142,19 @@ impl Registry {
         self.instances(id).into_iter().next()
     }
 
-    /// Registers an instance, persisting it first. Returns the stored record.
-    pub async fn register(&self, reg: Registration) -> Result<PluginRecord, RegistryError> {
+    /// Registers an instance, persisting it first. Returns the stored record. The change runs
+    /// in its own task, so a caller that goes away mid-way cannot leave store and memory apart.
+    pub async fn register(
+        self: &Arc<Self>,
+        reg: Registration,
+    ) -> Result<PluginRecord, RegistryError> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.register_now(reg).await })
+            .await
+            .map_err(|e| RegistryError::Task(e.to_string()))?
+    }
+
+    async fn register_now(&self, reg: Registration) -> Result<PluginRecord, RegistryError> {
         for (what, v) in [("plugin id", &reg.id), ("instance", &reg.instance)] {
             berth_sys::validate_path_segment(what, v)
                 .map_err(|e| RegistryError::Invalid(e.to_string()))?;
@@ -191,7 +203,26 @@ impl Registry {
     }
 
     /// Removes an instance; `false` if it was not registered. Other instances are untouched.
+    /// Like [`Registry::register`], the change runs in its own task.
     pub async fn deregister(
+        self: &Arc<Self>,
+        id: &str,
+        instance: &str,
+        reason: &str,
+    ) -> Result<bool, RegistryError> {
+        let this = Arc::clone(self);
+        let (id, instance, reason) = (id.to_string(), instance.to_string(), reason.to_string());
+        tokio::spawn(async move { this.deregister_now(&id, &instance, &reason).await })
+            .await
+            .map_err(|e| RegistryError::Task(e.to_string()))?
+    }
+
+    /// The record of one instance.
+    pub fn get(&self, id: &str, instance: &str) -> Option<PluginRecord> {
+        self.lock().get(&key(id, instance)).cloned()
+    }
+
+    async fn deregister_now(
         &self,
         id: &str,
         instance: &str,
@@ -237,7 +268,7 @@ mod tests {
     async fn newest_is_active_and_removing_the_old_one_leaves_it() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path().join("s.redb")).unwrap());
-        let r = Registry::load(Arc::clone(&store), Arc::new(EventBus::new())).unwrap();
+        let r = Arc::new(Registry::load(Arc::clone(&store), Arc::new(EventBus::new())).unwrap());
         r.register(reg("p", "old", "/run/old.sock")).await.unwrap();
         r.register(reg("p", "new", "/run/new.sock")).await.unwrap();
         assert_eq!(r.active("p").unwrap().instance, "new");
@@ -256,7 +287,7 @@ mod tests {
     async fn bad_registrations_change_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(Store::open(dir.path().join("s.redb")).unwrap());
-        let r = Registry::load(Arc::clone(&store), Arc::new(EventBus::new())).unwrap();
+        let r = Arc::new(Registry::load(Arc::clone(&store), Arc::new(EventBus::new())).unwrap());
         for bad in [
             reg("", "i", "/s.sock"),
             reg("a/b", "i", "/s.sock"),

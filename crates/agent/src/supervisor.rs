@@ -55,8 +55,38 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
+    /// Where the running plugin's pid is kept, so an agent killed with SIGKILL can stop the
+    /// orphan it left when it starts again.
+    fn pid_file(&self) -> PathBuf {
+        self.log.with_extension("pid")
+    }
+
+    /// Stops a plugin process left running by an agent that died without stopping it: the pid
+    /// from the pid file, if that process still runs the same program.
+    async fn stop_orphan(&self) {
+        let Some(pid) = std::fs::read_to_string(self.pid_file())
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok())
+        else {
+            return;
+        };
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let ours = std::fs::canonicalize(&self.command).ok();
+        if exe.is_none() || exe != ours {
+            return;
+        }
+        tracing::warn!(plugin = %self.id, pid, "stopping the plugin process a previous agent left running");
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGTERM);
+        let deadline = Instant::now() + self.policy.stop_grace;
+        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+
     /// Runs the plugin until `shutdown`, restarting it whenever it exits; then stops it.
     pub async fn run(self, events: Arc<EventBus>, shutdown: CancellationToken) {
+        self.stop_orphan().await;
         let mut wait = self.policy.initial;
         loop {
             if shutdown.is_cancelled() {
@@ -76,6 +106,11 @@ impl Supervisor {
                 }
             };
             let pid = child.id();
+            if let Some(p) = pid
+                && let Err(e) = std::fs::write(self.pid_file(), p.to_string())
+            {
+                tracing::warn!(plugin = %self.id, error = %e, "cannot write the plugin's pid file");
+            }
             events.emit(
                 EventKind::PluginProcessStarted,
                 &self.id,
@@ -122,6 +157,9 @@ impl Supervisor {
         if let Some(dir) = self.socket.parent() {
             berth_sys::create_private_dir(dir)?;
         }
+        if let Some(dir) = self.log.parent() {
+            berth_sys::create_private_dir(dir)?;
+        }
         // A stale socket from a previous run would make the plugin fail to bind.
         if std::fs::symlink_metadata(&self.socket)
             .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
@@ -139,21 +177,28 @@ impl Supervisor {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
+            // Its own process group, so stopping it reaches the children it starts too.
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
     }
 
     async fn stop(&self, child: &mut tokio::process::Child, pid: Option<u32>) {
-        if let Some(pid) = pid.and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGTERM);
+        let group = pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+        if let Some(g) = group {
+            let _ = nix::sys::signal::killpg(g, Signal::SIGTERM);
         }
         if tokio::time::timeout(self.policy.stop_grace, child.wait())
             .await
             .is_err()
         {
             tracing::warn!(plugin = %self.id, grace = ?self.policy.stop_grace, "plugin ignored SIGTERM; killing it");
+            if let Some(g) = group {
+                let _ = nix::sys::signal::killpg(g, Signal::SIGKILL);
+            }
             let _ = child.kill().await;
         }
+        let _ = std::fs::remove_file(self.pid_file());
     }
 }
 

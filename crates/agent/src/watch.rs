@@ -43,8 +43,19 @@ impl SocketWatcher {
             let (Ok(event), Some(inner)) = (res, weak.upgrade()) else {
                 return;
             };
-            let interest = inner.lock().unwrap_or_else(|p| p.into_inner());
+            // Only a socket appearing or going away matters (not chmod, not writes).
+            if !matches!(
+                event.kind,
+                notify::EventKind::Create(_) | notify::EventKind::Remove(_)
+            ) {
+                return;
+            }
+            let mut interest = inner.lock().unwrap_or_else(|p| p.into_inner());
             for path in &event.paths {
+                // A watched directory that went away must be watched again once it is back.
+                if let Some(watched) = interest.dirs.get_mut(path) {
+                    *watched = false;
+                }
                 for n in interest
                     .by_path
                     .get(path)
@@ -74,23 +85,32 @@ impl SocketWatcher {
     pub fn watch(&self, socket: &Path, existing: Option<Arc<Notify>>) -> Arc<Notify> {
         let notify = existing.unwrap_or_default();
         let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
-        let mut interest = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = interest.by_path.entry(socket.to_path_buf()).or_default();
-        entry.retain(|w| w.strong_count() > 0);
-        if !entry
-            .iter()
-            .any(|w| w.upgrade().is_some_and(|n| Arc::ptr_eq(&n, &notify)))
-        {
-            entry.push(Arc::downgrade(&notify));
-        }
-        if !interest.dirs.get(&dir).copied().unwrap_or(false) {
+        let needs_watch = {
+            let mut interest = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = interest.by_path.entry(socket.to_path_buf()).or_default();
+            entry.retain(|w| w.strong_count() > 0);
+            if !entry
+                .iter()
+                .any(|w| w.upgrade().is_some_and(|n| Arc::ptr_eq(&n, &notify)))
+            {
+                entry.push(Arc::downgrade(&notify));
+            }
+            !interest.dirs.get(&dir).copied().unwrap_or(false)
+        };
+        // Not under the interest lock: adding a watch waits for notify's event thread, which
+        // may be delivering an event to the callback, which takes that lock.
+        if needs_watch {
             let ok = self
                 .watcher
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_mut()
                 .is_some_and(|w| w.watch(&dir, RecursiveMode::NonRecursive).is_ok());
-            interest.dirs.insert(dir, ok);
+            self.inner
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .dirs
+                .insert(dir, ok);
         }
         notify
     }

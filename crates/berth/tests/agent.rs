@@ -67,10 +67,17 @@ async fn killed_plugin_turns_unhealthy_after_the_failures_and_healthy_when_back(
         .await;
 
     let mut events = agent.client().events().await.expect("events");
+    let killed = tokio::time::Instant::now();
     plugin.kill();
     let p = agent
         .wait_plugin("hp", Duration::from_secs(20), |p| !p.health.healthy)
         .await;
+    // Hysteresis: failures = 2 at a 200 ms interval, so not before the second failed check.
+    assert!(
+        killed.elapsed() >= Duration::from_millis(200),
+        "{:?}",
+        killed.elapsed()
+    );
     assert!(!p.health.description.is_empty(), "a readable reason");
     let ev = next_event(&mut events, "hp", EventKind::PluginUnhealthy).await;
     assert!(!ev.reason.is_empty());
@@ -236,13 +243,7 @@ async fn after_kill_9_the_registry_is_back_from_the_store_before_any_plugin_regi
 
 #[tokio::test]
 async fn a_declared_plugin_process_is_restarted_with_backoff_and_stopped_at_shutdown() {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    let config = format!(
-        "{FAST_HEALTH}plugin \"managed\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  args = [\"--statedir\", \"/tmp/unused\", \"--nodeid\", \"n1\"]\n}}\n",
-        hostpath.display()
-    );
-    let mut agent = AgentProcess::start(&config).await;
-    // Use the agent's own data dir for the plugin's state.
+    let mut agent = AgentProcess::start(&managed_config()).await;
     let p = agent
         .wait_plugin("managed", Duration::from_secs(10), |p| p.health.healthy)
         .await;
@@ -271,6 +272,40 @@ async fn a_declared_plugin_process_is_restarted_with_backoff_and_stopped_at_shut
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");
     berth_testkit::assert_eventually!(Duration::from_secs(10), || async { !alive(new_pid) });
+}
+
+/// A config whose plugin "managed" is a berth-hostpath the agent runs, its state in the test's
+/// temporary dir (`@TMP@`, filled in by `AgentProcess`).
+fn managed_config() -> String {
+    let hostpath = berth_testkit::bin_path("berth-hostpath");
+    let state = "@TMP@/hostpath-state";
+    format!(
+        "{FAST_HEALTH}plugin \"managed\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\"]\n}}\n",
+        hostpath.display(),
+        state
+    )
+}
+
+#[tokio::test]
+async fn after_kill_9_the_agent_stops_the_plugin_process_it_left_and_starts_one() {
+    let mut agent = AgentProcess::start(&managed_config()).await;
+    agent
+        .wait_plugin("managed", Duration::from_secs(10), |p| p.health.healthy)
+        .await;
+    let orphan = plugin_pid(&agent.log()).expect("started event names the pid");
+    agent.kill9();
+    assert!(alive(orphan), "the plugin outlives a SIGKILLed agent");
+    agent.respawn();
+    agent.wait_ready().await;
+    berth_testkit::assert_eventually!(Duration::from_secs(15), || async { !alive(orphan) });
+    agent
+        .wait_plugin("managed", Duration::from_secs(10), |p| p.health.healthy)
+        .await;
+    let new = plugin_pid_after(&agent.log(), orphan).expect("a new plugin process");
+    assert!(alive(new));
+    let status = agent.terminate().await;
+    assert!(status.success(), "{status}");
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async { !alive(new) });
 }
 
 /// The pid in the last "started … (pid N)" line of the log.
@@ -346,13 +381,25 @@ async fn a_bad_config_stops_the_agent_from_starting_and_names_the_place() {
         let cfg = tmp.path().join("agent.hcl");
         std::fs::write(&cfg, text).expect("write");
         let data = tmp.path().join("data");
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
             .args(["agent", "--config"])
             .arg(&cfg)
             .arg("--data-dir")
             .arg(&data)
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .expect("run");
+        // Bounded: an agent that wrongly started would otherwise run forever.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while child.try_wait().expect("wait").is_none() {
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                panic!("{text:?}: the agent started with a bad config");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let out = child.wait_with_output().expect("output");
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{text:?}: {err}");
         assert!(

@@ -22,7 +22,8 @@ pub struct AgentProcess {
 }
 
 impl AgentProcess {
-    /// Writes `config` (HCL) and starts the agent; waits until its API answers.
+    /// Writes `config` (HCL; `@TMP@` stands for the test's temporary dir) and starts the agent;
+    /// waits until its API answers.
     pub async fn start(config: &str) -> AgentProcess {
         Self::start_with(config, &[]).await
     }
@@ -35,6 +36,7 @@ impl AgentProcess {
             .expect("tempdir");
         let data_dir = tmp.path().join("data");
         let cfg = tmp.path().join("agent.hcl");
+        let config = config.replace("@TMP@", &tmp.path().display().to_string());
         std::fs::write(&cfg, config).expect("write config");
         let mut a = AgentProcess {
             tmp,
