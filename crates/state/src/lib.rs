@@ -66,6 +66,12 @@ pub enum StateError {
         #[source]
         source: serde_json::Error,
     },
+    /// The schema version record is unreadable.
+    #[error("state store {path}: the schema version record is damaged; refusing to guess")]
+    BadSchema {
+        /// The store file.
+        path: PathBuf,
+    },
     /// The file was written by a newer berth.
     #[error(
         "state store {path} has schema version {found}; this berth knows up to {SCHEMA_VERSION} (was it written by a newer berth?)"
@@ -128,7 +134,12 @@ impl Store {
         let v = table
             .get(SCHEMA_KEY)
             .map_err(|e| self.err("read schema version", e))?;
-        Ok(v.map_or(0, |g| decode_version(g.value())))
+        match v {
+            None => Ok(0),
+            Some(g) => decode_version(g.value()).ok_or_else(|| StateError::BadSchema {
+                path: self.path.clone(),
+            }),
+        }
     }
 
     fn migrate(&self) -> Result<(), StateError> {
@@ -253,8 +264,8 @@ fn db_err(path: &Path, action: &str, e: impl Into<redb::Error>) -> StateError {
     }
 }
 
-fn decode_version(bytes: &[u8]) -> u64 {
-    bytes.try_into().map_or(0, u64::from_be_bytes)
+fn decode_version(bytes: &[u8]) -> Option<u64> {
+    bytes.try_into().ok().map(u64::from_be_bytes)
 }
 
 #[cfg(test)]
@@ -345,8 +356,30 @@ mod tests {
         let meta = txn.open_table(META).unwrap();
         assert_eq!(
             decode_version(meta.get(SCHEMA_KEY).unwrap().unwrap().value()),
-            9
+            Some(9)
         );
+    }
+
+    #[test]
+    fn one_migration_per_version_step() {
+        assert_eq!(MIGRATIONS.len() as u64, SCHEMA_VERSION - 1);
+    }
+
+    #[test]
+    fn a_damaged_schema_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        {
+            let db = redb::Database::create(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            {
+                let mut meta = txn.open_table(META).unwrap();
+                meta.insert(SCHEMA_KEY, b"x".as_slice()).unwrap();
+            }
+            txn.commit().unwrap();
+        }
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StateError::BadSchema { .. }), "{err}");
     }
 
     #[test]
