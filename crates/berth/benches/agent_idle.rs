@@ -10,7 +10,7 @@
 //! `cargo bench -p berth --bench agent_idle [-- --seconds 60 --interval 1s --plugins 100]`
 
 use std::{
-    path::{Path, PathBuf},
+    path::Path,
     process::{Child, Command, Stdio},
     sync::{
         Arc,
@@ -338,7 +338,6 @@ async fn main() {
         median(&mut sorted),
         lat.iter().copied().fold(0.0, f64::max)
     );
-    let _ = PathBuf::new();
 }
 
 async fn berth_api_instance(client: &Client, id: &str) -> String {

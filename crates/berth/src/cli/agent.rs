@@ -17,9 +17,6 @@ use super::UsageError;
 /// How long the agent gets to stop after the first signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
 
-/// The default data dir.
-const DEFAULT_DATA_DIR: &str = "/var/lib/berth";
-
 /// Run the node agent.
 #[derive(Debug, Args)]
 pub struct AgentArgs {
@@ -55,7 +52,7 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
             dir
         }
         (None, Some(d), false) => d.clone(),
-        (None, None, false) => PathBuf::from(DEFAULT_DATA_DIR),
+        (None, None, false) => PathBuf::from(berth_api::DEFAULT_DATA_DIR),
     };
     if !data_dir.is_absolute() {
         return Err(UsageError(format!(
@@ -73,7 +70,15 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
 
-    let running = Agent::start(opts, shutdown.clone()).await?;
+    let running = match Agent::start(opts, shutdown.clone()).await {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(dir) = &dev_dir {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+            return Err(e.into());
+        }
+    };
     println!(
         "berth agent running; data dir {}; API unix://{}\n  export BERTH_ADDR=unix://{}",
         data_dir.display(),
