@@ -446,3 +446,30 @@ async fn dev_mode_gives_a_healthy_hostpath_plugin_with_its_fingerprint() {
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");
 }
+
+#[tokio::test]
+async fn a_registration_socket_removed_while_the_agent_was_down_is_forgotten_at_start() {
+    let dir = tempfile::Builder::new()
+        .prefix("bp")
+        .tempdir_in("/tmp")
+        .expect("tmp");
+    let socket = dir.path().join("csi.sock");
+    let _plugin = hostpath_at(&socket).await;
+    let mut agent = AgentProcess::start(FAST_HEALTH).await;
+    let registrar = FakeRegistrar::serve(
+        &agent.data_dir.join("plugins_registry"),
+        "hp-reg.sock",
+        PluginInfoSpec::csi("hostpath.csi.berth.dev", socket.display().to_string()),
+    );
+    agent
+        .wait_plugin("hostpath.csi.berth.dev", Duration::from_secs(10), |p| {
+            p.health.healthy
+        })
+        .await;
+    agent.kill9();
+    registrar.remove().await;
+    agent.respawn();
+    agent.wait_ready().await;
+    let list = agent.client().plugins().await.expect("list");
+    assert!(list.plugins.is_empty(), "{list:?}");
+}
