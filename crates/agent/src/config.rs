@@ -179,7 +179,14 @@ impl Config {
                     "declared more than once".into(),
                 )
             })?;
-            hcl::from_body(body).map_err(|e| err(None, "", one_line(&e.to_string())))?
+            // The path of the failing field (e.g. `plugin.a.args[0]`) names where it is.
+            serde_path_to_error::deserialize(hcl::de::Deserializer::from_body(body)).map_err(
+                |e| {
+                    let field = e.path().to_string();
+                    let field = if field == "." { String::new() } else { field };
+                    err(None, &field, one_line(&e.inner().to_string()))
+                },
+            )?
         };
 
         let mut cfg = Config {
