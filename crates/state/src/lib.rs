@@ -27,6 +27,9 @@ impl Table {
     pub const PLUGINS: Table = Table("plugins");
     /// Facts about this node (its id).
     pub const NODE: Table = Table("node");
+    /// Volume usages on this node (the volume manager's records), keyed
+    /// `<plugin id>/<volume id>/<usage>`.
+    pub const USAGES: Table = Table("usages");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)

@@ -1,0 +1,159 @@
+//! The persisted record of one usage of a volume on the node.
+
+use std::{collections::BTreeMap, fmt};
+
+use berth_csi::model::{ExternalId, MountFlags, MountOptions};
+use berth_volume::{Usage, UsageKey};
+use serde::{Deserialize, Serialize};
+
+/// Where the staging of a usage stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageState {
+    /// NodeStageVolume is about to be (or was being) sent.
+    Staging,
+    /// NodeStageVolume succeeded.
+    Staged,
+    /// NodeUnstageVolume is about to be (or was being) sent.
+    Unstaging,
+}
+
+/// Where the publication of a usage for one alloc stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PublishState {
+    /// NodePublishVolume is about to be (or was being) sent.
+    Publishing,
+    /// NodePublishVolume succeeded.
+    Published,
+    /// NodeUnpublishVolume is about to be (or was being) sent.
+    Unpublishing,
+}
+
+/// Mount options as stored: the flags in the clear (they are needed to stage again after a
+/// restart), but `Debug` never shows them.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredMountOptions {
+    /// Filesystem type; empty means the plugin's default.
+    pub fs_type: String,
+    /// Mount flags. Never printed.
+    pub mount_flags: Vec<String>,
+    /// Group that should own the mounted volume; empty means none.
+    pub volume_mount_group: String,
+}
+
+impl fmt::Debug for StoredMountOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredMountOptions")
+            .field("fs_type", &self.fs_type)
+            .field("mount_flags", &MountFlags::new(self.mount_flags.clone()))
+            .field("volume_mount_group", &self.volume_mount_group)
+            .finish()
+    }
+}
+
+impl From<&MountOptions> for StoredMountOptions {
+    fn from(o: &MountOptions) -> Self {
+        Self {
+            fs_type: o.fs_type.clone(),
+            mount_flags: o.mount_flags.expose().to_vec(),
+            volume_mount_group: o.volume_mount_group.clone(),
+        }
+    }
+}
+
+impl From<&StoredMountOptions> for MountOptions {
+    fn from(o: &StoredMountOptions) -> Self {
+        Self {
+            fs_type: o.fs_type.clone(),
+            mount_flags: MountFlags::new(o.mount_flags.clone()),
+            volume_mount_group: o.volume_mount_group.clone(),
+        }
+    }
+}
+
+/// One usage of one volume on this node, by value: its staging, and every alloc it is
+/// published for. Stored under [`record_key`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// The plugin that stages and publishes it.
+    pub plugin_id: String,
+    /// berth's volume id.
+    pub volume_id: String,
+    /// The provider's volume id (the `volume_id` of the RPCs).
+    pub external_id: ExternalId,
+    /// Which usage.
+    pub usage: UsageKey,
+    /// The options it is staged and published with.
+    pub mount_options: StoredMountOptions,
+    /// `None` when the plugin does not stage (no `STAGE_UNSTAGE_VOLUME`): publish directly.
+    pub staging: Option<StageState>,
+    /// Every alloc the usage is published for, and how far.
+    pub allocs: BTreeMap<String, PublishState>,
+    /// What ControllerPublishVolume returned (from the call that created the record).
+    pub publish_context: BTreeMap<String, String>,
+    /// Volume context from CreateVolume (from the call that created the record).
+    pub volume_context: BTreeMap<String, String>,
+}
+
+impl UsageRecord {
+    /// Its key in the store.
+    pub fn key(&self) -> String {
+        record_key(&self.plugin_id, &self.volume_id, self.usage)
+    }
+
+    /// The usage, options included, as the RPCs need it.
+    pub fn full_usage(&self) -> Usage {
+        Usage {
+            read_only: self.usage.read_only,
+            attachment_mode: self.usage.attachment_mode,
+            access_mode: self.usage.access_mode,
+            mount_options: (&self.mount_options).into(),
+        }
+    }
+}
+
+/// `<plugin id>/<volume id>/<usage dir name>`. The ids are path segments (validated, no `/`),
+/// so keys are unambiguous.
+pub fn record_key(plugin_id: &str, volume_id: &str, usage: UsageKey) -> String {
+    format!("{plugin_id}/{volume_id}/{}", usage.dir_name())
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_csi::model::{AccessMode, AttachmentMode};
+
+    use super::*;
+
+    #[test]
+    fn debug_hides_flags_and_json_round_trips() {
+        let opts = StoredMountOptions {
+            fs_type: "ext4".into(),
+            mount_flags: vec!["password=hunter2".into()],
+            volume_mount_group: String::new(),
+        };
+        assert!(!format!("{opts:?}").contains("hunter2"));
+        let rec = UsageRecord {
+            plugin_id: "p".into(),
+            volume_id: "v".into(),
+            external_id: ExternalId::new("ext").unwrap(),
+            usage: UsageKey {
+                read_only: false,
+                attachment_mode: AttachmentMode::FileSystem,
+                access_mode: AccessMode::SingleNodeWriter,
+            },
+            mount_options: opts.clone(),
+            staging: Some(StageState::Staged),
+            allocs: [("a".to_string(), PublishState::Publishing)].into(),
+            publish_context: BTreeMap::new(),
+            volume_context: BTreeMap::new(),
+        };
+        assert!(!format!("{rec:?}").contains("hunter2"));
+        assert_eq!(rec.key(), "p/v/rw-file-system-single-node-writer");
+        assert_eq!(
+            MountOptions::from(&opts).mount_flags.expose(),
+            ["password=hunter2"]
+        );
+        assert_eq!(rec.full_usage().key(), rec.usage);
+    }
+}
