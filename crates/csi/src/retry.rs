@@ -11,10 +11,24 @@ use std::{fmt, time::Duration};
 use rand::Rng as _;
 use tonic::Code;
 
-/// Every RPC of the Identity, Controller and Node services.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[allow(missing_docs)]
-pub enum Rpc {
+/// Declares [`Rpc`] and [`Rpc::ALL`] from one list, so the two cannot drift.
+macro_rules! rpcs {
+    ($($name:ident),+ $(,)?) => {
+        /// Every RPC of the Identity, Controller and Node services.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        #[allow(missing_docs)]
+        pub enum Rpc {
+            $($name,)+
+        }
+
+        impl Rpc {
+            /// Every RPC, in service order.
+            pub const ALL: [Rpc; [$(Rpc::$name),+].len()] = [$(Rpc::$name,)+];
+        }
+    };
+}
+
+rpcs!(
     GetPluginInfo,
     GetPluginCapabilities,
     Probe,
@@ -41,42 +55,7 @@ pub enum Rpc {
     NodeExpandVolume,
     NodeGetCapabilities,
     NodeGetInfo,
-}
-
-impl Rpc {
-    /// Every RPC, in service order.
-    pub const ALL: [Rpc; 26] = {
-        use Rpc::*;
-        [
-            GetPluginInfo,
-            GetPluginCapabilities,
-            Probe,
-            CreateVolume,
-            DeleteVolume,
-            ControllerPublishVolume,
-            ControllerUnpublishVolume,
-            ValidateVolumeCapabilities,
-            ListVolumes,
-            GetCapacity,
-            ControllerGetCapabilities,
-            CreateSnapshot,
-            DeleteSnapshot,
-            ListSnapshots,
-            GetSnapshot,
-            ControllerExpandVolume,
-            ControllerGetVolume,
-            ControllerModifyVolume,
-            NodeStageVolume,
-            NodeUnstageVolume,
-            NodePublishVolume,
-            NodeUnpublishVolume,
-            NodeGetVolumeStats,
-            NodeExpandVolume,
-            NodeGetCapabilities,
-            NodeGetInfo,
-        ]
-    };
-}
+);
 
 impl fmt::Display for Rpc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

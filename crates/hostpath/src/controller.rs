@@ -5,16 +5,13 @@ use std::{collections::BTreeMap, path::Path, sync::Arc, time::SystemTime};
 
 use rand::Rng as _;
 
-use berth_csi::{
-    Rpc,
-    pb::{
-        self, ControllerServiceCapability,
-        controller_service_capability::{self, rpc},
-        list_snapshots_response, list_volumes_response, validate_volume_capabilities_response,
-        volume_content_source,
-    },
+use berth_csi::pb::{
+    self, ControllerServiceCapability,
+    controller_service_capability::{self, rpc},
+    list_snapshots_response, list_volumes_response, validate_volume_capabilities_response,
+    volume_content_source,
 };
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Status};
 
 use crate::{
     caps,
@@ -777,216 +774,59 @@ impl Plugin {
     }
 }
 
-#[tonic::async_trait]
-impl pb::controller_server::Controller for ControllerService {
-    async fn create_volume(
-        &self,
-        request: Request<pb::CreateVolumeRequest>,
-    ) -> Result<Response<pb::CreateVolumeResponse>, Status> {
-        self.0
-            .rpc(Rpc::CreateVolume, "", request, |p, req| async move {
-                p.create_volume(&req).await
-            })
-            .await
-    }
-
-    async fn delete_volume(
-        &self,
-        request: Request<pb::DeleteVolumeRequest>,
-    ) -> Result<Response<pb::DeleteVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::DeleteVolume, &id, request, |p, req| async move {
-                p.delete_volume(&req).await
-            })
-            .await
-    }
-
-    async fn controller_publish_volume(
-        &self,
-        request: Request<pb::ControllerPublishVolumeRequest>,
-    ) -> Result<Response<pb::ControllerPublishVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ControllerPublishVolume,
-                &id,
-                request,
-                |p, req| async move { p.controller_publish_volume(&req).await },
-            )
-            .await
-    }
-
-    async fn controller_unpublish_volume(
-        &self,
-        request: Request<pb::ControllerUnpublishVolumeRequest>,
-    ) -> Result<Response<pb::ControllerUnpublishVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ControllerUnpublishVolume,
-                &id,
-                request,
-                |p, req| async move { p.controller_unpublish_volume(&req).await },
-            )
-            .await
-    }
-
-    async fn validate_volume_capabilities(
-        &self,
-        request: Request<pb::ValidateVolumeCapabilitiesRequest>,
-    ) -> Result<Response<pb::ValidateVolumeCapabilitiesResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ValidateVolumeCapabilities,
-                &id,
-                request,
-                |p, req| async move { p.validate_volume_capabilities(&req).await },
-            )
-            .await
-    }
-
-    async fn list_volumes(
-        &self,
-        request: Request<pb::ListVolumesRequest>,
-    ) -> Result<Response<pb::ListVolumesResponse>, Status> {
-        self.0
-            .rpc(Rpc::ListVolumes, "", request, |p, req| async move {
-                p.list_volumes(&req).await
-            })
-            .await
-    }
-
-    async fn get_capacity(
-        &self,
-        request: Request<pb::GetCapacityRequest>,
-    ) -> Result<Response<pb::GetCapacityResponse>, Status> {
-        self.0
-            .rpc(Rpc::GetCapacity, "", request, |p, req| async move {
-                p.get_capacity(&req).await
-            })
-            .await
-    }
-
-    async fn controller_get_capabilities(
-        &self,
-        request: Request<pb::ControllerGetCapabilitiesRequest>,
-    ) -> Result<Response<pb::ControllerGetCapabilitiesResponse>, Status> {
-        self.0
-            .rpc(
-                Rpc::ControllerGetCapabilities,
-                "",
-                request,
-                |p, req| async move {
-                    let _ = req;
-                    Ok(pb::ControllerGetCapabilitiesResponse {
-                        capabilities: controller_capabilities(p.settings.attach),
-                    })
-                },
-            )
-            .await
-    }
-
-    async fn create_snapshot(
-        &self,
-        request: Request<pb::CreateSnapshotRequest>,
-    ) -> Result<Response<pb::CreateSnapshotResponse>, Status> {
-        let id = request.get_ref().source_volume_id.clone();
-        self.0
-            .rpc(Rpc::CreateSnapshot, &id, request, |p, req| async move {
-                p.create_snapshot(&req).await
-            })
-            .await
-    }
-
-    async fn delete_snapshot(
-        &self,
-        request: Request<pb::DeleteSnapshotRequest>,
-    ) -> Result<Response<pb::DeleteSnapshotResponse>, Status> {
-        self.0
-            .rpc(Rpc::DeleteSnapshot, "", request, |p, req| async move {
-                p.delete_snapshot(&req).await
-            })
-            .await
-    }
-
-    async fn list_snapshots(
-        &self,
-        request: Request<pb::ListSnapshotsRequest>,
-    ) -> Result<Response<pb::ListSnapshotsResponse>, Status> {
-        let id = request.get_ref().source_volume_id.clone();
-        self.0
-            .rpc(Rpc::ListSnapshots, &id, request, |p, req| async move {
-                p.list_snapshots(&req).await
-            })
-            .await
-    }
-
-    async fn get_snapshot(
-        &self,
-        request: Request<pb::GetSnapshotRequest>,
-    ) -> Result<Response<pb::GetSnapshotResponse>, Status> {
-        self.0
-            .rpc(Rpc::GetSnapshot, "", request, |p, req| async move {
-                let _ = (p, req);
-                Err(Status::unimplemented(
-                    "GetSnapshot is not supported (no GET_SNAPSHOT)",
-                ))
-            })
-            .await
-    }
-
-    async fn controller_expand_volume(
-        &self,
-        request: Request<pb::ControllerExpandVolumeRequest>,
-    ) -> Result<Response<pb::ControllerExpandVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ControllerExpandVolume,
-                &id,
-                request,
-                |p, req| async move { p.controller_expand_volume(&req).await },
-            )
-            .await
-    }
-
-    async fn controller_get_volume(
-        &self,
-        request: Request<pb::ControllerGetVolumeRequest>,
-    ) -> Result<Response<pb::ControllerGetVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ControllerGetVolume,
-                &id,
-                request,
-                |p, req| async move { p.controller_get_volume(&req).await },
-            )
-            .await
-    }
-
-    async fn controller_modify_volume(
-        &self,
-        request: Request<pb::ControllerModifyVolumeRequest>,
-    ) -> Result<Response<pb::ControllerModifyVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::ControllerModifyVolume,
-                &id,
-                request,
-                |p, req| async move {
-                    let _ = (p, req);
-                    Err(Status::unimplemented(
-                        "ControllerModifyVolume is not supported (no MODIFY_VOLUME)",
-                    ))
-                },
-            )
-            .await
-    }
-}
+csi_service!(ControllerService: pb::controller_server::Controller {
+    create_volume(pb::CreateVolumeRequest)
+        -> pb::CreateVolumeResponse = CreateVolume
+        |p, req| p.create_volume(&req).await;
+    delete_volume(pb::DeleteVolumeRequest)
+        -> pb::DeleteVolumeResponse = DeleteVolume [volume_id]
+        |p, req| p.delete_volume(&req).await;
+    controller_publish_volume(pb::ControllerPublishVolumeRequest)
+        -> pb::ControllerPublishVolumeResponse = ControllerPublishVolume [volume_id]
+        |p, req| p.controller_publish_volume(&req).await;
+    controller_unpublish_volume(pb::ControllerUnpublishVolumeRequest)
+        -> pb::ControllerUnpublishVolumeResponse = ControllerUnpublishVolume [volume_id]
+        |p, req| p.controller_unpublish_volume(&req).await;
+    validate_volume_capabilities(pb::ValidateVolumeCapabilitiesRequest)
+        -> pb::ValidateVolumeCapabilitiesResponse = ValidateVolumeCapabilities [volume_id]
+        |p, req| p.validate_volume_capabilities(&req).await;
+    list_volumes(pb::ListVolumesRequest)
+        -> pb::ListVolumesResponse = ListVolumes
+        |p, req| p.list_volumes(&req).await;
+    get_capacity(pb::GetCapacityRequest)
+        -> pb::GetCapacityResponse = GetCapacity
+        |p, req| p.get_capacity(&req).await;
+    controller_get_capabilities(pb::ControllerGetCapabilitiesRequest)
+        -> pb::ControllerGetCapabilitiesResponse = ControllerGetCapabilities
+        |p, _| Ok(pb::ControllerGetCapabilitiesResponse {
+            capabilities: controller_capabilities(p.settings.attach),
+        });
+    create_snapshot(pb::CreateSnapshotRequest)
+        -> pb::CreateSnapshotResponse = CreateSnapshot [source_volume_id]
+        |p, req| p.create_snapshot(&req).await;
+    delete_snapshot(pb::DeleteSnapshotRequest)
+        -> pb::DeleteSnapshotResponse = DeleteSnapshot
+        |p, req| p.delete_snapshot(&req).await;
+    list_snapshots(pb::ListSnapshotsRequest)
+        -> pb::ListSnapshotsResponse = ListSnapshots [source_volume_id]
+        |p, req| p.list_snapshots(&req).await;
+    get_snapshot(pb::GetSnapshotRequest)
+        -> pb::GetSnapshotResponse = GetSnapshot
+        |_, _| Err(Status::unimplemented(
+            "GetSnapshot is not supported (no GET_SNAPSHOT)",
+        ));
+    controller_expand_volume(pb::ControllerExpandVolumeRequest)
+        -> pb::ControllerExpandVolumeResponse = ControllerExpandVolume [volume_id]
+        |p, req| p.controller_expand_volume(&req).await;
+    controller_get_volume(pb::ControllerGetVolumeRequest)
+        -> pb::ControllerGetVolumeResponse = ControllerGetVolume [volume_id]
+        |p, req| p.controller_get_volume(&req).await;
+    controller_modify_volume(pb::ControllerModifyVolumeRequest)
+        -> pb::ControllerModifyVolumeResponse = ControllerModifyVolume [volume_id]
+        |_, _| Err(Status::unimplemented(
+            "ControllerModifyVolume is not supported (no MODIFY_VOLUME)",
+        ));
+});
 
 #[cfg(test)]
 mod tests {

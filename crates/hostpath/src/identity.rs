@@ -2,14 +2,10 @@
 
 use std::sync::Arc;
 
-use berth_csi::{
-    Rpc,
-    pb::{
-        self, PluginCapability,
-        plugin_capability::{self, Service, VolumeExpansion, service, volume_expansion},
-    },
+use berth_csi::pb::{
+    self, PluginCapability,
+    plugin_capability::{self, Service, VolumeExpansion, service, volume_expansion},
 };
-use tonic::{Request, Response, Status};
 
 use crate::plugin::Plugin;
 
@@ -34,52 +30,20 @@ pub(crate) fn plugin_capabilities() -> Vec<PluginCapability> {
     ]
 }
 
-#[tonic::async_trait]
-impl pb::identity_server::Identity for IdentityService {
-    async fn get_plugin_info(
-        &self,
-        request: Request<pb::GetPluginInfoRequest>,
-    ) -> Result<Response<pb::GetPluginInfoResponse>, Status> {
-        self.0
-            .rpc(Rpc::GetPluginInfo, "", request, |p, req| async move {
-                let _ = req;
-                Ok(pb::GetPluginInfoResponse {
-                    name: p.settings.driver_name.clone(),
-                    vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
-                    manifest: Default::default(),
-                })
-            })
-            .await
-    }
-
-    async fn get_plugin_capabilities(
-        &self,
-        request: Request<pb::GetPluginCapabilitiesRequest>,
-    ) -> Result<Response<pb::GetPluginCapabilitiesResponse>, Status> {
-        self.0
-            .rpc(
-                Rpc::GetPluginCapabilities,
-                "",
-                request,
-                |p, req| async move {
-                    let _ = (p, req);
-                    Ok(pb::GetPluginCapabilitiesResponse {
-                        capabilities: plugin_capabilities(),
-                    })
-                },
-            )
-            .await
-    }
-
-    async fn probe(
-        &self,
-        request: Request<pb::ProbeRequest>,
-    ) -> Result<Response<pb::ProbeResponse>, Status> {
-        self.0
-            .rpc(Rpc::Probe, "", request, |p, req| async move {
-                let _ = (p, req);
-                Ok(pb::ProbeResponse { ready: Some(true) })
-            })
-            .await
-    }
-}
+csi_service!(IdentityService: pb::identity_server::Identity {
+    get_plugin_info(pb::GetPluginInfoRequest)
+        -> pb::GetPluginInfoResponse = GetPluginInfo
+        |p, _| Ok(pb::GetPluginInfoResponse {
+            name: p.settings.driver_name.clone(),
+            vendor_version: env!("CARGO_PKG_VERSION").to_owned(),
+            manifest: Default::default(),
+        });
+    get_plugin_capabilities(pb::GetPluginCapabilitiesRequest)
+        -> pb::GetPluginCapabilitiesResponse = GetPluginCapabilities
+        |_, _| Ok(pb::GetPluginCapabilitiesResponse {
+            capabilities: plugin_capabilities(),
+        });
+    probe(pb::ProbeRequest)
+        -> pb::ProbeResponse = Probe
+        |_, _| Ok(pb::ProbeResponse { ready: Some(true) });
+});

@@ -35,6 +35,33 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+/// Implements a generated CSI service trait by routing every method through
+/// [`plugin::Plugin::rpc`] (span, logging, fault switch, deadline, tracked task). Each line:
+/// `method(Request) -> Response = Rpc [field naming the volume, if any] |plugin, request| body;`
+macro_rules! csi_service {
+    (@id $request:ident) => { String::new() };
+    (@id $request:ident $field:ident) => { $request.get_ref().$field.clone() };
+    ($service:ty: $trait:path {
+        $( $method:ident($req:ty) -> $resp:ty = $rpc:ident $([$field:ident])?
+            |$p:pat_param, $r:pat_param| $body:expr; )*
+    }) => {
+        #[tonic::async_trait]
+        impl $trait for $service {
+            $(
+                async fn $method(
+                    &self,
+                    request: tonic::Request<$req>,
+                ) -> Result<tonic::Response<$resp>, tonic::Status> {
+                    let span_id = csi_service!(@id request $($field)?);
+                    self.0
+                        .rpc(berth_csi::Rpc::$rpc, &span_id, request, |$p, $r| async move { $body })
+                        .await
+                }
+            )*
+        }
+    };
+}
+
 mod caps;
 pub mod config;
 mod controller;

@@ -3,16 +3,13 @@
 
 use std::{fs, io, path::Path, sync::Arc};
 
-use berth_csi::{
-    Rpc,
-    pb::{
-        self, NodeServiceCapability,
-        node_service_capability::{self, rpc},
-        volume_usage::Unit,
-    },
+use berth_csi::pb::{
+    self, NodeServiceCapability,
+    node_service_capability::{self, rpc},
+    volume_usage::Unit,
 };
 use berth_sys::{MountEntry, MountError};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Code, Status};
 
 use crate::{
     caps,
@@ -558,109 +555,34 @@ impl Plugin {
     }
 }
 
-#[tonic::async_trait]
-impl pb::node_server::Node for NodeService {
-    async fn node_stage_volume(
-        &self,
-        request: Request<pb::NodeStageVolumeRequest>,
-    ) -> Result<Response<pb::NodeStageVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::NodeStageVolume, &id, request, |p, req| async move {
-                p.node_stage_volume(&req).await
-            })
-            .await
-    }
-
-    async fn node_unstage_volume(
-        &self,
-        request: Request<pb::NodeUnstageVolumeRequest>,
-    ) -> Result<Response<pb::NodeUnstageVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::NodeUnstageVolume, &id, request, |p, req| async move {
-                p.node_unstage_volume(&req).await
-            })
-            .await
-    }
-
-    async fn node_publish_volume(
-        &self,
-        request: Request<pb::NodePublishVolumeRequest>,
-    ) -> Result<Response<pb::NodePublishVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::NodePublishVolume, &id, request, |p, req| async move {
-                p.node_publish_volume(&req).await
-            })
-            .await
-    }
-
-    async fn node_unpublish_volume(
-        &self,
-        request: Request<pb::NodeUnpublishVolumeRequest>,
-    ) -> Result<Response<pb::NodeUnpublishVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(
-                Rpc::NodeUnpublishVolume,
-                &id,
-                request,
-                |p, req| async move { p.node_unpublish_volume(&req).await },
-            )
-            .await
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        request: Request<pb::NodeGetVolumeStatsRequest>,
-    ) -> Result<Response<pb::NodeGetVolumeStatsResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::NodeGetVolumeStats, &id, request, |p, req| async move {
-                p.node_get_volume_stats(&req).await
-            })
-            .await
-    }
-
-    async fn node_expand_volume(
-        &self,
-        request: Request<pb::NodeExpandVolumeRequest>,
-    ) -> Result<Response<pb::NodeExpandVolumeResponse>, Status> {
-        let id = request.get_ref().volume_id.clone();
-        self.0
-            .rpc(Rpc::NodeExpandVolume, &id, request, |p, req| async move {
-                p.node_expand_volume(&req).await
-            })
-            .await
-    }
-
-    async fn node_get_capabilities(
-        &self,
-        request: Request<pb::NodeGetCapabilitiesRequest>,
-    ) -> Result<Response<pb::NodeGetCapabilitiesResponse>, Status> {
-        self.0
-            .rpc(Rpc::NodeGetCapabilities, "", request, |p, req| async move {
-                let _ = req;
-                Ok(pb::NodeGetCapabilitiesResponse {
-                    capabilities: node_capabilities(p.settings.stage),
-                })
-            })
-            .await
-    }
-
-    async fn node_get_info(
-        &self,
-        request: Request<pb::NodeGetInfoRequest>,
-    ) -> Result<Response<pb::NodeGetInfoResponse>, Status> {
-        self.0
-            .rpc(Rpc::NodeGetInfo, "", request, |p, req| async move {
-                let _ = req;
-                Ok(p.node_info())
-            })
-            .await
-    }
-}
+csi_service!(NodeService: pb::node_server::Node {
+    node_stage_volume(pb::NodeStageVolumeRequest)
+        -> pb::NodeStageVolumeResponse = NodeStageVolume [volume_id]
+        |p, req| p.node_stage_volume(&req).await;
+    node_unstage_volume(pb::NodeUnstageVolumeRequest)
+        -> pb::NodeUnstageVolumeResponse = NodeUnstageVolume [volume_id]
+        |p, req| p.node_unstage_volume(&req).await;
+    node_publish_volume(pb::NodePublishVolumeRequest)
+        -> pb::NodePublishVolumeResponse = NodePublishVolume [volume_id]
+        |p, req| p.node_publish_volume(&req).await;
+    node_unpublish_volume(pb::NodeUnpublishVolumeRequest)
+        -> pb::NodeUnpublishVolumeResponse = NodeUnpublishVolume [volume_id]
+        |p, req| p.node_unpublish_volume(&req).await;
+    node_get_volume_stats(pb::NodeGetVolumeStatsRequest)
+        -> pb::NodeGetVolumeStatsResponse = NodeGetVolumeStats [volume_id]
+        |p, req| p.node_get_volume_stats(&req).await;
+    node_expand_volume(pb::NodeExpandVolumeRequest)
+        -> pb::NodeExpandVolumeResponse = NodeExpandVolume [volume_id]
+        |p, req| p.node_expand_volume(&req).await;
+    node_get_capabilities(pb::NodeGetCapabilitiesRequest)
+        -> pb::NodeGetCapabilitiesResponse = NodeGetCapabilities
+        |p, _| Ok(pb::NodeGetCapabilitiesResponse {
+            capabilities: node_capabilities(p.settings.stage),
+        });
+    node_get_info(pb::NodeGetInfoRequest)
+        -> pb::NodeGetInfoResponse = NodeGetInfo
+        |p, _| Ok(p.node_info());
+});
 
 #[cfg(test)]
 mod tests {

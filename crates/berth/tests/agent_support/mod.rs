@@ -1,8 +1,6 @@
 //! Runs `berth agent` as a real process for tests, in its own private mount namespace, and
 //! kills it (and reaps it) when the handle is dropped.
 
-#![allow(dead_code)]
-
 use std::{
     path::{Path, PathBuf},
     process::{Child, ExitStatus, Stdio},
@@ -82,11 +80,6 @@ impl AgentProcess {
     /// A client of its API.
     pub fn client(&self) -> Client {
         Client::new(&format!("unix://{}", self.socket().display())).expect("client")
-    }
-
-    /// The agent's pid.
-    pub fn pid(&self) -> u32 {
-        self.child.as_ref().expect("running").id()
     }
 
     /// What it logged so far.
