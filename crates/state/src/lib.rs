@@ -3,6 +3,17 @@
 //!
 //! Every write is one redb transaction: after a crash the store holds either the old record or
 //! the new one, never a torn one. Callers write a record before they act and again after.
+//!
+//! Tables are created by their first write; reading a table that was never written finds
+//! nothing. So a table added by a newer build needs no migration: a store written before it
+//! existed opens and reads it as empty.
+//!
+//! [`KeyedLocks`] serializes the callers that act on one key (e.g. one volume) while different
+//! keys run in parallel.
+
+mod locks;
+
+pub use locks::KeyedLocks;
 
 use std::{
     fmt,
@@ -30,6 +41,11 @@ impl Table {
     /// Volume usages on this node (the volume manager's records), keyed
     /// `<plugin id>/<volume id>/<usage>`.
     pub const USAGES: Table = Table("usages");
+    /// The volume catalog: one record per registered or created volume, keyed by berth's
+    /// volume id.
+    pub const VOLUMES: Table = Table("volumes");
+    /// Reserved for claim records (an alloc's right to use a volume).
+    pub const CLAIMS: Table = Table("claims");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)
@@ -245,6 +261,34 @@ impl Store {
         Ok(out)
     }
 
+    /// Every record of `table` whose key starts with `prefix`, in key order.
+    pub fn list_prefix<T: DeserializeOwned>(
+        &self,
+        table: Table,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, StateError> {
+        let action = || format!("list {table}/{prefix}*");
+        let txn = self.db.begin_read().map_err(|e| self.err(&action(), e))?;
+        let t = match txn.open_table(table.def()) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.err(&action(), e)),
+        };
+        let mut out = Vec::new();
+        for row in t.range(prefix..).map_err(|e| self.err(&action(), e))? {
+            let (k, v) = row.map_err(|e| self.err(&action(), e))?;
+            let key = k.value();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            let key = key.to_string();
+            let value = serde_json::from_slice(v.value())
+                .map_err(|source| self.record_err(table, &key, source))?;
+            out.push((key, value));
+        }
+        Ok(out)
+    }
+
     fn err(&self, action: &str, e: impl Into<redb::Error>) -> StateError {
         db_err(&self.path, action, e)
     }
@@ -335,6 +379,57 @@ mod tests {
         assert_eq!(s.get::<Rec>(Table::PLUGINS, "a/1").unwrap().unwrap().n, 3);
         assert!(s.get::<Rec>(Table::NODE, "x").unwrap().is_none());
         assert!(s.list::<Rec>(Table::NODE).unwrap().is_empty());
+    }
+
+    #[test]
+    fn prefix_lists_only_matching_keys_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(dir.path().join("state.redb")).unwrap();
+        assert!(
+            s.list_prefix::<u32>(Table::USAGES, "p/")
+                .unwrap()
+                .is_empty()
+        );
+        for (k, n) in [
+            ("p/b/x", 2),
+            ("p/a/x", 1),
+            ("p/a/y", 3),
+            ("p/", 0),
+            ("q/a", 9),
+            ("o/a", 8),
+        ] {
+            s.put(Table::USAGES, k, &n).unwrap();
+        }
+        let keys = |prefix| -> Vec<(String, u32)> { s.list_prefix(Table::USAGES, prefix).unwrap() };
+        assert_eq!(
+            keys("p/a/"),
+            vec![("p/a/x".to_string(), 1), ("p/a/y".to_string(), 3)]
+        );
+        assert_eq!(keys("p/").len(), 4);
+        assert_eq!(keys("").len(), 6);
+        assert!(keys("r").is_empty());
+    }
+
+    #[test]
+    fn tables_added_later_open_empty_in_an_older_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        {
+            // A store that only ever had the first tables written.
+            let s = Store::open(&path).unwrap();
+            s.put(Table::USAGES, "p/v/u", &1u32).unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        for t in [Table::VOLUMES, Table::CLAIMS] {
+            assert!(s.list::<u32>(t).unwrap().is_empty(), "{t}");
+            assert!(s.get::<u32>(t, "v").unwrap().is_none(), "{t}");
+            assert!(!s.delete(t, "v").unwrap(), "{t}");
+        }
+        s.put(Table::VOLUMES, "vol-1", &7u32).unwrap();
+        assert_eq!(s.get::<u32>(Table::VOLUMES, "vol-1").unwrap(), Some(7));
+        assert_eq!(s.get::<u32>(Table::USAGES, "p/v/u").unwrap(), Some(1));
+        assert_eq!(Table::VOLUMES.to_string(), "volumes");
+        assert_eq!(Table::CLAIMS.to_string(), "claims");
     }
 
     #[test]

@@ -15,7 +15,6 @@
 //! staged again with the same flags) but never printed: not in `Debug`, errors or logs.
 
 mod error;
-mod locks;
 mod manager;
 mod record;
 

@@ -11,13 +11,12 @@ use berth_csi::{
     CsiClient, CsiError, NodePublish, NodeStage,
     model::{ExternalId, NodeCapabilities, NodeCapability, Secrets},
 };
-use berth_state::{Store, Table};
+use berth_state::{KeyedLocks, Store, Table};
 use berth_sys::{MountEntry, top_mount_at};
 use berth_volume::{PluginDir, PluginPaths, Usage, UsageKey};
 
 use crate::{
     error::VolumeError,
-    locks::KeyedLocks,
     record::{PublishState, StageState, StoredMountOptions, UsageRecord, record_key},
 };
 

@@ -1,4 +1,7 @@
 //! A keyed async mutex: one lock per key, created on demand, dropped when unused.
+//!
+//! Callers that act on one record (or one group of records) at a time take the lock of its key,
+//! so operations on one key are serialized and different keys run in parallel.
 
 use std::{
     collections::HashMap,
@@ -7,14 +10,17 @@ use std::{
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 
+/// One async mutex per string key. Waiting on one key never blocks another; the map only
+/// keeps keys that someone holds or waits for.
 #[derive(Debug, Default)]
-pub(crate) struct KeyedLocks {
+pub struct KeyedLocks {
     locks: Mutex<HashMap<String, Arc<AsyncMutex<()>>>>,
 }
 
 impl KeyedLocks {
-    /// Waits for the lock of `key`. Different keys never wait for each other.
-    pub(crate) async fn lock(&self, key: &str) -> OwnedMutexGuard<()> {
+    /// Waits for the lock of `key` and holds it until the guard is dropped. Different keys
+    /// never wait for each other.
+    pub async fn lock(&self, key: &str) -> OwnedMutexGuard<()> {
         let lock = {
             let mut map = self.locks.lock().unwrap_or_else(|p| p.into_inner());
             // Forget locks nobody holds or waits for, so the map stays small.
