@@ -13,6 +13,18 @@
 //! | `GET /v1/node` | [`NodeStatus`] |
 //! | `GET /v1/events` | newline-delimited [`EventLine`]s, live from the request on |
 //! | `GET /v1/metrics` | Prometheus text ([`METRICS_CONTENT_TYPE`]) |
+//! | `GET /v1/volumes` | [`volumes::VolumeList`] |
+//! | `POST /v1/volumes/register`, `/v1/volumes/create` | body [`volumes::VolumeSpecRequest`] → [`volumes::VolumeStatus`] |
+//! | `GET /v1/volumes/snapshots?plugin_id=…` | [`volumes::SnapshotList`] |
+//! | `POST /v1/volumes/snapshot/delete` | body [`volumes::SnapshotDeleteRequest`] → 204 |
+//! | `GET /v1/volume/csi/{id}` | [`volumes::VolumeStatus`], or 404 |
+//! | `DELETE /v1/volume/csi/{id}[?force=true]` | deregister → [`volumes::DetachResponse`] |
+//! | `POST /v1/volume/csi/{id}/delete` | DeleteVolume → 204 |
+//! | `POST /v1/volume/csi/{id}/detach` | body [`volumes::DetachRequest`] (may be empty) → [`volumes::DetachResponse`] |
+//! | `POST /v1/volume/csi/{id}/expand` | body [`volumes::ExpandRequest`] → [`volumes::ExpandResponse`] |
+//! | `POST /v1/volume/csi/{id}/claim` | body [`volumes::ClaimRequest`] → [`volumes::ClaimResponse`] |
+//! | `POST /v1/volume/csi/{id}/release` | body [`volumes::ReleaseRequest`] → [`volumes::ReleaseResponse`] |
+//! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -20,9 +32,10 @@
 pub mod client;
 pub mod server;
 pub mod types;
+pub mod volumes;
 
 pub use client::{Address, Client, ClientError, ConnectFailure, EventStream};
-pub use server::{AgentView, ApiError, Listeners, ServeError, router, serve};
+pub use server::{AgentView, ApiError, Listeners, ServeError, SpecOp, VolumeView, router, serve};
 pub use types::*;
 
 /// The agent's default data dir.

@@ -121,6 +121,8 @@ impl FakeAgent {
     }
 }
 
+impl berth_api::VolumeView for FakeAgent {}
+
 impl AgentView for FakeAgent {
     fn plugins(&self) -> Vec<PluginStatus> {
         self.plugins.clone()

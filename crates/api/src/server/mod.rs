@@ -3,6 +3,7 @@
 
 mod listen;
 mod routes;
+mod volume_routes;
 
 use std::future::Future;
 
@@ -16,10 +17,121 @@ use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, Reg
 
 pub use listen::{DRAIN_TIMEOUT, Listeners, ServeError, serve};
 pub use routes::router;
+pub use volume_routes::SpecOp;
+
+use crate::volumes::{
+    ClaimRequest, ClaimResponse, DetachRequest, DetachResponse, ExpandRequest, ExpandResponse,
+    ReleaseRequest, ReleaseResponse, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotList,
+    SnapshotView, VolumeList, VolumeSpecRequest, VolumeStatus,
+};
+
+/// What the volume routes need from the agent. Every method has a default that answers 404
+/// "volumes are not served here", so a view without volumes implements it empty. The router
+/// checks ids (as path segments) and parses bodies before it calls any of these.
+pub trait VolumeView: Send + Sync + 'static {
+    /// Every volume in the catalog, by id.
+    fn volumes(&self) -> Result<VolumeList, ApiError> {
+        Err(not_served())
+    }
+    /// One volume with its claims and its usages on this node.
+    fn volume(&self, id: &str) -> impl Future<Output = Result<VolumeStatus, ApiError>> + Send {
+        let _ = id;
+        async { Err(not_served()) }
+    }
+    /// Registers or creates a volume from a spec.
+    fn put_volume(
+        &self,
+        op: SpecOp,
+        req: VolumeSpecRequest,
+    ) -> impl Future<Output = Result<VolumeStatus, ApiError>> + Send {
+        let _ = (op, req);
+        async { Err(not_served()) }
+    }
+    /// Removes a volume from the catalog (not from the provider); refused while claimed unless
+    /// `force`, which releases every claim first.
+    fn deregister_volume(
+        &self,
+        id: &str,
+        force: bool,
+    ) -> impl Future<Output = Result<DetachResponse, ApiError>> + Send {
+        let _ = (id, force);
+        async { Err(not_served()) }
+    }
+    /// Deletes the volume at the provider (DeleteVolume) and from the catalog.
+    fn delete_volume(&self, id: &str) -> impl Future<Output = Result<(), ApiError>> + Send {
+        let _ = id;
+        async { Err(not_served()) }
+    }
+    /// Releases every claim of one node.
+    fn detach_volume(
+        &self,
+        id: &str,
+        req: DetachRequest,
+    ) -> impl Future<Output = Result<DetachResponse, ApiError>> + Send {
+        let _ = (id, req);
+        async { Err(not_served()) }
+    }
+    /// Grows the volume.
+    fn expand_volume(
+        &self,
+        id: &str,
+        req: ExpandRequest,
+    ) -> impl Future<Output = Result<ExpandResponse, ApiError>> + Send {
+        let _ = (id, req);
+        async { Err(not_served()) }
+    }
+    /// Claims and mounts the volume for an alloc on this node.
+    fn claim_volume(
+        &self,
+        id: &str,
+        req: ClaimRequest,
+    ) -> impl Future<Output = Result<ClaimResponse, ApiError>> + Send {
+        let _ = (id, req);
+        async { Err(not_served()) }
+    }
+    /// Unmounts and releases an alloc's claim.
+    fn release_volume(
+        &self,
+        id: &str,
+        req: ReleaseRequest,
+    ) -> impl Future<Output = Result<ReleaseResponse, ApiError>> + Send {
+        let _ = (id, req);
+        async { Err(not_served()) }
+    }
+    /// Snapshots the volume.
+    fn create_snapshot(
+        &self,
+        id: &str,
+        req: SnapshotCreateRequest,
+    ) -> impl Future<Output = Result<SnapshotView, ApiError>> + Send {
+        let _ = (id, req);
+        async { Err(not_served()) }
+    }
+    /// Deletes a snapshot.
+    fn delete_snapshot(
+        &self,
+        req: SnapshotDeleteRequest,
+    ) -> impl Future<Output = Result<(), ApiError>> + Send {
+        let _ = req;
+        async { Err(not_served()) }
+    }
+    /// The snapshots a controller plugin lists.
+    fn list_snapshots(
+        &self,
+        plugin_id: &str,
+    ) -> impl Future<Output = Result<SnapshotList, ApiError>> + Send {
+        let _ = plugin_id;
+        async { Err(not_served()) }
+    }
+}
+
+fn not_served() -> ApiError {
+    ApiError::NotFound("volumes are not served here".into())
+}
 
 /// What the API needs from the agent. Reads are synchronous snapshots and must not block (they
 /// run on the server's tasks); registration changes go through the async methods.
-pub trait AgentView: Send + Sync + 'static {
+pub trait AgentView: VolumeView {
     /// Every registered plugin (the router sorts them by id).
     fn plugins(&self) -> Vec<PluginStatus>;
     /// One plugin, or `None` when no plugin has that id.

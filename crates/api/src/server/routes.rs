@@ -45,6 +45,7 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route("/v1/node", get(node::<V>))
         .route("/v1/events", get(events::<V>))
         .route("/v1/metrics", get(metrics::<V>))
+        .merge(super::volume_routes::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(view)
@@ -166,7 +167,7 @@ async fn next_line(
     }
 }
 
-fn path_error(e: PathRejection) -> ApiError {
+pub(super) fn path_error(e: PathRejection) -> ApiError {
     ApiError::BadRequest(e.body_text())
 }
 

@@ -84,6 +84,8 @@ pub fn plugin(id: &str, plugin_type: PluginType) -> PluginStatus {
     }
 }
 
+impl berth_api::VolumeView for FakeAgent {}
+
 impl AgentView for FakeAgent {
     fn plugins(&self) -> Vec<PluginStatus> {
         // Reverse order, so the router's sorting shows.
