@@ -1,0 +1,808 @@
+//! The control plane embedded in the agent: the catalog in the agent's store, claims under the
+//! access-mode rules, and controller RPCs routed to a healthy controller instance.
+
+use std::{collections::BTreeMap, future::Future, sync::Arc};
+
+use berth_csi::{
+    CapacityRange, ControllerPublish, CsiClient, CsiError, Validation,
+    model::{ControllerCapabilities, ControllerCapability, Secrets, Snapshot},
+};
+use berth_state::{KeyedLocks, StateError, Store, Table};
+use berth_volume::{SpecKind, VolumeSpec};
+
+use crate::{
+    catalog::{ClaimRecord, ClaimState, Origin, Publication, PublicationState, VolumeRecord},
+    claims::{Claim, ClaimError},
+};
+
+/// A healthy controller instance of a plugin.
+#[derive(Debug, Clone)]
+pub struct ControllerHandle {
+    /// A client for its socket.
+    pub client: CsiClient,
+    /// ControllerGetCapabilities.
+    pub capabilities: ControllerCapabilities,
+}
+
+/// What the control plane knows of a plugin's controller side.
+#[derive(Debug, Clone)]
+pub enum ControllerAccess {
+    /// No plugin with this id is registered.
+    UnknownPlugin,
+    /// The plugin has no controller role: claims need no controller step.
+    NodeOnly,
+    /// A healthy controller instance.
+    Healthy(ControllerHandle),
+    /// Controller instances exist, none healthy; the text says why.
+    Unhealthy(String),
+}
+
+/// Where the control plane finds controller plugins (the agent's registry and health loops).
+pub trait Controllers: Send + Sync + 'static {
+    /// The controller side of plugin `plugin_id`, as of now.
+    fn controller(&self, plugin_id: &str) -> ControllerAccess;
+}
+
+/// Called with `<Rpc>:before` / `<Rpc>:after` around each controller RPC of a claim or release
+/// (after the intent is persisted / before the result is). For crash tests.
+pub type Hook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Why a control-plane operation failed. Texts name the volume, alloc or plugin; never a
+/// secret or mount flag.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlPlaneError {
+    /// No such volume.
+    #[error("no volume {0:?}")]
+    NoVolume(String),
+    /// The request is invalid (names the field); nothing changed.
+    #[error("{0}")]
+    Invalid(String),
+    /// The access-mode rules refuse the claim; nothing changed.
+    #[error("volume {volume_id:?}: claim by alloc {alloc_id:?} refused: {source}")]
+    Refused {
+        /// The volume.
+        volume_id: String,
+        /// The alloc.
+        alloc_id: String,
+        /// The rule.
+        #[source]
+        source: ClaimError,
+    },
+    /// The request contradicts the current state; nothing changed.
+    #[error("{0}")]
+    Conflict(String),
+    /// The plugin needed cannot serve now (unknown, unhealthy, or lacks the capability).
+    #[error("plugin {plugin_id:?}: {reason}")]
+    Unavailable {
+        /// The plugin.
+        plugin_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// A CSI call failed.
+    #[error("volume {volume_id:?}: {source}")]
+    Csi {
+        /// The volume (or plugin, for snapshot calls).
+        volume_id: String,
+        /// The client's error (already scrubbed of secrets).
+        #[source]
+        source: CsiError,
+    },
+    /// The store failed.
+    #[error("state store: {0}")]
+    Store(#[from] StateError),
+}
+
+/// A claim a node asks for.
+#[derive(Debug, Clone)]
+pub struct NodeClaim {
+    /// The volume.
+    pub volume_id: String,
+    /// The claim (alloc, berth node id, mode, access and attachment modes).
+    pub claim: Claim,
+    /// The node's id as the volume's plugin knows it (NodeGetInfo), for ControllerPublish.
+    pub csi_node_id: String,
+}
+
+/// A granted claim: the volume as the node needs it, and the controller's publish context.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The volume (with its secrets, for the node calls).
+    pub volume: VolumeRecord,
+    /// What ControllerPublishVolume returned (empty when there was no controller step).
+    pub publish_context: BTreeMap<String, String>,
+}
+
+/// How the node side reaches the control plane (Nomad's RPCer): in-process now, over the
+/// network later. Every method is idempotent.
+pub trait ControlPlane: Send + Sync + 'static {
+    /// Grants the claim (or finds it granted), persists it as `claiming`, and runs
+    /// ControllerPublishVolume for the claim's node when the plugin needs it. Refused claims
+    /// change nothing. A claim that is being released is refused.
+    fn claim(
+        &self,
+        req: NodeClaim,
+    ) -> impl Future<Output = Result<Grant, ControlPlaneError>> + Send;
+    /// Marks a claim `claimed` (the node has mounted it), clearing its error.
+    fn confirm(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> impl Future<Output = Result<(), ControlPlaneError>> + Send;
+    /// Marks a claim `releasing` and returns it; `None` when the alloc holds no claim.
+    fn begin_release(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> impl Future<Output = Result<Option<ClaimRecord>, ControlPlaneError>> + Send;
+    /// Called once the node has unpublished (and unstaged when last): runs
+    /// ControllerUnpublishVolume when no other claim from that node remains, then frees the
+    /// claim. On error the claim stays `releasing`.
+    fn finish_release(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> impl Future<Output = Result<(), ControlPlaneError>> + Send;
+    /// Records (or clears) the failure of a step that is being retried.
+    fn set_error(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+        error: Option<String>,
+    ) -> impl Future<Output = Result<(), ControlPlaneError>> + Send;
+    /// The volume, if it is in the catalog.
+    fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError>;
+    /// Every volume with a claim from `node_id`, with those claims.
+    fn node_claims(
+        &self,
+        node_id: &str,
+    ) -> Result<Vec<(VolumeRecord, Vec<ClaimRecord>)>, ControlPlaneError>;
+}
+
+/// The embedded control plane.
+pub struct Embedded<C> {
+    store: Arc<Store>,
+    controllers: C,
+    locks: KeyedLocks,
+    hook: Option<Hook>,
+}
+
+impl<C> std::fmt::Debug for Embedded<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Embedded").finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+impl<C: Controllers> Embedded<C> {
+    /// A control plane over the store's catalog.
+    pub fn new(store: Arc<Store>, controllers: C) -> Self {
+        Self {
+            store,
+            controllers,
+            locks: KeyedLocks::default(),
+            hook: None,
+        }
+    }
+
+    /// Installs a step hook (crash tests).
+    pub fn with_hook(mut self, hook: Hook) -> Self {
+        self.hook = Some(hook);
+        self
+    }
+
+    fn step(&self, name: &str) {
+        if let Some(h) = &self.hook {
+            h(name);
+        }
+    }
+
+    fn load(&self, id: &str) -> Result<VolumeRecord, ControlPlaneError> {
+        self.store
+            .get(Table::VOLUMES, id)?
+            .ok_or_else(|| ControlPlaneError::NoVolume(id.to_string()))
+    }
+
+    fn save(&self, rec: &VolumeRecord) -> Result<(), ControlPlaneError> {
+        Ok(self.store.put(Table::VOLUMES, &rec.id, rec)?)
+    }
+
+    /// Every volume, by id.
+    pub fn list(&self) -> Result<Vec<VolumeRecord>, ControlPlaneError> {
+        Ok(self
+            .store
+            .list::<VolumeRecord>(Table::VOLUMES)?
+            .into_iter()
+            .map(|(_, v)| v)
+            .collect())
+    }
+
+    fn healthy_controller(
+        &self,
+        plugin_id: &str,
+        needs: ControllerCapability,
+    ) -> Result<ControllerHandle, ControlPlaneError> {
+        let unavailable = |reason: String| ControlPlaneError::Unavailable {
+            plugin_id: plugin_id.to_string(),
+            reason,
+        };
+        match self.controllers.controller(plugin_id) {
+            ControllerAccess::UnknownPlugin => Err(unavailable("no such plugin".into())),
+            ControllerAccess::NodeOnly => Err(unavailable("it has no controller".into())),
+            ControllerAccess::Unhealthy(why) => Err(unavailable(why)),
+            ControllerAccess::Healthy(h) if h.capabilities.has(needs) => Ok(h),
+            ControllerAccess::Healthy(_) => Err(unavailable(format!(
+                "its controller does not offer {needs}"
+            ))),
+        }
+    }
+
+    /// Registers (`volume register`) or creates (`volume create`, CreateVolume) a volume from a
+    /// checked spec. Registering checks the capabilities with ValidateVolumeCapabilities when
+    /// the plugin has a controller. The same spec again is a no-op; a changed spec replaces an
+    /// unclaimed registered volume and is refused for a claimed one. Nothing is stored on error.
+    pub async fn put(&self, spec: &VolumeSpec) -> Result<VolumeRecord, ControlPlaneError> {
+        let _guard = self.locks.lock(&spec.id).await;
+        let existing: Option<VolumeRecord> = self.store.get(Table::VOLUMES, &spec.id)?;
+        let access = self.controllers.controller(&spec.plugin_id);
+        if matches!(access, ControllerAccess::UnknownPlugin) {
+            return Err(ControlPlaneError::Invalid(format!(
+                "plugin_id: no plugin {:?} is registered",
+                spec.plugin_id
+            )));
+        }
+        let rec = match &spec.kind {
+            SpecKind::Register { external_id } => {
+                let rec = VolumeRecord::from_spec(
+                    spec,
+                    Origin::Registered,
+                    external_id.clone(),
+                    0,
+                    spec.context.clone(),
+                    spec.topology_request
+                        .as_ref()
+                        .map(|t| t.required.clone())
+                        .unwrap_or_default(),
+                    now_ms(),
+                );
+                if let Some(old) = &existing {
+                    if old.origin == Origin::Registered && old.same_definition(&rec) {
+                        return Ok(old.clone());
+                    }
+                    if old.origin == Origin::Created {
+                        return Err(ControlPlaneError::Conflict(format!(
+                            "volume {:?} was created by berth; delete it, or register under another id",
+                            spec.id
+                        )));
+                    }
+                    if !old.claims.is_empty() {
+                        return Err(ControlPlaneError::Conflict(format!(
+                            "volume {:?} is claimed; it cannot be changed until every claim is released",
+                            spec.id
+                        )));
+                    }
+                }
+                if let ControllerAccess::Healthy(h) = &access {
+                    self.validate(&rec, h).await?;
+                } else if let ControllerAccess::Unhealthy(why) = access {
+                    return Err(ControlPlaneError::Unavailable {
+                        plugin_id: spec.plugin_id.clone(),
+                        reason: format!("cannot validate the capabilities: {why}"),
+                    });
+                }
+                let mut rec = rec;
+                if let Some(old) = existing {
+                    rec.created_ms = old.created_ms;
+                }
+                rec
+            }
+            SpecKind::Create { .. } => {
+                if let Some(old) = existing {
+                    // CreateVolume is idempotent by name: the same create again is the same
+                    // volume.
+                    if old.origin == Origin::Created
+                        && old.name == spec.name
+                        && old.plugin_id == spec.plugin_id
+                    {
+                        return Ok(old);
+                    }
+                    return Err(ControlPlaneError::Conflict(format!(
+                        "volume {:?} already exists",
+                        spec.id
+                    )));
+                }
+                let h = self.healthy_controller(
+                    &spec.plugin_id,
+                    ControllerCapability::CreateDeleteVolume,
+                )?;
+                let req = spec
+                    .create_request()
+                    .ok_or_else(|| ControlPlaneError::Invalid("not a create spec".to_string()))?;
+                let vol = h.client.create_volume(&req).await.map_err(|source| {
+                    ControlPlaneError::Csi {
+                        volume_id: spec.id.clone(),
+                        source,
+                    }
+                })?;
+                let mut context = vol.context.clone();
+                // The spec's context adds to what the plugin returned.
+                for (k, v) in &spec.context {
+                    context.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+                VolumeRecord::from_spec(
+                    spec,
+                    Origin::Created,
+                    vol.external_id,
+                    vol.capacity_bytes,
+                    context,
+                    vol.accessible_topology,
+                    now_ms(),
+                )
+            }
+        };
+        self.save(&rec)?;
+        tracing::info!(volume_id = %rec.id, plugin_id = %rec.plugin_id, origin = ?rec.origin, "volume in the catalog");
+        Ok(rec)
+    }
+
+    async fn validate(
+        &self,
+        rec: &VolumeRecord,
+        h: &ControllerHandle,
+    ) -> Result<(), ControlPlaneError> {
+        let verdict = h
+            .client
+            .validate_capabilities(
+                &rec.external_id,
+                &rec.all_capabilities(),
+                &rec.context,
+                &rec.parameters,
+                &rec.secrets.to_secrets(),
+            )
+            .await
+            .map_err(|source| ControlPlaneError::Csi {
+                volume_id: rec.id.clone(),
+                source,
+            })?;
+        match verdict {
+            Validation::Confirmed => Ok(()),
+            Validation::NotConfirmed(message) => Err(ControlPlaneError::Invalid(format!(
+                "capability: plugin {:?} does not confirm the capabilities of volume {:?}: {message}",
+                rec.plugin_id, rec.id
+            ))),
+        }
+    }
+
+    /// Removes an unclaimed volume from the catalog (the provider keeps it). A volume with
+    /// claims is refused; `Ok(false)` when there was no such volume.
+    pub async fn deregister(&self, id: &str) -> Result<bool, ControlPlaneError> {
+        let _guard = self.locks.lock(id).await;
+        let Some(rec) = self.store.get::<VolumeRecord>(Table::VOLUMES, id)? else {
+            return Ok(false);
+        };
+        if !rec.claims.is_empty() {
+            return Err(ControlPlaneError::Conflict(format!(
+                "volume {id:?} has {} claim(s) ({}); release them, detach, or deregister with force",
+                rec.claims.len(),
+                rec.claims.keys().cloned().collect::<Vec<_>>().join(", ")
+            )));
+        }
+        self.store.delete(Table::VOLUMES, id)?;
+        tracing::info!(volume_id = id, "volume deregistered");
+        Ok(true)
+    }
+
+    /// Deletes an unclaimed volume at the provider (DeleteVolume; NOT_FOUND = already gone)
+    /// and from the catalog.
+    pub async fn delete(&self, id: &str) -> Result<(), ControlPlaneError> {
+        let _guard = self.locks.lock(id).await;
+        let rec = self.load(id)?;
+        if !rec.claims.is_empty() {
+            return Err(ControlPlaneError::Conflict(format!(
+                "volume {id:?} has {} claim(s); release them first",
+                rec.claims.len()
+            )));
+        }
+        let h =
+            self.healthy_controller(&rec.plugin_id, ControllerCapability::CreateDeleteVolume)?;
+        match h
+            .client
+            .delete_volume(&rec.external_id, &rec.secrets.to_secrets())
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.is_already_done() => {}
+            Err(source) => {
+                return Err(ControlPlaneError::Csi {
+                    volume_id: id.to_string(),
+                    source,
+                });
+            }
+        }
+        self.store.delete(Table::VOLUMES, id)?;
+        tracing::info!(volume_id = id, "volume deleted");
+        Ok(())
+    }
+
+    /// ControllerExpandVolume when the controller offers it; records the new size. Returns the
+    /// size and whether the node must expand too (always true without a controller step).
+    pub async fn expand(
+        &self,
+        id: &str,
+        capacity: CapacityRange,
+    ) -> Result<(i64, bool), ControlPlaneError> {
+        let _guard = self.locks.lock(id).await;
+        let mut rec = self.load(id)?;
+        let (bytes, node) = match self.controllers.controller(&rec.plugin_id) {
+            ControllerAccess::Healthy(h)
+                if h.capabilities.has(ControllerCapability::ExpandVolume) =>
+            {
+                let cap = rec
+                    .capabilities
+                    .first()
+                    .map(|c| rec.capability(c.access_mode, c.attachment_mode));
+                h.client
+                    .controller_expand(
+                        &rec.external_id,
+                        capacity,
+                        cap.as_ref(),
+                        &rec.secrets.to_secrets(),
+                    )
+                    .await
+                    .map_err(|source| ControlPlaneError::Csi {
+                        volume_id: id.to_string(),
+                        source,
+                    })?
+            }
+            ControllerAccess::Unhealthy(reason) => {
+                return Err(ControlPlaneError::Unavailable {
+                    plugin_id: rec.plugin_id.clone(),
+                    reason,
+                });
+            }
+            _ => (capacity.required_bytes, true),
+        };
+        rec.capacity_bytes = bytes.max(rec.capacity_bytes);
+        self.save(&rec)?;
+        Ok((rec.capacity_bytes, node))
+    }
+
+    /// CreateSnapshot of the volume (idempotent by name).
+    pub async fn create_snapshot(
+        &self,
+        id: &str,
+        name: &str,
+        parameters: &BTreeMap<String, String>,
+        secrets: Option<&Secrets>,
+    ) -> Result<(VolumeRecord, Snapshot), ControlPlaneError> {
+        let rec = self.load(id)?;
+        let h =
+            self.healthy_controller(&rec.plugin_id, ControllerCapability::CreateDeleteSnapshot)?;
+        let secrets = secrets.cloned().unwrap_or_else(|| rec.secrets.to_secrets());
+        let snap = h
+            .client
+            .create_snapshot(&rec.external_id, name, parameters, &secrets)
+            .await
+            .map_err(|source| ControlPlaneError::Csi {
+                volume_id: id.to_string(),
+                source,
+            })?;
+        Ok((rec, snap))
+    }
+
+    /// DeleteSnapshot (NOT_FOUND = already gone).
+    pub async fn delete_snapshot(
+        &self,
+        plugin_id: &str,
+        snapshot_id: &str,
+        secrets: &Secrets,
+    ) -> Result<(), ControlPlaneError> {
+        let h = self.healthy_controller(plugin_id, ControllerCapability::CreateDeleteSnapshot)?;
+        match h.client.delete_snapshot(snapshot_id, secrets).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_already_done() => Ok(()),
+            Err(source) => Err(ControlPlaneError::Csi {
+                volume_id: plugin_id.to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Every snapshot the plugin lists (all pages).
+    pub async fn list_snapshots(
+        &self,
+        plugin_id: &str,
+    ) -> Result<Vec<Snapshot>, ControlPlaneError> {
+        let h = self.healthy_controller(plugin_id, ControllerCapability::ListSnapshots)?;
+        let mut out = Vec::new();
+        let mut token = String::new();
+        loop {
+            let page = h
+                .client
+                .list_snapshots(None, None, 0, &token, &Secrets::default())
+                .await
+                .map_err(|source| ControlPlaneError::Csi {
+                    volume_id: plugin_id.to_string(),
+                    source,
+                })?;
+            out.extend(page.entries);
+            if page.next_token.is_empty() {
+                return Ok(out);
+            }
+            token = page.next_token;
+        }
+    }
+
+    fn update<T>(
+        &self,
+        rec: &mut VolumeRecord,
+        f: impl FnOnce(&mut VolumeRecord) -> T,
+    ) -> Result<T, ControlPlaneError> {
+        let out = f(rec);
+        self.save(rec)?;
+        Ok(out)
+    }
+
+    fn controller_err(&self, rec: &VolumeRecord, source: CsiError) -> ControlPlaneError {
+        ControlPlaneError::Csi {
+            volume_id: rec.id.clone(),
+            source,
+        }
+    }
+}
+
+impl<C: Controllers> ControlPlane for Embedded<C> {
+    async fn claim(&self, req: NodeClaim) -> Result<Grant, ControlPlaneError> {
+        let _guard = self.locks.lock(&req.volume_id).await;
+        let mut rec = self.load(&req.volume_id)?;
+        let alloc_id = req.claim.alloc_id.clone();
+        let node_id = req.claim.node_id.clone();
+        let refused = |source| ControlPlaneError::Refused {
+            volume_id: req.volume_id.clone(),
+            alloc_id: alloc_id.clone(),
+            source,
+        };
+        match rec.claims.get(&alloc_id) {
+            Some(c) if c.state == ClaimState::Releasing => {
+                return Err(ControlPlaneError::Conflict(format!(
+                    "volume {:?}: the claim of alloc {alloc_id:?} is being released; try again when it is gone",
+                    rec.id
+                )));
+            }
+            Some(c) if c.claim == req.claim => {}
+            _ => {
+                let mut set = rec
+                    .claim_set()
+                    .map_err(|e| ControlPlaneError::Conflict(e.to_string()))?;
+                set.claim(&rec.capability_pairs(), req.claim.clone())
+                    .map_err(refused)?;
+                self.update(&mut rec, |r| {
+                    r.claims.insert(
+                        alloc_id.clone(),
+                        ClaimRecord {
+                            claim: req.claim.clone(),
+                            state: ClaimState::Claiming,
+                            error: None,
+                        },
+                    )
+                })?;
+            }
+        }
+
+        // The controller step, once per node.
+        if let Some(p) = rec.publications.get(&node_id)
+            && p.state == PublicationState::Published
+        {
+            let publish_context = p.publish_context.clone();
+            return Ok(Grant {
+                volume: rec,
+                publish_context,
+            });
+        }
+        let handle = match self.controllers.controller(&rec.plugin_id) {
+            ControllerAccess::Healthy(h)
+                if h.capabilities
+                    .has(ControllerCapability::PublishUnpublishVolume) =>
+            {
+                h
+            }
+            ControllerAccess::Unhealthy(reason) => {
+                return Err(ControlPlaneError::Unavailable {
+                    plugin_id: rec.plugin_id.clone(),
+                    reason: format!("no healthy controller for ControllerPublishVolume: {reason}"),
+                });
+            }
+            _ => {
+                return Ok(Grant {
+                    volume: rec,
+                    publish_context: BTreeMap::new(),
+                });
+            }
+        };
+        let read_only = req.claim.access_mode.is_read_only();
+        let csi_node_id = req.csi_node_id.clone();
+        self.update(&mut rec, |r| {
+            r.publications.insert(
+                node_id.clone(),
+                Publication {
+                    csi_node_id: csi_node_id.clone(),
+                    state: PublicationState::Publishing,
+                    publish_context: BTreeMap::new(),
+                    read_only,
+                },
+            )
+        })?;
+        self.step("ControllerPublishVolume:before");
+        let publish = ControllerPublish {
+            external_id: rec.external_id.clone(),
+            node_id: csi_node_id,
+            capability: rec.capability(req.claim.access_mode, req.claim.attachment_mode),
+            read_only,
+            volume_context: rec.context.clone(),
+            secrets: rec.secrets.to_secrets(),
+        };
+        let context = handle
+            .client
+            .controller_publish(&publish)
+            .await
+            .map_err(|e| self.controller_err(&rec, e))?;
+        self.step("ControllerPublishVolume:after");
+        self.update(&mut rec, |r| {
+            if let Some(p) = r.publications.get_mut(&node_id) {
+                p.state = PublicationState::Published;
+                p.publish_context = context.clone();
+            }
+        })?;
+        tracing::info!(volume_id = %rec.id, node_id, "controller published");
+        Ok(Grant {
+            volume: rec,
+            publish_context: context,
+        })
+    }
+
+    async fn confirm(&self, volume_id: &str, alloc_id: &str) -> Result<(), ControlPlaneError> {
+        let _guard = self.locks.lock(volume_id).await;
+        let mut rec = self.load(volume_id)?;
+        match rec.claims.get_mut(alloc_id) {
+            Some(c) if c.state == ClaimState::Claiming || c.error.is_some() => {
+                if c.state == ClaimState::Claiming {
+                    c.state = ClaimState::Claimed;
+                }
+                c.error = None;
+                self.save(&rec)
+            }
+            Some(_) => Ok(()),
+            None => Err(ControlPlaneError::Conflict(format!(
+                "volume {volume_id:?}: alloc {alloc_id:?} holds no claim"
+            ))),
+        }
+    }
+
+    async fn begin_release(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> Result<Option<ClaimRecord>, ControlPlaneError> {
+        let _guard = self.locks.lock(volume_id).await;
+        let mut rec = self.load(volume_id)?;
+        let Some(c) = rec.claims.get_mut(alloc_id) else {
+            return Ok(None);
+        };
+        if c.state != ClaimState::Releasing {
+            c.state = ClaimState::Releasing;
+            let out = c.clone();
+            self.save(&rec)?;
+            return Ok(Some(out));
+        }
+        Ok(Some(c.clone()))
+    }
+
+    async fn finish_release(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> Result<(), ControlPlaneError> {
+        let _guard = self.locks.lock(volume_id).await;
+        let mut rec = self.load(volume_id)?;
+        let Some(c) = rec.claims.get(alloc_id) else {
+            return Ok(());
+        };
+        if c.state != ClaimState::Releasing {
+            return Err(ControlPlaneError::Conflict(format!(
+                "volume {volume_id:?}: the claim of alloc {alloc_id:?} is not being released"
+            )));
+        }
+        let node_id = c.claim.node_id.clone();
+        let last_on_node = !rec
+            .claims
+            .values()
+            .any(|o| o.claim.alloc_id != alloc_id && o.claim.node_id == node_id);
+        if last_on_node && let Some(p) = rec.publications.get(&node_id).cloned() {
+            let handle = match self.controllers.controller(&rec.plugin_id) {
+                ControllerAccess::Healthy(h) => h,
+                ControllerAccess::Unhealthy(reason) => {
+                    return Err(ControlPlaneError::Unavailable {
+                        plugin_id: rec.plugin_id.clone(),
+                        reason: format!(
+                            "no healthy controller for ControllerUnpublishVolume: {reason}"
+                        ),
+                    });
+                }
+                ControllerAccess::UnknownPlugin | ControllerAccess::NodeOnly => {
+                    return Err(ControlPlaneError::Unavailable {
+                        plugin_id: rec.plugin_id.clone(),
+                        reason: "its controller is gone; ControllerUnpublishVolume waits for it"
+                            .into(),
+                    });
+                }
+            };
+            self.update(&mut rec, |r| {
+                if let Some(p) = r.publications.get_mut(&node_id) {
+                    p.state = PublicationState::Unpublishing;
+                }
+            })?;
+            self.step("ControllerUnpublishVolume:before");
+            match handle
+                .client
+                .controller_unpublish(&rec.external_id, &p.csi_node_id, &rec.secrets.to_secrets())
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_already_done() => {}
+                Err(e) => return Err(self.controller_err(&rec, e)),
+            }
+            self.step("ControllerUnpublishVolume:after");
+            rec.publications.remove(&node_id);
+            tracing::info!(volume_id, node_id, "controller unpublished");
+        }
+        rec.claims.remove(alloc_id);
+        self.save(&rec)?;
+        tracing::info!(volume_id, alloc_id, "claim freed");
+        Ok(())
+    }
+
+    async fn set_error(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+        error: Option<String>,
+    ) -> Result<(), ControlPlaneError> {
+        let _guard = self.locks.lock(volume_id).await;
+        let mut rec = self.load(volume_id)?;
+        if let Some(c) = rec.claims.get_mut(alloc_id)
+            && c.error != error
+        {
+            c.error = error;
+            self.save(&rec)?;
+        }
+        Ok(())
+    }
+
+    fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError> {
+        Ok(self.store.get(Table::VOLUMES, volume_id)?)
+    }
+
+    fn node_claims(
+        &self,
+        node_id: &str,
+    ) -> Result<Vec<(VolumeRecord, Vec<ClaimRecord>)>, ControlPlaneError> {
+        Ok(self
+            .list()?
+            .into_iter()
+            .filter_map(|v| {
+                let mine: Vec<ClaimRecord> = v
+                    .claims
+                    .values()
+                    .filter(|c| c.claim.node_id == node_id)
+                    .cloned()
+                    .collect();
+                (!mine.is_empty()).then_some((v, mine))
+            })
+            .collect())
+    }
+}
