@@ -66,7 +66,7 @@ pub enum ControlPlaneError {
         alloc_id: String,
         /// The rule.
         #[source]
-        source: ClaimError,
+        source: Box<ClaimError>,
     },
     /// The request contradicts the current state; nothing changed.
     #[error("{0}")]
@@ -565,7 +565,7 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
         let refused = |source| ControlPlaneError::Refused {
             volume_id: req.volume_id.clone(),
             alloc_id: alloc_id.clone(),
-            source,
+            source: Box::new(source),
         };
         match rec.claims.get(&alloc_id) {
             Some(c) if c.state == ClaimState::Releasing => {
