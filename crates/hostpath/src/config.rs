@@ -30,7 +30,12 @@ Fault injection (for tests only):
 
   The first spec that matches a call and is not used up applies (flags first, then the file).
   Used counts are kept in <statedir>/faults.state.json, so NodeStageVolume:exit:1 exits once,
-  not again after a restart; changing the control file starts its counts afresh.";
+  not again after a restart; changing the control file starts its counts afresh.
+
+Call log (for tests only):
+  --call-log FILE or BERTH_HOSTPATH_CALL_LOG=FILE: after every RPC, before answering, append one
+  line `<RpcName> <volume_id or -> <CODE>` to FILE (CODE is OK or a gRPC code as above; a call
+  whose caller went away shows as CANCELLED). Only the volume id is written from the request.";
 
 /// How log lines are written (to stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,6 +114,11 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub faults: Vec<FaultSpec>,
+
+    /// Append one line `<RpcName> <volume_id or -> <CODE>` per RPC to FILE (test only); see the
+    /// section below.
+    #[arg(long, value_name = "FILE", env = "BERTH_HOSTPATH_CALL_LOG")]
+    pub call_log: Option<PathBuf>,
 }
 
 impl Config {
@@ -127,6 +137,7 @@ impl Config {
             log_format: LogFormat::Human,
             log_level: None,
             faults: Vec::new(),
+            call_log: None,
         }
     }
 
@@ -207,6 +218,13 @@ mod tests {
         assert!(c.enable_stage && c.enable_attach);
         assert_eq!(c.capacity, None);
         assert!(c.faults.is_empty());
+        assert_eq!(c.call_log, None);
+    }
+
+    #[test]
+    fn call_log_flag() {
+        let c = parse(&["--endpoint=/x.sock", "--call-log", "/tmp/calls"]).expect("parses");
+        assert_eq!(c.call_log, Some(PathBuf::from("/tmp/calls")));
     }
 
     #[test]

@@ -38,6 +38,15 @@ pub enum RunError {
         /// What is wrong.
         reason: String,
     },
+    /// The call log cannot be opened.
+    #[error("opening the call log {}", path.display())]
+    CallLog {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
     /// The mount table cannot be read.
     #[error("reading the mount table")]
     Mounts(#[source] berth_sys::MountError),

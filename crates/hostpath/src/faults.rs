@@ -43,6 +43,25 @@ const CODES: &[(&str, Code)] = &[
     ("UNAUTHENTICATED", Code::Unauthenticated),
 ];
 
+/// The name of a gRPC code as fault specs and the call log spell it: `OK`, `UNAVAILABLE`, …
+pub fn code_name(code: Code) -> &'static str {
+    if code == Code::Ok {
+        return "OK";
+    }
+    CODES
+        .iter()
+        .find(|(_, c)| *c == code)
+        .map_or("UNKNOWN", |(name, _)| name)
+}
+
+/// The gRPC code named `name` (as [`code_name`] spells it).
+pub fn code_from_name(name: &str) -> Option<Code> {
+    if name == "OK" {
+        return Some(Code::Ok);
+    }
+    CODES.iter().find(|(n, _)| *n == name).map(|(_, c)| *c)
+}
+
 /// What a matching fault does to a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultAction {
@@ -443,6 +462,15 @@ mod tests {
                 FaultAction::Fail(*code)
             );
         }
+    }
+
+    #[test]
+    fn code_names_round_trip() {
+        for (name, code) in CODES.iter().copied().chain([("OK", Code::Ok)]) {
+            assert_eq!(code_name(code), name);
+            assert_eq!(code_from_name(name), Some(code));
+        }
+        assert_eq!(code_from_name("unavailable"), None);
     }
 
     #[test]

@@ -31,6 +31,12 @@
 //! content changes, its counts start afresh. A malformed spec on the command line or in the
 //! environment stops the plugin from starting (the error names the spec); a malformed control
 //! file stops it from starting, and while it runs makes every RPC fail with `INTERNAL`.
+//!
+//! # Call log (tests only)
+//!
+//! With `--call-log FILE` or `BERTH_HOSTPATH_CALL_LOG=FILE`, every RPC appends one line
+//! `<RpcName> <volume_id or -> <CODE>` to `FILE` before it is answered; [`calllog::read`] parses
+//! it (see [`calllog`]).
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -62,6 +68,7 @@ macro_rules! csi_service {
     };
 }
 
+pub mod calllog;
 mod caps;
 pub mod config;
 mod controller;
@@ -84,19 +91,20 @@ use berth_sys::{LinuxMounter, Mounter};
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::{
-    config::{Config, LogFormat},
-    error::RunError,
-    plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
-    state::StateError,
-};
 use crate::{
+    calllog::CallLog,
     controller::ControllerService,
     faults::Faults,
     identity::IdentityService,
     node::NodeService,
     plugin::{Plugin, Settings},
     state::Store,
+};
+pub use crate::{
+    config::{Config, LogFormat},
+    error::RunError,
+    plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
+    state::StateError,
 };
 
 /// How long in-flight RPCs may run after shutdown is requested.
@@ -132,6 +140,13 @@ pub async fn run_with_mounter(
     let statedir = prepare_statedir(&config.statedir)?;
     let store = Store::load(&statedir.join("state.json"))?;
     let faults = Faults::load(config.faults.clone(), &statedir)?;
+    let call_log = match &config.call_log {
+        None => None,
+        Some(path) => Some(CallLog::open(path).map_err(|source| RunError::CallLog {
+            path: path.clone(),
+            source,
+        })?),
+    };
     let settings = Settings {
         driver_name: config.drivername.clone(),
         node_id,
@@ -144,7 +159,8 @@ pub async fn run_with_mounter(
     };
     let plugin = Arc::new(
         Plugin::new(settings, store, mounter, faults, shutdown.clone())
-            .map_err(RunError::Mounts)?,
+            .map_err(RunError::Mounts)?
+            .with_call_log(call_log),
     );
 
     let listener = endpoint::listen(&endpoint)?;

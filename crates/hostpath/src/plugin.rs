@@ -16,7 +16,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, codegen::http};
 use tracing::Instrument as _;
 
-use crate::{error::internal, faults::Faults, locks::KeyedLocks, state::Store};
+use crate::{calllog::CallLog, error::internal, faults::Faults, locks::KeyedLocks, state::Store};
 
 /// Topology key whose value is the node id.
 pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi.berth.dev/node";
@@ -48,6 +48,8 @@ pub(crate) struct Plugin {
     pub locks: KeyedLocks,
     pub mounter: Arc<dyn Mounter>,
     pub faults: Faults,
+    /// Where every RPC is logged, with `--call-log`.
+    pub call_log: Option<CallLog>,
     pub shutdown: CancellationToken,
     /// Every RPC body runs here; shutdown waits for them.
     pub tasks: TaskTracker,
@@ -133,16 +135,24 @@ impl Plugin {
             locks: KeyedLocks::default(),
             mounter,
             faults,
+            call_log: None,
             shutdown,
             tasks: TaskTracker::new(),
         })
     }
 
+    /// Logs every RPC to `call_log`, if given.
+    pub fn with_call_log(mut self, call_log: Option<CallLog>) -> Self {
+        self.call_log = call_log;
+        self
+    }
+
     /// Runs one RPC: opens a span with its method and volume id, logs the call (the request at
     /// trace, through its redacting `Debug`), applies the fault switch, then runs `body` as a
-    /// tracked task. The answer honours the caller's deadline (`DEADLINE_EXCEEDED`), but the
-    /// operation itself always runs to completion, even if the caller gives up or goes away, so
-    /// no operation is left half done and a retry finds it finished.
+    /// tracked task, and appends the outcome to the call log before answering. The answer
+    /// honours the caller's deadline (`DEADLINE_EXCEEDED`), but the operation itself always runs
+    /// to completion, even if the caller gives up or goes away, so no operation is left half done
+    /// and a retry finds it finished.
     pub async fn rpc<Req, T, Fut>(
         self: &Arc<Self>,
         method: Rpc,
@@ -157,6 +167,11 @@ impl Plugin {
     {
         let deadline = deadline(&request);
         let request = request.into_inner();
+        // Written as CANCELLED if this future is dropped (the caller went away) before the end.
+        let log_entry = self
+            .call_log
+            .as_ref()
+            .map(|log| log.entry(method, volume_id));
         let span = tracing::debug_span!("rpc", method = %method, volume_id);
         let work = async {
             tracing::debug!("call");
@@ -183,6 +198,13 @@ impl Plugin {
         }
         .instrument(span.clone())
         .await;
+        if let Some(entry) = log_entry {
+            entry.finish(
+                result
+                    .as_ref()
+                    .map_or_else(Status::code, |_| tonic::Code::Ok),
+            );
+        }
         let _enter = span.enter();
         match &result {
             Ok(_) => tracing::debug!("ok"),
@@ -265,6 +287,16 @@ pub(crate) fn test_plugin(
     stage: bool,
     attach: bool,
 ) -> Arc<Plugin> {
+    Arc::new(unshared_test_plugin(dir, mounter, stage, attach))
+}
+
+#[cfg(test)]
+fn unshared_test_plugin(
+    dir: &Path,
+    mounter: Arc<dyn Mounter>,
+    stage: bool,
+    attach: bool,
+) -> Plugin {
     let statedir = dir.join("state");
     for sub in ["volumes", "snapshots"] {
         std::fs::create_dir_all(statedir.join(sub)).expect("state dirs");
@@ -282,7 +314,7 @@ pub(crate) fn test_plugin(
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");
     let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
-    Arc::new(plugin.expect("plugin"))
+    plugin.expect("plugin")
 }
 
 #[cfg(test)]
@@ -323,6 +355,40 @@ mod tests {
         assert!(
             done.load(Ordering::SeqCst),
             "the operation ran to completion"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_call_log_gets_the_code_the_caller_gets() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log_path = dir.path().join("calls");
+        let log = CallLog::open(&log_path).expect("call log");
+        let p = Arc::new(
+            unshared_test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, true)
+                .with_call_log(Some(log)),
+        );
+        let mut request = Request::new(pb::ProbeRequest {});
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", "100m".parse().expect("ascii"));
+        let late = p
+            .rpc(Rpc::Probe, "", request, |_, _| async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Ok(())
+            })
+            .await;
+        assert!(late.is_err());
+        let request = Request::new(pb::ProbeRequest {});
+        let failed: Result<Response<()>, Status> = p
+            .rpc(Rpc::NodeStageVolume, "v1", request, |_, _| async {
+                Err(Status::not_found("no"))
+            })
+            .await;
+        assert!(failed.is_err());
+        let lines = std::fs::read_to_string(&log_path).expect("read");
+        assert_eq!(
+            lines,
+            "Probe - DEADLINE_EXCEEDED\nNodeStageVolume v1 NOT_FOUND\n"
         );
     }
 

@@ -62,6 +62,7 @@ pub struct HostpathPluginBuilder {
     envs: Vec<(OsString, OsString)>,
     ready_timeout: Duration,
     socket: Option<PathBuf>,
+    call_log: Option<PathBuf>,
 }
 
 impl HostpathPluginBuilder {
@@ -87,6 +88,14 @@ impl HostpathPluginBuilder {
     /// Adds `--fault <spec>` (repeatable).
     pub fn fault(mut self, spec: impl Into<String>) -> Self {
         self.faults.push(spec.into());
+        self
+    }
+
+    /// `--call-log <path>`: the plugin appends a line per RPC to `path`; a relative path is
+    /// taken inside [`HostpathPlugin::tmp`] (e.g. `"calls.log"`; removed with it). Read it with
+    /// `berth_hostpath::calllog::read` on [`HostpathPlugin::call_log`].
+    pub fn call_log(mut self, path: impl Into<PathBuf>) -> Self {
+        self.call_log = Some(path.into());
         self
     }
 
@@ -164,6 +173,11 @@ impl HostpathPluginBuilder {
             args.push("--fault".into());
             args.push(spec.into());
         }
+        let call_log = self.call_log.as_ref().map(|p| tmp.path().join(p));
+        if let Some(path) = &call_log {
+            args.push("--call-log".into());
+            args.push(path.into());
+        }
         args.extend(self.args.iter().cloned());
 
         let mut plugin = HostpathPlugin {
@@ -171,6 +185,7 @@ impl HostpathPluginBuilder {
             socket,
             statedir,
             nodeid: self.nodeid.clone(),
+            call_log,
             args,
             envs: self.envs.clone(),
             ready_timeout: self.ready_timeout,
@@ -196,6 +211,7 @@ pub struct HostpathPlugin {
     socket: PathBuf,
     statedir: PathBuf,
     nodeid: String,
+    call_log: Option<PathBuf>,
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     ready_timeout: Duration,
@@ -240,6 +256,7 @@ impl HostpathPlugin {
             envs: Vec::new(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             socket: None,
+            call_log: None,
         }
     }
 
@@ -319,6 +336,11 @@ impl HostpathPlugin {
     /// The plugin's `--nodeid`.
     pub fn nodeid(&self) -> &str {
         &self.nodeid
+    }
+
+    /// The plugin's `--call-log` file (absolute), if the builder set one.
+    pub fn call_log(&self) -> Option<&Path> {
+        self.call_log.as_deref()
     }
 
     /// Process id of the plugin (of the last one started, if it has died).
