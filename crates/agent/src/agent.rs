@@ -23,6 +23,7 @@ use crate::{
     metrics::Metrics,
     registry::{Registration, Registry, RegistryError},
     supervisor::{RestartPolicy, Supervisor},
+    volumes::Volumes,
     watch::SocketWatcher,
 };
 
@@ -123,6 +124,7 @@ pub struct Agent {
     manager: Arc<Manager>,
     events: Arc<EventBus>,
     metrics: Arc<Metrics>,
+    volumes: Arc<Volumes>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -183,6 +185,18 @@ impl Agent {
             Arc::new(SocketWatcher::new()),
             opts.health,
         ));
+        let tasks = TaskTracker::new();
+        let volumes = Arc::new(Volumes::new(
+            Arc::clone(&store),
+            node_id.clone(),
+            data_dir.clone(),
+            Arc::clone(&registry),
+            Arc::clone(&manager),
+            Arc::clone(&events),
+            Arc::clone(&metrics),
+            tasks.clone(),
+            shutdown.clone(),
+        ));
         let agent = Arc::new(Agent {
             node_id,
             hostname,
@@ -190,11 +204,12 @@ impl Agent {
             manager,
             events,
             metrics,
+            volumes,
         });
-        let tasks = TaskTracker::new();
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
+        agent.volumes.start();
 
         let regdir = opts
             .registry_dir
@@ -354,6 +369,90 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
     let id = format!("{:032x}", rand::random::<u128>());
     store.put(Table::NODE, "id", &id)?;
     Ok(id)
+}
+
+impl berth_api::VolumeView for Agent {
+    fn volumes(&self) -> Result<berth_api::volumes::VolumeList, ApiError> {
+        self.volumes.list()
+    }
+
+    async fn volume(&self, id: &str) -> Result<berth_api::volumes::VolumeStatus, ApiError> {
+        self.volumes.status(id).await
+    }
+
+    async fn put_volume(
+        &self,
+        op: berth_api::SpecOp,
+        req: berth_api::volumes::VolumeSpecRequest,
+    ) -> Result<berth_api::volumes::VolumeStatus, ApiError> {
+        self.volumes.put(op, req).await
+    }
+
+    async fn deregister_volume(
+        &self,
+        id: &str,
+        force: bool,
+    ) -> Result<berth_api::volumes::DetachResponse, ApiError> {
+        self.volumes.deregister(id, force).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<(), ApiError> {
+        self.volumes.delete(id).await
+    }
+
+    async fn detach_volume(
+        &self,
+        id: &str,
+        req: berth_api::volumes::DetachRequest,
+    ) -> Result<berth_api::volumes::DetachResponse, ApiError> {
+        self.volumes.detach(id, req).await
+    }
+
+    async fn expand_volume(
+        &self,
+        id: &str,
+        req: berth_api::volumes::ExpandRequest,
+    ) -> Result<berth_api::volumes::ExpandResponse, ApiError> {
+        self.volumes.expand(id, req).await
+    }
+
+    async fn claim_volume(
+        &self,
+        id: &str,
+        req: berth_api::volumes::ClaimRequest,
+    ) -> Result<berth_api::volumes::ClaimResponse, ApiError> {
+        self.volumes.claim(id, req).await
+    }
+
+    async fn release_volume(
+        &self,
+        id: &str,
+        req: berth_api::volumes::ReleaseRequest,
+    ) -> Result<berth_api::volumes::ReleaseResponse, ApiError> {
+        self.volumes.release_api(id, req).await
+    }
+
+    async fn create_snapshot(
+        &self,
+        id: &str,
+        req: berth_api::volumes::SnapshotCreateRequest,
+    ) -> Result<berth_api::volumes::SnapshotView, ApiError> {
+        self.volumes.create_snapshot(id, req).await
+    }
+
+    async fn delete_snapshot(
+        &self,
+        req: berth_api::volumes::SnapshotDeleteRequest,
+    ) -> Result<(), ApiError> {
+        self.volumes.delete_snapshot(req).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        plugin_id: &str,
+    ) -> Result<berth_api::volumes::SnapshotList, ApiError> {
+        self.volumes.list_snapshots(plugin_id).await
+    }
 }
 
 impl AgentView for Agent {

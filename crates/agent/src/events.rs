@@ -43,10 +43,35 @@ impl EventBus {
             kind,
             plugin_id: plugin_id.to_string(),
             instance: instance.map(str::to_string),
+            volume_id: None,
+            alloc_id: None,
             reason: reason.into(),
         };
         tracing::info!(plugin = %event.plugin_id, instance = ?event.instance, kind = ?event.kind, reason = %event.reason, "event");
         // No receiver is fine.
+        let _ = self.tx.send(event);
+    }
+
+    /// Emits one volume event and logs it. `reason` must hold no secret or mount flag.
+    pub fn emit_volume(
+        &self,
+        kind: EventKind,
+        plugin_id: &str,
+        volume_id: &str,
+        alloc_id: Option<&str>,
+        reason: impl Into<String>,
+    ) {
+        let event = Event {
+            seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
+            time_ms: crate::now_ms(),
+            kind,
+            plugin_id: plugin_id.to_string(),
+            instance: None,
+            volume_id: Some(volume_id.to_string()),
+            alloc_id: alloc_id.map(str::to_string),
+            reason: reason.into(),
+        };
+        tracing::info!(plugin = %event.plugin_id, volume_id, alloc_id, kind = ?event.kind, reason = %event.reason, "event");
         let _ = self.tx.send(event);
     }
 

@@ -9,6 +9,7 @@ pub mod manager;
 pub mod metrics;
 pub mod registry;
 pub mod supervisor;
+pub mod volumes;
 pub mod watch;
 
 /// Milliseconds since the epoch, now.

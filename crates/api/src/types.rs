@@ -264,6 +264,16 @@ pub enum EventKind {
     PluginProcessExited,
     /// A plugin process the agent runs was started (again).
     PluginProcessStarted,
+    /// A volume entered the catalog (registered or created).
+    VolumeRegistered,
+    /// A volume left the catalog (deregistered or deleted).
+    VolumeDeregistered,
+    /// A volume was claimed and mounted for an alloc.
+    VolumeClaimed,
+    /// An alloc's claim was released (unmounted, controller-unpublished, freed).
+    VolumeReleased,
+    /// A step of a claim or release failed; it is retried.
+    VolumeStepFailed,
 }
 
 /// One line of `GET /v1/events` (newline-delimited JSON).
@@ -279,6 +289,12 @@ pub struct Event {
     pub plugin_id: String,
     /// The instance, when it is about one.
     pub instance: Option<String>,
+    /// The volume, for volume events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_id: Option<String>,
+    /// The alloc, for claim events.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alloc_id: Option<String>,
     /// Why, in words.
     pub reason: String,
 }
@@ -372,6 +388,8 @@ mod tests {
             kind: EventKind::PluginHealthy,
             plugin_id: "p".into(),
             instance: None,
+            volume_id: None,
+            alloc_id: None,
             reason: "probe ok".into(),
         });
         let text = serde_json::to_string(&event).unwrap();

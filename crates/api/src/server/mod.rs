@@ -177,6 +177,9 @@ pub enum ApiError {
     /// 500: the agent failed.
     #[error("{0}")]
     Internal(String),
+    /// 503: something the request needs (a plugin) cannot serve now; try again later.
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 impl ApiError {
@@ -191,6 +194,7 @@ impl ApiError {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

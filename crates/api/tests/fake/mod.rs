@@ -56,6 +56,8 @@ impl FakeAgent {
                 kind: EventKind::PluginHealthy,
                 plugin_id: "alpha".into(),
                 instance: Some("i1".into()),
+                volume_id: None,
+                alloc_id: None,
                 reason,
             })
             .expect("a subscriber");
