@@ -109,7 +109,8 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The berth-hostpath plugin `--dev` runs: a monolith next to the `berth` binary.
+/// The berth-hostpath plugin `--dev` runs: a monolith next to the `berth` binary, staging and
+/// attaching like a real block-storage driver.
 fn dev_hostpath(data_dir: &std::path::Path) -> anyhow::Result<PluginDecl> {
     let exe = std::env::current_exe().context("cannot find the berth binary")?;
     let command = exe.with_file_name("berth-hostpath");
@@ -130,6 +131,9 @@ fn dev_hostpath(data_dir: &std::path::Path) -> anyhow::Result<PluginDecl> {
                 data_dir.join("hostpath").display().to_string(),
                 "--nodeid".into(),
                 node_id,
+                // The whole CSI flow: NodeStage once per usage, ControllerPublish per node.
+                "--enable-stage".into(),
+                "--enable-attach".into(),
             ],
             env: Default::default(),
         },
