@@ -3,6 +3,10 @@
 //! - `<data_dir>/csi/<type>/<plugin_id>/staging/<volume_id>/<usage>`
 //! - `<data_dir>/csi/<type>/<plugin_id>/per-alloc/<alloc_id>/<volume_id>/<usage>`
 //!
+//! `<usage>` is [`UsageKey::dir_name`]: `ro|rw-<attachment>-<access-mode>`, plus `.<n>` for a
+//! variant `n > 0` (the same usage with other mount options at the same time). Mount options
+//! never appear in a path, not even hashed.
+//!
 //! Every id is checked with [`berth_sys::validate_path_segment`] before it becomes a segment,
 //! so a path built here never leaves its plugin's directory. These are mount targets, not
 //! sockets: the 107-byte unix socket limit does not apply (each id is at most 128 bytes, so a
@@ -174,6 +178,7 @@ mod tests {
         read_only: false,
         attachment_mode: AttachmentMode::FileSystem,
         access_mode: AccessMode::SingleNodeWriter,
+        variant: 0,
     };
 
     #[test]
@@ -189,6 +194,7 @@ mod tests {
             read_only: true,
             attachment_mode: AttachmentMode::BlockDevice,
             access_mode: AccessMode::MultiNodeReaderOnly,
+            variant: 0,
         };
         assert_eq!(
             publish_path(d, PluginDir::Monolith, "hostpath", "vol-1", "alloc-9", ro).unwrap(),
@@ -207,6 +213,18 @@ mod tests {
             Path::new("/var/lib/berth/csi/controller/c/staging/v")
         );
         assert!(p.staging("v", RW).unwrap().is_absolute());
+        assert_eq!(
+            p.staging("v", RW.with_variant(1)).unwrap(),
+            Path::new(
+                "/var/lib/berth/csi/controller/c/staging/v/rw-file-system-single-node-writer.1"
+            )
+        );
+        assert_eq!(
+            p.publish("v", "a", RW.with_variant(12)).unwrap(),
+            Path::new(
+                "/var/lib/berth/csi/controller/c/per-alloc/a/v/rw-file-system-single-node-writer.12"
+            )
+        );
         for t in [PluginDir::Node, PluginDir::Controller, PluginDir::Monolith] {
             assert_eq!(t.as_str().parse::<PluginDir>(), Ok(t));
         }

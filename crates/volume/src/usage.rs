@@ -1,8 +1,10 @@
 //! Usages: one way a volume is used on a node, and the directory name it gets.
 //!
 //! Staging is per usage, publishing per (alloc, usage). A usage is identified by its
-//! [`UsageKey`] (read-only?, attachment mode, access mode); its mount options ride along but do
-//! not change its directory.
+//! [`UsageKey`] (read-only?, attachment mode, access mode, variant). Its mount options never
+//! appear in a path: when the same (read-only?, attachment mode, access mode) is used with
+//! different mount options at once, each set of options gets its own *variant* number, and
+//! variants other than 0 add `.<n>` to the directory name.
 
 use std::{fmt, str::FromStr};
 
@@ -62,7 +64,8 @@ pub fn merge_mount_options(volume: &MountOptions, request: &MountOptions) -> Mou
 
 /// What identifies a usage of a volume on a node, and names its directories.
 ///
-/// Plain data (`Copy`, `Ord`, `Serialize`): key persisted records and maps by it.
+/// Plain data (`Copy`, `Ord`, `Serialize`): key persisted records and maps by it. Keys that
+/// differ only in `variant` sort together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct UsageKey {
     /// Mounted read-only.
@@ -71,27 +74,65 @@ pub struct UsageKey {
     pub attachment_mode: AttachmentMode,
     /// The access mode claimed.
     pub access_mode: AccessMode,
+    /// Which set of mount options, when one (read-only?, attachment, access mode) is used with
+    /// several at once: 0 for the first (and usual) one. The volume manager assigns it; it is
+    /// only a number, never derived from the options. Not serialized when 0, so records
+    /// written before variants existed read the same.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub variant: u16,
+}
+
+fn is_zero(n: &u16) -> bool {
+    *n == 0
 }
 
 impl UsageKey {
-    /// `ro|rw-<file-system|block-device>-<access-mode>`, e.g. `rw-file-system-single-node-writer`.
+    /// `ro|rw-<file-system|block-device>-<access-mode>`, e.g. `rw-file-system-single-node-writer`,
+    /// followed by `.<variant>` when the variant is not 0 (`rw-file-system-single-node-writer.2`).
     /// Always a valid path segment; distinct keys give distinct names.
     pub fn dir_name(&self) -> String {
-        format!(
+        let base = format!(
             "{}-{}-{}",
             if self.read_only { "ro" } else { "rw" },
             self.attachment_mode.as_str(),
             self.access_mode.as_str()
-        )
+        );
+        match self.variant {
+            0 => base,
+            n => format!("{base}.{n}"),
+        }
     }
 
-    /// Reads a name made by [`UsageKey::dir_name`] (exactly: no other spelling is accepted),
-    /// e.g. when scanning a staging directory after a restart.
+    /// The same key with another variant.
+    pub fn with_variant(self, variant: u16) -> Self {
+        Self { variant, ..self }
+    }
+
+    /// The same key at variant 0: what (read-only?, attachment, access mode) it is, whatever
+    /// its mount options.
+    pub fn base(self) -> Self {
+        self.with_variant(0)
+    }
+
+    /// Reads a name made by [`UsageKey::dir_name`] (exactly: no other spelling is accepted, so
+    /// no `.0`, no leading zeros, no sign), e.g. when scanning a staging directory after a
+    /// restart.
     pub fn from_dir_name(name: &str) -> Result<Self, NotAUsageDir> {
         let bad = || NotAUsageDir(name.chars().take(64).collect());
-        let (read_only, rest) = if let Some(rest) = name.strip_prefix("ro-") {
+        let (name_base, variant) = match name.split_once('.') {
+            None => (name, 0),
+            Some((base, n)) => {
+                let canonical =
+                    !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0');
+                if !canonical {
+                    return Err(bad());
+                }
+                (base, n.parse::<u16>().map_err(|_| bad())?)
+            }
+        };
+        let (read_only, rest) = if let Some(rest) = name_base.strip_prefix("ro-") {
             (true, rest)
-        } else if let Some(rest) = name.strip_prefix("rw-") {
+        } else if let Some(rest) = name_base.strip_prefix("rw-") {
             (false, rest)
         } else {
             return Err(bad());
@@ -112,6 +153,7 @@ impl UsageKey {
             read_only,
             attachment_mode,
             access_mode,
+            variant,
         })
     }
 }
@@ -132,15 +174,15 @@ impl FromStr for UsageKey {
 /// A name that [`UsageKey::dir_name`] does not make.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{0:?} is not a usage directory name (expected ro|rw-<file-system|block-device>-<access-mode>)"
+    "{0:?} is not a usage directory name (expected ro|rw-<file-system|block-device>-<access-mode>, then .<n> for a variant n > 0)"
 )]
 pub struct NotAUsageDir(pub String);
 
 /// One usage of a volume on a node: its key plus the mount options it is staged and published
 /// with (already merged, see [`merge_mount_options`]).
 ///
-/// Two usages with the same key share their directories whatever their mount options; the
-/// volume manager decides what a second, different set of options for a staged key means.
+/// It has no variant: [`Usage::key`] is variant 0, and the volume manager picks the variant a
+/// set of mount options gets (see [`UsageKey::variant`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Usage {
     /// Mounted read-only.
@@ -154,16 +196,18 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// Its identity: what names its directories.
+    /// Its identity at variant 0.
     pub fn key(&self) -> UsageKey {
         UsageKey {
             read_only: self.read_only,
             attachment_mode: self.attachment_mode,
             access_mode: self.access_mode,
+            variant: 0,
         }
     }
 
-    /// [`UsageKey::dir_name`] of its key, e.g. `ro-block-device-multi-node-reader-only`.
+    /// [`UsageKey::dir_name`] of its key (variant 0), e.g.
+    /// `ro-block-device-multi-node-reader-only`.
     pub fn dir_name(&self) -> String {
         self.key().dir_name()
     }
@@ -210,6 +254,7 @@ mod tests {
             read_only: true,
             attachment_mode: AttachmentMode::BlockDevice,
             access_mode: AccessMode::MultiNodeReaderOnly,
+            variant: 0,
         };
         assert_eq!(k.dir_name(), "ro-block-device-multi-node-reader-only");
         assert_eq!(k.to_string(), k.dir_name());
@@ -225,6 +270,7 @@ mod tests {
                         read_only,
                         attachment_mode,
                         access_mode,
+                        variant: 0,
                     };
                     let name = k.dir_name();
                     berth_sys::validate_path_segment("usage", &name).unwrap();
@@ -246,6 +292,77 @@ mod tests {
         ] {
             assert!(UsageKey::from_dir_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn variants_add_a_suffix_and_round_trip() {
+        let k = UsageKey {
+            read_only: false,
+            attachment_mode: AttachmentMode::FileSystem,
+            access_mode: AccessMode::SingleNodeMultiWriter,
+            variant: 0,
+        };
+        assert_eq!(k.dir_name(), "rw-file-system-single-node-multi-writer");
+        assert_eq!(
+            k.with_variant(2).dir_name(),
+            "rw-file-system-single-node-multi-writer.2"
+        );
+        assert_eq!(k.with_variant(7).base(), k);
+        for n in [1, 2, 9, 10, 100, 4242, u16::MAX] {
+            let v = k.with_variant(n);
+            let name = v.dir_name();
+            berth_sys::validate_path_segment("usage", &name).unwrap();
+            assert_eq!(UsageKey::from_dir_name(&name), Ok(v), "{name}");
+            assert_eq!(name.parse::<UsageKey>(), Ok(v));
+            assert_ne!(name, k.dir_name());
+        }
+        let base = k.dir_name();
+        for suffix in [
+            ".0",
+            ".",
+            ".01",
+            ".007",
+            ".+1",
+            ".-1",
+            ".1a",
+            ".a",
+            ". 1",
+            ".1.2",
+            "..1",
+            ".65536",
+            ".99999999999999999999",
+            ".١",
+        ] {
+            let name = format!("{base}{suffix}");
+            let e = UsageKey::from_dir_name(&name).expect_err(&name);
+            assert!(e.to_string().contains("not a usage directory name"), "{e}");
+        }
+        // A variant on a name that is not a usage is still not a usage.
+        assert!(UsageKey::from_dir_name("rw-file-system.1").is_err());
+        assert!(UsageKey::from_dir_name(".1").is_err());
+    }
+
+    #[test]
+    fn variant_zero_is_not_serialized_and_old_records_read_as_zero() {
+        let k = UsageKey {
+            read_only: true,
+            attachment_mode: AttachmentMode::BlockDevice,
+            access_mode: AccessMode::MultiNodeReaderOnly,
+            variant: 0,
+        };
+        let json = serde_json::to_value(k).unwrap();
+        assert!(json.get("variant").is_none(), "{json}");
+        // A record written before variants existed.
+        let old = serde_json::json!({
+            "read_only": true,
+            "attachment_mode": json["attachment_mode"],
+            "access_mode": json["access_mode"],
+        });
+        assert_eq!(serde_json::from_value::<UsageKey>(old).unwrap(), k);
+        let v = k.with_variant(3);
+        let json = serde_json::to_value(v).unwrap();
+        assert_eq!(json["variant"], 3);
+        assert_eq!(serde_json::from_value::<UsageKey>(json).unwrap(), v);
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub struct UsageRecord {
     pub volume_id: String,
     /// The provider's volume id (the `volume_id` of the RPCs).
     pub external_id: ExternalId,
-    /// Which usage.
+    /// Which usage, variant included (see [`UsageKey::variant`]).
     pub usage: UsageKey,
     /// The options it is staged and published with.
     pub mount_options: StoredMountOptions,
@@ -102,7 +102,7 @@ impl UsageRecord {
         record_key(&self.plugin_id, &self.volume_id, self.usage)
     }
 
-    /// The usage, options included, as the RPCs need it.
+    /// The usage, options included, as the RPCs need it (its variant is only in `usage`).
     pub fn full_usage(&self) -> Usage {
         Usage {
             read_only: self.usage.read_only,
@@ -141,6 +141,7 @@ mod tests {
                 read_only: false,
                 attachment_mode: AttachmentMode::FileSystem,
                 access_mode: AccessMode::SingleNodeWriter,
+                variant: 0,
             },
             mount_options: opts.clone(),
             staging: Some(StageState::Staged),
@@ -155,5 +156,15 @@ mod tests {
             ["password=hunter2"]
         );
         assert_eq!(rec.full_usage().key(), rec.usage);
+        let rec2 = UsageRecord {
+            usage: rec.usage.with_variant(2),
+            ..rec.clone()
+        };
+        assert_eq!(rec2.key(), "p/v/rw-file-system-single-node-writer.2");
+        assert_eq!(rec2.full_usage().key(), rec.usage);
+        // Variant 0 is stored as before variants existed.
+        let json = serde_json::to_value(&rec).unwrap();
+        assert!(json["usage"].get("variant").is_none(), "{json}");
+        assert_eq!(serde_json::to_value(&rec2).unwrap()["usage"]["variant"], 2);
     }
 }
