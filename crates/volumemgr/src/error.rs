@@ -44,16 +44,17 @@ pub enum VolumeError {
         /// The usage.
         usage: UsageKey,
     },
-    /// The usage is already in use with other mount options or another external id.
+    /// The volume is already in use with another external id, or every variant of the usage
+    /// is taken by other mount options.
     #[error(
         "volume {volume_id}, usage {usage}: already staged with different {what}; release it first"
     )]
     Conflict {
         /// berth's volume id.
         volume_id: String,
-        /// The usage.
+        /// The usage asked for (variant 0).
         usage: UsageKey,
-        /// `mount options` or `external id` (never the values).
+        /// `external id` or `mount options (no variant free)` (never the values).
         what: &'static str,
     },
     /// The store failed.

@@ -8,17 +8,28 @@
 //! usage are a map inside its record, so "is anyone still using this staging?" is always
 //! answered from what was persisted (rules 1 and 3).
 //!
+//! The same volume may be used at once with different mount options for the same (read-only?,
+//! attachment, access mode): each distinct set of options gets its own record, staging and
+//! targets, told apart by the usage's *variant* number ([`berth_volume::UsageKey::variant`]):
+//! variant 0 is named as DESIGN.md's layout says, variant `n > 0` adds `.n` to the usage's
+//! directory name. Mount options never appear in a path.
+//!
 //! Secrets are never persisted: every call takes the secrets it needs. A stage or publish that
-//! is driven again after a restart uses the secrets of the call that drives it
-//! ([`VolumeManager::reconcile`] has none and sends empty secrets; a later
-//! [`VolumeManager::mount`] re-drives with its own). Mount flags are persisted (a usage must be
-//! staged again with the same flags) but never printed: not in `Debug`, errors or logs.
+//! is driven again uses the secrets of whoever drives it: [`VolumeManager::mount`] its
+//! request's, [`VolumeManager::reconcile`] what its closure returns for the volume id (the
+//! agent's catalog holds them). Mount flags are persisted (a usage must be staged again with
+//! the same flags) but never printed: not in `Debug`, errors or logs.
+//!
+//! A [`StepHook`] set with [`VolumeManager::with_hook`] is called before and after every
+//! node RPC of the state machine, for crash tests.
 
 mod error;
+mod hook;
 mod manager;
 mod record;
 
 pub use error::VolumeError;
+pub use hook::{ParseStepError, Phase, Step, StepHook, StepRpc};
 pub use manager::{
     MountRequest, MountTable, ProcMountTable, ReconcileAction, ReconcileReport, VolumeManager,
 };

@@ -1,22 +1,23 @@
 //! The volume manager itself.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io,
     path::{Path, PathBuf},
     sync::Arc,
 };
 
 use berth_csi::{
-    CsiClient, CsiError, NodePublish, NodeStage,
-    model::{ExternalId, NodeCapabilities, NodeCapability, Secrets},
+    CapacityRange, CsiClient, CsiError, NodeExpand, NodePublish, NodeStage,
+    model::{ExternalId, NodeCapabilities, NodeCapability, Secrets, VolumeStats},
 };
 use berth_state::{KeyedLocks, Store, Table};
 use berth_sys::{MountEntry, top_mount_at};
-use berth_volume::{PluginDir, PluginPaths, Usage, UsageKey};
+use berth_volume::{PathError, PluginDir, PluginPaths, Usage, UsageKey};
 
 use crate::{
     error::VolumeError,
+    hook::{Phase, Step, StepHook, StepRpc},
     record::{PublishState, StageState, StoredMountOptions, UsageRecord, record_key},
 };
 
@@ -136,6 +137,7 @@ pub struct VolumeManager {
     node_caps: NodeCapabilities,
     mounts: Arc<dyn MountTable>,
     locks: KeyedLocks,
+    hook: Option<Arc<dyn StepHook>>,
 }
 
 impl std::fmt::Debug for VolumeManager {
@@ -143,6 +145,7 @@ impl std::fmt::Debug for VolumeManager {
         f.debug_struct("VolumeManager")
             .field("plugin_id", &self.plugin_id)
             .field("root", &self.paths.root())
+            .field("hook", &self.hook.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -180,7 +183,14 @@ impl VolumeManager {
             node_caps,
             mounts,
             locks: KeyedLocks::default(),
+            hook: None,
         })
+    }
+
+    /// Calls `hook` at every [`Step`] (see [`StepHook`]); without it, nothing is called.
+    pub fn with_hook(mut self, hook: Arc<dyn StepHook>) -> Self {
+        self.hook = Some(hook);
+        self
     }
 
     /// The plugin's directory paths.
@@ -190,22 +200,18 @@ impl VolumeManager {
 
     /// Every record of this plugin, in key order.
     pub fn records(&self) -> Result<Vec<UsageRecord>, VolumeError> {
-        let prefix = format!("{}/", self.plugin_id);
-        let all = self
-            .store
-            .list::<UsageRecord>(Table::USAGES)
-            .map_err(|source| VolumeError::Store {
-                volume_id: String::new(),
-                source,
-            })?;
-        Ok(all
-            .into_iter()
-            .filter(|(k, _)| k.starts_with(&prefix))
-            .map(|(_, r)| r)
-            .collect())
+        self.list(&format!("{}/", self.plugin_id), "")
     }
 
-    /// The record of one usage, if any.
+    /// Every record of one volume (of this plugin), in key order: one per usage and variant.
+    pub fn usages_of(&self, volume_id: &str) -> Result<Vec<UsageRecord>, VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .map_err(|source| invalid(volume_id, source))?;
+        self.volume_records(volume_id)
+    }
+
+    /// The record of one usage (variant included), if any.
     pub fn record(
         &self,
         volume_id: &str,
@@ -222,52 +228,104 @@ impl VolumeManager {
             })
     }
 
-    /// Stages (once per usage, when the plugin stages) and publishes the volume for the alloc;
-    /// returns the target path. Publishing an (alloc, usage) that is already published returns
-    /// its target without any RPC. On error the record stays in its intent state.
-    pub async fn mount(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
-        let volume_id = req.volume_id.as_str();
-        let key = req.usage.key();
-        let invalid = |source| VolumeError::InvalidPath {
-            volume_id: volume_id.to_string(),
-            source,
+    /// Every alloc in any record of this plugin (in any state), by volume id.
+    pub fn allocs(&self) -> Result<BTreeMap<String, BTreeSet<String>>, VolumeError> {
+        let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for rec in self.records()? {
+            let allocs = out.entry(rec.volume_id).or_default();
+            allocs.extend(rec.allocs.into_keys());
+        }
+        out.retain(|_, allocs| !allocs.is_empty());
+        Ok(out)
+    }
+
+    /// The record that holds `alloc_id` (in any state; a published one first if the alloc is
+    /// in several), and the alloc's publish target in it. `None` when no record of the volume
+    /// holds the alloc.
+    pub fn alloc_target(
+        &self,
+        volume_id: &str,
+        alloc_id: &str,
+    ) -> Result<Option<(UsageRecord, PathBuf)>, VolumeError> {
+        self.check_ids(volume_id, alloc_id)?;
+        let mut found: Option<UsageRecord> = None;
+        for rec in self.volume_records(volume_id)? {
+            match rec.allocs.get(alloc_id) {
+                Some(PublishState::Published) => {
+                    found = Some(rec);
+                    break;
+                }
+                Some(_) if found.is_none() => found = Some(rec),
+                _ => {}
+            }
+        }
+        let Some(rec) = found else {
+            return Ok(None);
         };
-        let staging = self.paths.staging(volume_id, key).map_err(invalid)?;
         let target = self
             .paths
-            .publish(volume_id, &req.alloc_id, key)
-            .map_err(invalid)?;
+            .publish(volume_id, alloc_id, rec.usage)
+            .map_err(|source| invalid(volume_id, source))?;
+        Ok(Some((rec, target)))
+    }
+
+    /// Stages (once per usage and variant, when the plugin stages) and publishes the volume for
+    /// the alloc; returns the target path.
+    ///
+    /// The request's mount options pick the variant: the record of the same (read-only?,
+    /// attachment, access mode) with equal options is used; without one, the lowest free
+    /// variant number gets a new record (its own staging and targets). Publishing an alloc
+    /// that is already published there returns its target without any RPC. A volume id already
+    /// used with another external id is a [`VolumeError::Conflict`]. On error the record stays
+    /// in its intent state.
+    pub async fn mount(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
+        let volume_id = req.volume_id.as_str();
+        let base = req.usage.key();
+        self.check_ids(volume_id, &req.alloc_id)?;
         let _guard = self.locks.lock(volume_id).await;
+        let options = StoredMountOptions::from(&req.usage.mount_options);
+        let existing = self.volume_records(volume_id)?;
+        if existing.iter().any(|r| r.external_id != req.external_id) {
+            return Err(conflict(volume_id, base, "external id"));
+        }
+        let same_usage: Vec<&UsageRecord> =
+            existing.iter().filter(|r| r.usage.base() == base).collect();
+        let mut rec = match same_usage.iter().find(|r| r.mount_options == options) {
+            Some(rec) => (*rec).clone(),
+            None => {
+                let used: BTreeSet<u16> = same_usage.iter().map(|r| r.usage.variant).collect();
+                let variant = (0..=u16::MAX)
+                    .find(|n| !used.contains(n))
+                    .ok_or_else(|| conflict(volume_id, base, "mount options (no variant free)"))?;
+                UsageRecord {
+                    plugin_id: self.plugin_id.clone(),
+                    volume_id: volume_id.to_string(),
+                    external_id: req.external_id.clone(),
+                    usage: base.with_variant(variant),
+                    mount_options: options,
+                    staging: self
+                        .node_caps
+                        .has(NodeCapability::StageUnstageVolume)
+                        .then_some(StageState::Staging),
+                    allocs: BTreeMap::new(),
+                    publish_context: req.publish_context.clone(),
+                    volume_context: req.volume_context.clone(),
+                }
+            }
+        };
+        let key = rec.usage;
         let ctx = Ctx {
             volume_id,
             usage: key,
         };
-        let options = StoredMountOptions::from(&req.usage.mount_options);
-        let mut rec = match self.record(volume_id, key)? {
-            Some(rec) => {
-                if rec.external_id != req.external_id {
-                    return Err(self.conflict(&ctx, "external id"));
-                }
-                if rec.mount_options != options {
-                    return Err(self.conflict(&ctx, "mount options"));
-                }
-                rec
-            }
-            None => UsageRecord {
-                plugin_id: self.plugin_id.clone(),
-                volume_id: volume_id.to_string(),
-                external_id: req.external_id.clone(),
-                usage: key,
-                mount_options: options,
-                staging: self
-                    .node_caps
-                    .has(NodeCapability::StageUnstageVolume)
-                    .then_some(StageState::Staging),
-                allocs: BTreeMap::new(),
-                publish_context: req.publish_context.clone(),
-                volume_context: req.volume_context.clone(),
-            },
-        };
+        let staging = self
+            .paths
+            .staging(volume_id, key)
+            .map_err(|source| invalid(volume_id, source))?;
+        let target = self
+            .paths
+            .publish(volume_id, &req.alloc_id, key)
+            .map_err(|source| invalid(volume_id, source))?;
         if rec.allocs.get(&req.alloc_id) == Some(&PublishState::Published) {
             return Ok(target);
         }
@@ -288,45 +346,149 @@ impl VolumeManager {
         Ok(target)
     }
 
-    /// Unpublishes the volume for the alloc and, when no alloc uses the usage any more (by the
-    /// persisted record), unstages it and deletes its record. `NOT_FOUND` from the plugin counts
-    /// as done; nothing to do is success. On error the record stays in its intent state.
-    pub async fn unmount(
+    /// Unpublishes the volume for the alloc in every record of the volume that holds the alloc
+    /// (normally one), and releases (unstages if staged, then deletes) every record of the
+    /// volume that no alloc uses any more (by the persisted records), including ones left
+    /// unused by a failed mount. `NOT_FOUND` from the plugin counts as done; nothing to do is
+    /// success. Every record is tried; the first error is returned, and its record stays in
+    /// its intent state.
+    pub async fn unmount(&self, volume_id: &str, alloc_id: &str) -> Result<(), VolumeError> {
+        self.check_ids(volume_id, alloc_id)?;
+        let _guard = self.locks.lock(volume_id).await;
+        let mut first_err = None;
+        for mut rec in self.volume_records(volume_id)? {
+            let using = rec.allocs.contains_key(alloc_id);
+            if !using && !rec.allocs.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.unmount_one(volume_id, &mut rec, alloc_id).await {
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    }
+
+    async fn unmount_one(
+        &self,
+        volume_id: &str,
+        rec: &mut UsageRecord,
+        alloc_id: &str,
+    ) -> Result<(), VolumeError> {
+        let usage = rec.usage;
+        let ctx = Ctx { volume_id, usage };
+        if rec.allocs.contains_key(alloc_id) {
+            let target = self
+                .paths
+                .publish(volume_id, alloc_id, usage)
+                .map_err(|source| invalid(volume_id, source))?;
+            self.unpublish(&ctx, rec, alloc_id, &target).await?;
+        }
+        if rec.allocs.is_empty() {
+            let staging = self
+                .paths
+                .staging(volume_id, usage)
+                .map_err(|source| invalid(volume_id, source))?;
+            self.release(&ctx, rec, &staging).await?;
+        }
+        Ok(())
+    }
+
+    /// NodeGetVolumeStats on the alloc's published target of the volume (with its staging path
+    /// when the plugin stages). `None` when the plugin lacks `GET_VOLUME_STATS` or the alloc
+    /// has no published target of the volume.
+    pub async fn stats(
         &self,
         volume_id: &str,
         alloc_id: &str,
-        usage: UsageKey,
-    ) -> Result<(), VolumeError> {
-        let invalid = |source| VolumeError::InvalidPath {
-            volume_id: volume_id.to_string(),
-            source,
-        };
-        let staging = self.paths.staging(volume_id, usage).map_err(invalid)?;
-        let target = self
-            .paths
-            .publish(volume_id, alloc_id, usage)
-            .map_err(invalid)?;
+    ) -> Result<Option<VolumeStats>, VolumeError> {
+        self.check_ids(volume_id, alloc_id)?;
+        if !self.node_caps.has(NodeCapability::GetVolumeStats) {
+            return Ok(None);
+        }
         let _guard = self.locks.lock(volume_id).await;
-        let ctx = Ctx { volume_id, usage };
-        let Some(mut rec) = self.record(volume_id, usage)? else {
-            return Ok(());
+        let Some((rec, target)) = self.alloc_target(volume_id, alloc_id)? else {
+            return Ok(None);
         };
-        if rec.allocs.contains_key(alloc_id) {
-            self.unpublish(&ctx, &mut rec, alloc_id, &target).await?;
+        if rec.allocs.get(alloc_id) != Some(&PublishState::Published) {
+            return Ok(None);
         }
-        if rec.allocs.is_empty() {
-            self.release(&ctx, &mut rec, &staging).await?;
+        let ctx = Ctx {
+            volume_id,
+            usage: rec.usage,
+        };
+        let staging = self.staging_of(&rec)?;
+        self.client
+            .node_volume_stats(&rec.external_id, &target, staging.as_deref())
+            .await
+            .map(Some)
+            .map_err(|e| self.csi_err(&ctx, Some(alloc_id), e))
+    }
+
+    /// NodeExpandVolume for every published target of the volume (every alloc of every usage,
+    /// with the usage's staging path when the plugin stages), in record order; the capacities
+    /// the plugin reports, one per target. Empty when the plugin lacks `EXPAND_VOLUME` or
+    /// nothing of the volume is published. Stops at the first error (the call is idempotent:
+    /// call it again).
+    pub async fn expand(
+        &self,
+        volume_id: &str,
+        capacity: CapacityRange,
+        secrets: &Secrets,
+    ) -> Result<Vec<i64>, VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .map_err(|source| invalid(volume_id, source))?;
+        if !self.node_caps.has(NodeCapability::ExpandVolume) {
+            return Ok(Vec::new());
         }
-        Ok(())
+        let _guard = self.locks.lock(volume_id).await;
+        let mut sizes = Vec::new();
+        for rec in self.volume_records(volume_id)? {
+            let ctx = Ctx {
+                volume_id,
+                usage: rec.usage,
+            };
+            let staging = self.staging_of(&rec)?;
+            let capability = Some(rec.full_usage().capability());
+            for (alloc_id, state) in &rec.allocs {
+                if *state != PublishState::Published {
+                    continue;
+                }
+                let target = self
+                    .paths
+                    .publish(volume_id, alloc_id, rec.usage)
+                    .map_err(|source| invalid(volume_id, source))?;
+                let req = NodeExpand {
+                    external_id: rec.external_id.clone(),
+                    volume_path: target,
+                    staging_path: staging.clone(),
+                    capacity,
+                    capability: capability.clone(),
+                    secrets: secrets.clone(),
+                };
+                let size = self
+                    .client
+                    .node_expand(&req)
+                    .await
+                    .map_err(|e| self.csi_err(&ctx, Some(alloc_id), e))?;
+                tracing::info!(volume_id, alloc_id, usage = %rec.usage, size, "expanded");
+                sizes.push(size);
+            }
+        }
+        Ok(sizes)
     }
 
     /// Drives every record of this plugin to a resting state, at start (before any mount or
     /// unmount): published allocs whose target is still mounted are kept without an RPC;
     /// interrupted publishes, stages, unpublishes and unstages are sent again (stages and
-    /// publishes with empty secrets: a later [`mount`](Self::mount) re-drives with its own if
-    /// that fails); published targets or staging dirs that are no longer mounted are mounted
-    /// again. Unused usages are released.
-    pub async fn reconcile(&self) -> ReconcileReport {
+    /// publishes with `secrets(volume_id)`, asked at most once per record and only for records
+    /// that send one: the agent's catalog holds them); published
+    /// targets or staging dirs that are no longer mounted are mounted again. Unused usages are
+    /// released.
+    pub async fn reconcile(
+        &self,
+        secrets: &(dyn Fn(&str) -> Secrets + Send + Sync),
+    ) -> ReconcileReport {
         let mut report = ReconcileReport::default();
         let records = match self.records() {
             Ok(r) => r,
@@ -336,7 +498,7 @@ impl VolumeManager {
             }
         };
         for rec in records {
-            if let Err(e) = self.reconcile_one(rec, &mut report.actions).await {
+            if let Err(e) = self.reconcile_one(rec, secrets, &mut report.actions).await {
                 report.errors.push(e);
             }
         }
@@ -346,6 +508,7 @@ impl VolumeManager {
     async fn reconcile_one(
         &self,
         rec: UsageRecord,
+        secrets_of: &(dyn Fn(&str) -> Secrets + Send + Sync),
         actions: &mut Vec<ReconcileAction>,
     ) -> Result<(), VolumeError> {
         let volume_id = rec.volume_id.clone();
@@ -359,12 +522,15 @@ impl VolumeManager {
             volume_id: &volume_id,
             usage,
         };
-        let invalid = |source| VolumeError::InvalidPath {
-            volume_id: volume_id.clone(),
-            source,
+        let bad_path = |source| invalid(&volume_id, source);
+        let staging = self.paths.staging(&volume_id, usage).map_err(bad_path)?;
+        // Asked once, and only when a stage or publish is sent.
+        let mut secrets: Option<Secrets> = None;
+        let mut secrets = || {
+            secrets
+                .get_or_insert_with(|| secrets_of(&volume_id))
+                .clone()
         };
-        let staging = self.paths.staging(&volume_id, usage).map_err(invalid)?;
-        let secrets = Secrets::default();
 
         // Interrupted unpublishes first.
         let mut unpublished = false;
@@ -378,7 +544,7 @@ impl VolumeManager {
             let target = self
                 .paths
                 .publish(&volume_id, &alloc_id, usage)
-                .map_err(invalid)?;
+                .map_err(bad_path)?;
             self.unpublish(&ctx, &mut rec, &alloc_id, &target).await?;
             unpublished = true;
             actions.push(ReconcileAction::Unpublished {
@@ -392,15 +558,21 @@ impl VolumeManager {
             match rec.staging {
                 // A stage was interrupted: finish it (a mount call was under way).
                 Some(StageState::Staging) => {
-                    self.stage(&ctx, &mut rec, &staging, &secrets).await?;
-                    actions.push(ReconcileAction::Staged { volume_id, usage });
+                    self.stage(&ctx, &mut rec, &staging, &secrets()).await?;
+                    actions.push(ReconcileAction::Staged {
+                        volume_id: volume_id.clone(),
+                        usage,
+                    });
                 }
                 // Staged and unused since a finished unpublish or an interrupted unstage, or
                 // never staged and unused: release.
                 Some(StageState::Staged) if !unpublished => {}
                 _ => {
                     self.release(&ctx, &mut rec, &staging).await?;
-                    actions.push(ReconcileAction::Released { volume_id, usage });
+                    actions.push(ReconcileAction::Released {
+                        volume_id: volume_id.clone(),
+                        usage,
+                    });
                 }
             }
             return Ok(());
@@ -414,7 +586,7 @@ impl VolumeManager {
             Some(StageState::Staging | StageState::Unstaging) => true,
         };
         if restage {
-            self.stage(&ctx, &mut rec, &staging, &secrets).await?;
+            self.stage(&ctx, &mut rec, &staging, &secrets()).await?;
             actions.push(ReconcileAction::Staged {
                 volume_id: volume_id.clone(),
                 usage,
@@ -428,7 +600,7 @@ impl VolumeManager {
             let target = self
                 .paths
                 .publish(&volume_id, &alloc_id, usage)
-                .map_err(invalid)?;
+                .map_err(bad_path)?;
             if state == PublishState::Published && mounted(&target) {
                 actions.push(ReconcileAction::Kept {
                     volume_id: volume_id.clone(),
@@ -445,7 +617,7 @@ impl VolumeManager {
                 &staging,
                 &publish_context,
                 &volume_context,
-                &secrets,
+                &secrets(),
             )
             .await?;
             actions.push(ReconcileAction::Published {
@@ -480,10 +652,12 @@ impl VolumeManager {
             volume_context: rec.volume_context.clone(),
             secrets: secrets.clone(),
         };
+        self.step(StepRpc::NodeStageVolume, Phase::Before);
         self.client
             .node_stage(&req)
             .await
             .map_err(|e| self.csi_err(ctx, None, e))?;
+        self.step(StepRpc::NodeStageVolume, Phase::After);
         rec.staging = Some(StageState::Staged);
         self.save(ctx, rec)?;
         tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
@@ -519,10 +693,12 @@ impl VolumeManager {
             volume_context: volume_context.clone(),
             secrets: secrets.clone(),
         };
+        self.step(StepRpc::NodePublishVolume, Phase::Before);
         self.client
             .node_publish(&req)
             .await
             .map_err(|e| self.csi_err(ctx, Some(alloc_id), e))?;
+        self.step(StepRpc::NodePublishVolume, Phase::After);
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Published);
         self.save(ctx, rec)?;
@@ -540,11 +716,13 @@ impl VolumeManager {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Unpublishing);
         self.save(ctx, rec)?;
+        self.step(StepRpc::NodeUnpublishVolume, Phase::Before);
         match self.client.node_unpublish(&rec.external_id, target).await {
             Ok(()) => {}
             Err(e) if e.is_already_done() => {}
             Err(e) => return Err(self.csi_err(ctx, Some(alloc_id), e)),
         }
+        self.step(StepRpc::NodeUnpublishVolume, Phase::After);
         rec.allocs.remove(alloc_id);
         self.save(ctx, rec)?;
         // Best effort: the alloc's now empty directories (the plugin removes the target).
@@ -569,11 +747,13 @@ impl VolumeManager {
         if rec.staging.is_some() {
             rec.staging = Some(StageState::Unstaging);
             self.save(ctx, rec)?;
+            self.step(StepRpc::NodeUnstageVolume, Phase::Before);
             match self.client.node_unstage(&rec.external_id, staging).await {
                 Ok(()) => {}
                 Err(e) if e.is_already_done() => {}
                 Err(e) => return Err(self.csi_err(ctx, None, e)),
             }
+            self.step(StepRpc::NodeUnstageVolume, Phase::After);
             if let Some(parent) = staging.parent() {
                 let _ = std::fs::remove_dir(parent);
             }
@@ -586,6 +766,45 @@ impl VolumeManager {
     }
 
     // ---- helpers ----
+
+    fn step(&self, rpc: StepRpc, phase: Phase) {
+        if let Some(hook) = &self.hook {
+            hook.at(Step::new(rpc, phase));
+        }
+    }
+
+    /// Checks both ids as path segments before anything is touched.
+    fn check_ids(&self, volume_id: &str, alloc_id: &str) -> Result<(), VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .and_then(|_| self.paths.alloc_dir(alloc_id))
+            .map(drop)
+            .map_err(|source| invalid(volume_id, source))
+    }
+
+    /// The records of one (already checked) volume id.
+    fn volume_records(&self, volume_id: &str) -> Result<Vec<UsageRecord>, VolumeError> {
+        self.list(&format!("{}/{volume_id}/", self.plugin_id), volume_id)
+    }
+
+    fn list(&self, prefix: &str, volume_id: &str) -> Result<Vec<UsageRecord>, VolumeError> {
+        let rows = self
+            .store
+            .list_prefix::<UsageRecord>(Table::USAGES, prefix)
+            .map_err(|source| VolumeError::Store {
+                volume_id: volume_id.to_string(),
+                source,
+            })?;
+        Ok(rows.into_iter().map(|(_, r)| r).collect())
+    }
+
+    /// The staging path of a record, when its plugin stages.
+    fn staging_of(&self, rec: &UsageRecord) -> Result<Option<PathBuf>, VolumeError> {
+        rec.staging
+            .map(|_| self.paths.staging(&rec.volume_id, rec.usage))
+            .transpose()
+            .map_err(|source| invalid(&rec.volume_id, source))
+    }
 
     fn save(&self, ctx: &Ctx<'_>, rec: &UsageRecord) -> Result<(), VolumeError> {
         self.store
@@ -608,14 +827,6 @@ impl VolumeManager {
         }
     }
 
-    fn conflict(&self, ctx: &Ctx<'_>, what: &'static str) -> VolumeError {
-        VolumeError::Conflict {
-            volume_id: ctx.volume_id.to_string(),
-            usage: ctx.usage,
-            what,
-        }
-    }
-
     fn csi_err(&self, ctx: &Ctx<'_>, alloc_id: Option<&str>, e: CsiError) -> VolumeError {
         let volume_id = ctx.volume_id.to_string();
         let alloc_id = alloc_id.map(str::to_string);
@@ -634,5 +845,20 @@ impl VolumeManager {
             usage: ctx.usage,
             source: e,
         }
+    }
+}
+
+fn invalid(volume_id: &str, source: PathError) -> VolumeError {
+    VolumeError::InvalidPath {
+        volume_id: volume_id.to_string(),
+        source,
+    }
+}
+
+fn conflict(volume_id: &str, usage: UsageKey, what: &'static str) -> VolumeError {
+    VolumeError::Conflict {
+        volume_id: volume_id.to_string(),
+        usage,
+        what,
     }
 }

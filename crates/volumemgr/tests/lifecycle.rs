@@ -2,22 +2,25 @@
 //! own mount namespace and is checked in its mountinfo.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
 };
 
 use berth_csi::{
-    CreateVolume, CsiClient, Endpoint, RetryPolicy, Rpc,
-    model::{AccessMode, AttachmentMode, ExternalId, MountOptions, Secrets},
+    CapacityRange, CreateVolume, CsiClient, Endpoint, RetryPolicy, Rpc,
+    model::{
+        AccessMode, AttachmentMode, ExternalId, MountFlags, MountOptions, NodeCapabilities,
+        NodeCapability, Secrets,
+    },
 };
 use berth_state::{Store, Table};
 use berth_testkit::HostpathPlugin;
 use berth_volume::{PluginDir, Usage};
 use berth_volumemgr::{
-    MountRequest, ProcMountTable, PublishState, ReconcileAction, StageState, UsageRecord,
-    VolumeError, VolumeManager,
+    MountRequest, ProcMountTable, PublishState, ReconcileAction, StageState, Step, StepHook,
+    UsageRecord, VolumeError, VolumeManager,
 };
 
 const PLUGIN: &str = "hostpath";
@@ -53,6 +56,10 @@ impl Env {
 
     async fn manager_with(&self, client: CsiClient) -> VolumeManager {
         let caps = client.node_capabilities().await.expect("node caps");
+        self.manager_caps(client, caps)
+    }
+
+    fn manager_caps(&self, client: CsiClient, caps: NodeCapabilities) -> VolumeManager {
         let mounts = ProcMountTable::at(format!("/proc/{}/mountinfo", self.plugin.pid()));
         VolumeManager::new(
             Arc::clone(&self.store),
@@ -123,6 +130,10 @@ fn usage(read_only: bool) -> Usage {
     }
 }
 
+fn no_secrets(_: &str) -> Secrets {
+    Secrets::default()
+}
+
 fn req(volume_id: &str, ext: &ExternalId, alloc_id: &str, usage: Usage) -> MountRequest {
     MountRequest {
         volume_id: volume_id.into(),
@@ -173,7 +184,7 @@ async fn two_allocs_share_one_staging_and_release_in_order() {
     );
     env.plugin.set_faults(&[]);
 
-    mgr.unmount("vol1", "a1", key).await.expect("unmount a1");
+    mgr.unmount("vol1", "a1").await.expect("unmount a1");
     assert!(!env.mounted(&t1));
     assert!(env.mounted(&t2), "a2 still published");
     assert_eq!(env.mounts_at(&staging), 1, "still staged");
@@ -184,11 +195,11 @@ async fn two_allocs_share_one_staging_and_release_in_order() {
         BTreeMap::from([("a2".to_string(), PublishState::Published)])
     );
 
-    mgr.unmount("vol1", "a2", key).await.expect("unmount a2");
+    mgr.unmount("vol1", "a2").await.expect("unmount a2");
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
     assert!(env.records().is_empty());
     // Nothing left to do is success.
-    mgr.unmount("vol1", "a2", key).await.expect("unmount again");
+    mgr.unmount("vol1", "a2").await.expect("unmount again");
 }
 
 #[tokio::test]
@@ -210,7 +221,7 @@ async fn a_new_manager_on_the_same_store_keeps_the_other_alloc() {
         (t1, t2)
     };
     let mgr = env.manager().await;
-    let report = mgr.reconcile().await;
+    let report = mgr.reconcile(&no_secrets).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(
         report.actions,
@@ -227,7 +238,7 @@ async fn a_new_manager_on_the_same_store_keeps_the_other_alloc() {
             },
         ]
     );
-    mgr.unmount("v", "a1", key).await.expect("unmount a1");
+    mgr.unmount("v", "a1").await.expect("unmount a1");
     assert!(!env.mounted(&t1));
     assert!(env.mounted(&t2));
     assert!(env.mounted(&mgr.paths().staging("v", key).unwrap()));
@@ -256,7 +267,7 @@ async fn reconcile_finishes_an_interrupted_publish() {
     };
     env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
     let mgr = env.manager().await;
-    let report = mgr.reconcile().await;
+    let report = mgr.reconcile(&no_secrets).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(report.actions.len(), 2, "{:?}", report.actions);
     let target = mgr.paths().publish("v", "a1", key).unwrap();
@@ -290,10 +301,7 @@ async fn a_failed_unpublish_stays_pending_until_reconcile_finishes_it() {
         .expect("mount");
 
     env.plugin.set_faults(&["NodeUnpublishVolume:UNAVAILABLE"]);
-    let err = mgr
-        .unmount("v", "a1", key)
-        .await
-        .expect_err("unpublish fails");
+    let err = mgr.unmount("v", "a1").await.expect_err("unpublish fails");
     assert!(
         matches!(&err, VolumeError::Csi { alloc_id: Some(a), .. } if a == "a1"),
         "{err:?}"
@@ -304,7 +312,7 @@ async fn a_failed_unpublish_stays_pending_until_reconcile_finishes_it() {
     assert!(env.mounted(&target));
 
     env.plugin.set_faults(&[]);
-    let report = mgr.reconcile().await;
+    let report = mgr.reconcile(&no_secrets).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(
         report.actions,
@@ -337,7 +345,7 @@ async fn a_plugin_without_staging_publishes_directly() {
     assert_eq!(env.mounts_under_data(), vec![target]);
     let rec = mgr.record("v", key).unwrap().expect("record");
     assert_eq!(rec.staging, None);
-    mgr.unmount("v", "a1", key).await.expect("unmount");
+    mgr.unmount("v", "a1").await.expect("unmount");
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
     assert!(env.records().is_empty());
 }
@@ -363,10 +371,10 @@ async fn two_usages_of_one_volume_get_two_stagings() {
     assert!(!env.plugin.mount_at(&t_rw).expect("rw target").read_only);
     assert!(env.plugin.mount_at(&t_ro).expect("ro target").read_only);
     assert_eq!(env.records().len(), 2);
-    mgr.unmount("v", "a2", ro.key()).await.expect("unmount ro");
+    mgr.unmount("v", "a2").await.expect("unmount ro");
     assert!(!env.mounted(&s_ro));
     assert!(env.mounted(&s_rw) && env.mounted(&t_rw));
-    mgr.unmount("v", "a1", rw.key()).await.expect("unmount rw");
+    mgr.unmount("v", "a1").await.expect("unmount rw");
     assert!(env.records().is_empty());
 }
 
@@ -381,34 +389,11 @@ async fn a_refused_id_changes_nothing() {
             .await
             .expect_err("refused");
         assert!(matches!(err, VolumeError::InvalidPath { .. }), "{err:?}");
-        let err = mgr
-            .unmount(vol, alloc, usage(false).key())
-            .await
-            .expect_err("refused");
+        let err = mgr.unmount(vol, alloc).await.expect_err("refused");
         assert!(matches!(err, VolumeError::InvalidPath { .. }), "{err:?}");
     }
     assert!(env.records().is_empty());
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
-}
-
-#[tokio::test]
-async fn other_mount_options_for_a_used_usage_are_refused_without_showing_them() {
-    let env = env(true).await;
-    let mgr = env.manager().await;
-    let ext = env.volume("conflict").await;
-    let u = usage(false);
-    mgr.mount(req("v", &ext, "a1", u.clone()))
-        .await
-        .expect("mount");
-    let mut other = u.clone();
-    other.mount_options.mount_flags =
-        berth_csi::model::MountFlags::new(vec!["password=hunter2".into()]);
-    let err = mgr
-        .mount(req("v", &ext, "a2", other))
-        .await
-        .expect_err("conflict");
-    assert!(matches!(err, VolumeError::Conflict { .. }), "{err:?}");
-    assert!(!format!("{err} {err:?}").contains("hunter2"));
 }
 
 #[tokio::test]
@@ -431,4 +416,400 @@ async fn a_cancelled_call_is_reported_as_cancelled_and_left_pending() {
     assert_eq!(rec.staging, Some(StageState::Staging));
     assert!(rec.allocs.is_empty());
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
+}
+
+fn with_flags(mut u: Usage, flags: &[&str]) -> Usage {
+    u.mount_options.mount_flags = MountFlags::new(flags.iter().map(|f| (*f).to_string()).collect());
+    u
+}
+
+#[tokio::test]
+async fn other_mount_options_get_their_own_variant_and_the_same_ones_share_it() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("variants").await;
+    let plain = usage(false);
+    let secret = with_flags(plain.clone(), &["password=hunter2"]);
+    let k0 = plain.key();
+    let k1 = k0.with_variant(1);
+    assert_eq!(k1.dir_name(), format!("{}.1", k0.dir_name()));
+
+    let t1 = mgr
+        .mount(req("v", &ext, "a1", plain.clone()))
+        .await
+        .expect("a1");
+    let t2 = mgr
+        .mount(req("v", &ext, "a2", secret.clone()))
+        .await
+        .expect("a2: other options are a second variant, not a conflict");
+    let (s0, s1) = (
+        mgr.paths().staging("v", k0).unwrap(),
+        mgr.paths().staging("v", k1).unwrap(),
+    );
+    assert_eq!(t1, mgr.paths().publish("v", "a1", k0).unwrap());
+    assert_eq!(t2, mgr.paths().publish("v", "a2", k1).unwrap());
+    assert!(env.mounted(&s0) && env.mounted(&s1));
+    assert!(env.mounted(&t1) && env.mounted(&t2));
+    // Flags never reach a path.
+    for m in env.mounts_under_data() {
+        assert!(!m.to_string_lossy().contains("hunter2"), "{}", m.display());
+    }
+    let recs = mgr.usages_of("v").expect("usages");
+    assert_eq!(
+        recs.iter().map(|r| r.usage).collect::<Vec<_>>(),
+        vec![k0, k1]
+    );
+    assert_eq!(recs[1].mount_options.mount_flags, ["password=hunter2"]);
+
+    // The same options again: the same variant, staged once.
+    let t3 = mgr
+        .mount(req("v", &ext, "a3", plain.clone()))
+        .await
+        .expect("a3");
+    assert_eq!(t3, mgr.paths().publish("v", "a3", k0).unwrap());
+    assert_eq!(env.mounts_at(&s0), 1);
+    assert_eq!(mgr.usages_of("v").unwrap().len(), 2);
+    let (rec, target) = mgr.alloc_target("v", "a2").unwrap().expect("a2's target");
+    assert_eq!((rec.usage, target), (k1, t2.clone()));
+    assert!(mgr.alloc_target("v", "nobody").unwrap().is_none());
+    assert_eq!(
+        mgr.allocs().unwrap(),
+        BTreeMap::from([(
+            "v".to_string(),
+            BTreeSet::from(["a1".to_string(), "a2".to_string(), "a3".to_string()])
+        )])
+    );
+
+    // Releasing variant 0 leaves variant 1 mounted.
+    mgr.unmount("v", "a1").await.expect("unmount a1");
+    mgr.unmount("v", "a3").await.expect("unmount a3");
+    assert!(!env.mounted(&s0) && !env.mounted(&t1) && !env.mounted(&t3));
+    assert!(env.mounted(&s1) && env.mounted(&t2));
+    assert!(mgr.record("v", k0).unwrap().is_none());
+    assert_eq!(mgr.usages_of("v").unwrap().len(), 1);
+
+    // Variant 0 is free again: the plain options take it, not a third variant.
+    let t4 = mgr
+        .mount(req("v", &ext, "a4", plain.clone()))
+        .await
+        .expect("a4");
+    assert_eq!(t4, mgr.paths().publish("v", "a4", k0).unwrap());
+    assert!(env.mounted(&s0) && env.mounted(&t4));
+
+    // Releasing variant 1 leaves variant 0 mounted.
+    mgr.unmount("v", "a2").await.expect("unmount a2");
+    assert!(!env.mounted(&s1) && !env.mounted(&t2));
+    assert!(env.mounted(&s0) && env.mounted(&t4));
+    // Third options while variant 1 is free: variant 1 again (the lowest free).
+    let other = with_flags(plain.clone(), &["noatime"]);
+    let t5 = mgr.mount(req("v", &ext, "a5", other)).await.expect("a5");
+    assert_eq!(t5, mgr.paths().publish("v", "a5", k1).unwrap());
+
+    mgr.unmount("v", "a4").await.expect("unmount a4");
+    mgr.unmount("v", "a5").await.expect("unmount a5");
+    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
+    assert!(env.records().is_empty());
+    assert!(mgr.allocs().unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn one_alloc_in_two_variants_is_unmounted_from_both() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("twice").await;
+    let plain = usage(false);
+    let t0 = mgr
+        .mount(req("v", &ext, "a1", plain.clone()))
+        .await
+        .expect("plain");
+    let t1 = mgr
+        .mount(req("v", &ext, "a1", with_flags(plain, &["nodev"])))
+        .await
+        .expect("flags");
+    assert_ne!(t0, t1);
+    assert!(env.mounted(&t0) && env.mounted(&t1));
+    mgr.unmount("v", "a1").await.expect("unmount");
+    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
+    assert!(env.records().is_empty());
+}
+
+#[tokio::test]
+async fn another_external_id_for_the_same_volume_is_a_conflict() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("conflict-1").await;
+    let other = env.volume("conflict-2").await;
+    mgr.mount(req("v", &ext, "a1", usage(false)))
+        .await
+        .expect("mount");
+    // Even for another usage: one volume id is one provider volume.
+    for u in [usage(false), usage(true)] {
+        let err = mgr
+            .mount(req("v", &other, "a2", u))
+            .await
+            .expect_err("conflict");
+        assert!(
+            matches!(
+                err,
+                VolumeError::Conflict {
+                    what: "external id",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(env.records().len(), 1);
+}
+
+#[tokio::test]
+async fn reconcile_asks_for_secrets_only_for_what_it_drives_again() {
+    let env = env(true).await;
+    let ext = env.volume("secrets").await;
+    let u = usage(false);
+    let key = u.key();
+    let asked = std::sync::Mutex::new(Vec::<String>::new());
+    let secrets = |volume_id: &str| {
+        asked.lock().unwrap().push(volume_id.to_string());
+        Secrets::new(BTreeMap::from([(
+            "token".to_string(),
+            "s3cret".to_string(),
+        )]))
+    };
+    // An interrupted stage and publish of one volume, a published-and-mounted one of another.
+    let kept = env.manager().await;
+    kept.mount(req("other", &env.volume("kept").await, "a9", u.clone()))
+        .await
+        .expect("mount other");
+    let rec = UsageRecord {
+        plugin_id: PLUGIN.into(),
+        volume_id: "v".into(),
+        external_id: ext.clone(),
+        usage: key.with_variant(3),
+        mount_options: (&u.mount_options).into(),
+        staging: Some(StageState::Staging),
+        allocs: BTreeMap::from([
+            ("a1".to_string(), PublishState::Publishing),
+            ("a2".to_string(), PublishState::Publishing),
+        ]),
+        publish_context: BTreeMap::new(),
+        volume_context: BTreeMap::new(),
+    };
+    env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
+
+    let mgr = env.manager().await;
+    let report = mgr.reconcile(&secrets).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    // Asked once for the volume it drove again (stage + two publishes), never for the kept one.
+    assert_eq!(*asked.lock().unwrap(), ["v"]);
+    let target = mgr.paths().publish("v", "a1", key.with_variant(3)).unwrap();
+    assert!(target.ends_with(format!("{}.3", key.dir_name())));
+    assert!(env.mounted(&target));
+
+    // Everything in place: nothing to drive, nothing asked.
+    asked.lock().unwrap().clear();
+    let report = mgr.reconcile(&secrets).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(
+        report
+            .actions
+            .iter()
+            .all(|a| matches!(a, ReconcileAction::Kept { .. })),
+        "{:?}",
+        report.actions
+    );
+    assert!(asked.lock().unwrap().is_empty());
+}
+
+#[derive(Default)]
+struct Recorder(std::sync::Mutex<Vec<Step>>);
+
+impl StepHook for Recorder {
+    fn at(&self, step: Step) {
+        self.0.lock().unwrap().push(step);
+    }
+}
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut *self.0.lock().unwrap())
+            .into_iter()
+            .map(|s| s.to_string())
+            .collect()
+    }
+}
+
+#[tokio::test]
+async fn the_hook_sees_every_step_in_order() {
+    let env = env(true).await;
+    let ext = env.volume("hook").await;
+    let hook = Arc::new(Recorder::default());
+    let mgr = env
+        .manager()
+        .await
+        .with_hook(Arc::clone(&hook) as Arc<dyn StepHook>);
+    mgr.mount(req("v", &ext, "a1", usage(false)))
+        .await
+        .expect("mount");
+    mgr.unmount("v", "a1").await.expect("unmount");
+    assert_eq!(
+        hook.take(),
+        [
+            "NodeStageVolume:before",
+            "NodeStageVolume:after",
+            "NodePublishVolume:before",
+            "NodePublishVolume:after",
+            "NodeUnpublishVolume:before",
+            "NodeUnpublishVolume:after",
+            "NodeUnstageVolume:before",
+            "NodeUnstageVolume:after",
+        ]
+    );
+
+    // A failed RPC: before, but no after.
+    env.plugin.set_faults(&["NodeStageVolume:INTERNAL"]);
+    mgr.mount(req("v", &ext, "a1", usage(false)))
+        .await
+        .expect_err("stage fails");
+    assert_eq!(hook.take(), ["NodeStageVolume:before"]);
+    env.plugin.set_faults(&[]);
+
+    // Reconcile drives the interrupted stage through the same steps.
+    let report = mgr.reconcile(&no_secrets).await;
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(
+        hook.take(),
+        ["NodeStageVolume:before", "NodeStageVolume:after"]
+    );
+    // And unmount releases the unused staging.
+    mgr.unmount("v", "a1").await.expect("release");
+    assert_eq!(
+        hook.take(),
+        ["NodeUnstageVolume:before", "NodeUnstageVolume:after"]
+    );
+    assert!(env.records().is_empty());
+}
+
+#[tokio::test]
+async fn stats_of_a_published_alloc() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("stats").await;
+    let target = mgr
+        .mount(req("v", &ext, "a1", usage(false)))
+        .await
+        .expect("mount");
+    std::fs::write(env.plugin.in_ns(&target).join("f"), vec![0u8; 4096]).expect("write");
+    let stats = mgr.stats("v", "a1").await.expect("stats").expect("some");
+    let bytes = stats
+        .usage
+        .iter()
+        .find(|u| u.unit == "bytes")
+        .expect("bytes");
+    assert_eq!(bytes.total, 1 << 30);
+    assert!(bytes.used >= 4096, "{bytes:?}");
+    assert_eq!(stats.abnormal, None);
+    // Nothing published for that alloc, or no such volume: nothing to report.
+    assert!(mgr.stats("v", "a2").await.expect("stats").is_none());
+    assert!(mgr.stats("w", "a1").await.expect("stats").is_none());
+    assert!(matches!(
+        mgr.stats("v", "..").await,
+        Err(VolumeError::InvalidPath { .. })
+    ));
+
+    // A plugin without GET_VOLUME_STATS: none, without an RPC.
+    let client = env.client();
+    let caps: NodeCapabilities = client
+        .node_capabilities()
+        .await
+        .expect("caps")
+        .iter()
+        .filter(|c| *c != NodeCapability::GetVolumeStats)
+        .collect();
+    let mgr = env.manager_caps(client, caps);
+    env.plugin.set_faults(&["NodeGetVolumeStats:INTERNAL"]);
+    assert!(mgr.stats("v", "a1").await.expect("stats").is_none());
+}
+
+#[tokio::test]
+async fn expand_every_published_target() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("expand").await;
+    let plain = usage(false);
+    mgr.mount(req("v", &ext, "a1", plain.clone()))
+        .await
+        .expect("a1");
+    mgr.mount(req("v", &ext, "a2", plain.clone()))
+        .await
+        .expect("a2");
+    mgr.mount(req("v", &ext, "a3", with_flags(plain, &["noatime"])))
+        .await
+        .expect("a3");
+    let within = CapacityRange {
+        required_bytes: 1 << 20,
+        limit_bytes: 0,
+    };
+    assert_eq!(
+        mgr.expand("v", within, &Secrets::default())
+            .await
+            .expect("expand"),
+        vec![1 << 30; 3]
+    );
+    // Nothing published: nothing to expand.
+    assert!(
+        mgr.expand("w", within, &Secrets::default())
+            .await
+            .expect("expand")
+            .is_empty()
+    );
+    // More than the provider's volume has: the plugin's error, naming an alloc.
+    let beyond = CapacityRange {
+        required_bytes: 2 << 30,
+        limit_bytes: 0,
+    };
+    let err = mgr
+        .expand("v", beyond, &Secrets::default())
+        .await
+        .expect_err("out of range");
+    assert!(
+        matches!(
+            &err,
+            VolumeError::Csi {
+                alloc_id: Some(_),
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+
+    // A plugin without EXPAND_VOLUME: nothing, without an RPC.
+    let client = env.client();
+    let caps: NodeCapabilities = client
+        .node_capabilities()
+        .await
+        .expect("caps")
+        .iter()
+        .filter(|c| *c != NodeCapability::ExpandVolume)
+        .collect();
+    let mgr = env.manager_caps(client, caps);
+    assert!(
+        mgr.expand("v", beyond, &Secrets::default())
+            .await
+            .expect("no expand")
+            .is_empty()
+    );
+}
+
+#[test]
+fn futures_are_send() {
+    fn send<T: Send>(_: T) {}
+    fn check(mgr: &VolumeManager, ext: &ExternalId) {
+        send(mgr.mount(req("v", ext, "a", usage(false))));
+        send(mgr.unmount("v", "a"));
+        send(mgr.reconcile(&no_secrets));
+        send(mgr.stats("v", "a"));
+        send(mgr.expand("v", CapacityRange::default(), &Secrets::default()));
+    }
+    let _ = check;
 }
