@@ -1,13 +1,15 @@
 //! Helpers for berth's integration tests and benches: binaries built by this workspace
 //! ([`bin_path`]), a real `berth-hostpath` plugin running in its own private mount namespace
-//! ([`HostpathPlugin`], with a gRPC channel to it: [`HostpathPlugin::channel`]), and bounded
-//! polling ([`eventually`], [`assert_eventually!`]) instead of sleeps.
+//! ([`HostpathPlugin`], with a gRPC channel to it: [`HostpathPlugin::channel`]), a private mount
+//! namespace that outlives the processes run in it ([`MountNamespace`]), and bounded polling
+//! ([`eventually`], [`assert_eventually!`]) instead of sleeps.
 //!
-//! Needs Linux, root, and util-linux's `unshare` and `setpriv` on `PATH`.
+//! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod mountns;
 mod plugin;
 
 use std::{
@@ -16,6 +18,7 @@ use std::{
     time::Duration,
 };
 
+pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError};
 
 /// How often [`eventually`] re-checks its condition.
