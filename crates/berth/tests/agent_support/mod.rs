@@ -1,3 +1,4 @@
+#![allow(dead_code)] // Each test binary uses part of it.
 //! Runs `berth agent` as a real process for tests, in its own private mount namespace, and
 //! kills it (and reaps it) when the handle is dropped.
 
@@ -17,6 +18,10 @@ pub struct AgentProcess {
     pub config: PathBuf,
     child: Option<Child>,
     extra: Vec<String>,
+    env: Vec<(String, String)>,
+    /// When set, the agent runs in this namespace, which outlives it: a kill -9 and a respawn
+    /// see the same mounts.
+    ns: Option<berth_testkit::MountNamespace>,
 }
 
 impl AgentProcess {
@@ -28,6 +33,21 @@ impl AgentProcess {
 
     /// Like [`start`](Self::start) with extra `berth agent` arguments.
     pub async fn start_with(config: &str, extra: &[&str]) -> AgentProcess {
+        Self::start_full(config, extra, None).await
+    }
+
+    /// Like [`start`](Self::start), in a mount namespace that outlives the agent (see
+    /// [`AgentProcess::namespace`]).
+    pub async fn start_in_namespace(config: &str) -> AgentProcess {
+        let ns = berth_testkit::MountNamespace::new().expect("mount namespace");
+        Self::start_full(config, &[], Some(ns)).await
+    }
+
+    async fn start_full(
+        config: &str,
+        extra: &[&str],
+        ns: Option<berth_testkit::MountNamespace>,
+    ) -> AgentProcess {
         let tmp = tempfile::Builder::new()
             .prefix("ba")
             .tempdir_in("/tmp")
@@ -42,6 +62,8 @@ impl AgentProcess {
             config: cfg,
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: Vec::new(),
+            ns,
         };
         a.spawn();
         a.wait_ready().await;
@@ -58,7 +80,13 @@ impl AgentProcess {
             .append(true)
             .open(self.log_path())
             .expect("log file");
-        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
+        let berth = Path::new(env!("CARGO_BIN_EXE_berth"));
+        let mut cmd = match &self.ns {
+            Some(ns) => ns.command(berth),
+            None => berth_testkit::private_ns_command(berth),
+        };
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        let child = cmd
             .args(["--log-level", "debug", "agent", "--config"])
             .arg(&self.config)
             .arg("--data-dir")
@@ -70,6 +98,38 @@ impl AgentProcess {
             .spawn()
             .expect("start berth agent");
         self.child = Some(child);
+    }
+
+    /// The namespace the agent runs in, when started with
+    /// [`start_in_namespace`](Self::start_in_namespace).
+    pub fn namespace(&self) -> &berth_testkit::MountNamespace {
+        self.ns.as_ref().expect("started in a namespace")
+    }
+
+    /// Sets (or, with `None`, removes) an environment variable for the next (re)spawn.
+    pub fn set_env(&mut self, key: &str, value: Option<&str>) {
+        self.env.retain(|(k, _)| k != key);
+        if let Some(v) = value {
+            self.env.push((key.to_string(), v.to_string()));
+        }
+    }
+
+    /// Waits (bounded) until the agent process exits by itself; returns its status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let c = self.child.as_mut().expect("running");
+            if let Some(s) = c.try_wait().expect("wait") {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "agent did not exit in {timeout:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The API socket.
@@ -176,6 +236,21 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
+        // The plugins it ran outlive a kill -9 on purpose (the next agent stops them): stop them.
+        if let Ok(dir) = std::fs::read_dir(self.data_dir.join("logs")) {
+            for e in dir.flatten() {
+                if e.path().extension().is_some_and(|x| x == "pid")
+                    && let Some(pid) = std::fs::read_to_string(e.path())
+                        .ok()
+                        .and_then(|t| t.trim().parse::<i32>().ok())
+                {
+                    let _ = nix::sys::signal::killpg(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+            }
+        }
         if std::thread::panicking() {
             eprintln!("--- berth agent log ---\n{}--- end ---", self.log());
         }

@@ -1,0 +1,774 @@
+//! Volumes end to end: a real `berth agent` running a real berth-hostpath (staging and
+//! attaching), in a mount namespace that outlives the agent so a kill -9 leaves the mounts where
+//! they are; volumes created from HCL, claimed and released through the API, checked in the
+//! namespace's mount table and in the order of calls the plugin saw.
+
+mod agent_support;
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use agent_support::AgentProcess;
+use berth_api::{
+    Client,
+    volumes::{
+        ClaimRequest, ClaimResponse, ClaimState, DetachRequest, FlagsInput, MountOptionsInput,
+        ReleaseRequest, SpecFormat, VolumeSpecRequest, VolumeStatus,
+    },
+};
+use berth_csi::model::{AccessMode, AttachmentMode};
+use berth_hostpath::calllog::{self, Call};
+
+const PLUGIN: &str = "hp";
+
+/// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
+fn config() -> String {
+    let hostpath = berth_testkit::bin_path("berth-hostpath");
+    format!(
+        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
+         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
+         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--enable-stage\", \"--enable-attach\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
+        hostpath.display()
+    )
+}
+
+async fn start() -> AgentProcess {
+    let agent = AgentProcess::start_in_namespace(&config()).await;
+    agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    agent
+}
+
+fn create_spec(id: &str, mode: &str) -> String {
+    format!(
+        r#"
+id        = "{id}"
+name      = "{id}"
+type      = "csi"
+plugin_id = "{PLUGIN}"
+capacity_min = "10MiB"
+capability {{
+  access_mode     = "{mode}"
+  attachment_mode = "file-system"
+}}
+mount_options {{
+  mount_flags = ["noatime", "password=flag-secret-1234"]
+}}
+secrets {{
+  token = "spec-secret-5678"
+}}
+"#
+    )
+}
+
+async fn create(client: &Client, id: &str, mode: &str) -> VolumeStatus {
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec: create_spec(id, mode),
+            format: SpecFormat::Hcl,
+            file: Some(format!("{id}.hcl")),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("create {id}: {e}"))
+}
+
+fn claim_req(alloc: &str, mode: AccessMode, read_only: bool) -> ClaimRequest {
+    ClaimRequest {
+        alloc_id: alloc.into(),
+        read_only,
+        access_mode: mode,
+        attachment_mode: AttachmentMode::FileSystem,
+        mount_options: None,
+    }
+}
+
+async fn claim(client: &Client, vol: &str, alloc: &str, mode: AccessMode) -> ClaimResponse {
+    client
+        .claim_volume(vol, &claim_req(alloc, mode, false))
+        .await
+        .unwrap_or_else(|e| panic!("claim {vol} for {alloc}: {e}"))
+}
+
+async fn release(client: &Client, vol: &str, alloc: &str) {
+    let r = client
+        .release_volume(
+            vol,
+            &ReleaseRequest {
+                alloc_id: alloc.into(),
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("release {vol} for {alloc}: {e}"));
+    assert!(r.released, "{r:?}");
+}
+
+fn calls(agent: &AgentProcess) -> Vec<Call> {
+    calllog::read(&agent.tmp.path().join("calls.log")).unwrap_or_default()
+}
+
+/// The volume RPCs the plugin saw (identity, capability and info calls left out).
+fn volume_calls(agent: &AgentProcess) -> Vec<(String, String)> {
+    calls(agent)
+        .into_iter()
+        .filter(|c| {
+            matches!(
+                c.rpc.as_str(),
+                "NodeStageVolume"
+                    | "NodeUnstageVolume"
+                    | "NodePublishVolume"
+                    | "NodeUnpublishVolume"
+                    | "ControllerPublishVolume"
+                    | "ControllerUnpublishVolume"
+            )
+        })
+        .map(|c| (c.rpc, c.code))
+        .collect()
+}
+
+/// Every mount in the namespace under the agent's data dir.
+fn mounts_under(agent: &AgentProcess, dir: &Path) -> Vec<PathBuf> {
+    agent
+        .namespace()
+        .mountinfo()
+        .expect("mountinfo")
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+fn staging_dir(agent: &AgentProcess, vol: &str) -> PathBuf {
+    agent
+        .data_dir
+        .join("csi/monolith")
+        .join(PLUGIN)
+        .join("staging")
+        .join(vol)
+}
+
+#[tokio::test]
+async fn two_allocs_share_one_staging_and_release_in_order() {
+    let agent = start().await;
+    let client = agent.client();
+    let vol = create(&client, "shared", "single-node-multi-writer").await;
+    assert_eq!(vol.mount_options.mount_flags.as_deref(), Some("[REDACTED]"));
+    assert_eq!(vol.secret_names, ["token"]);
+
+    let a = claim(
+        &client,
+        "shared",
+        "alloc-a",
+        AccessMode::SingleNodeMultiWriter,
+    )
+    .await;
+    let b = claim(
+        &client,
+        "shared",
+        "alloc-b",
+        AccessMode::SingleNodeMultiWriter,
+    )
+    .await;
+    assert_eq!(a.usage, "rw-file-system-single-node-multi-writer");
+    assert_eq!(a.usage, b.usage);
+    assert_ne!(a.target, b.target);
+    assert!(
+        a.target
+            .starts_with(agent.data_dir.join("csi/monolith/hp/per-alloc/alloc-a"))
+    );
+
+    // Staged once, published twice, one controller publish for the node.
+    let ns = agent.namespace();
+    let staging = staging_dir(&agent, "shared").join(&a.usage);
+    assert!(ns.mount_at(&staging).is_some(), "staging not mounted");
+    assert!(ns.mount_at(&a.target).is_some(), "target a not mounted");
+    assert!(ns.mount_at(&b.target).is_some(), "target b not mounted");
+    let count = |rpc: &str| {
+        volume_calls(&agent)
+            .iter()
+            .filter(|(r, c)| r == rpc && c == "OK")
+            .count()
+    };
+    assert_eq!(count("NodeStageVolume"), 1);
+    assert_eq!(count("NodePublishVolume"), 2);
+    assert_eq!(count("ControllerPublishVolume"), 1);
+
+    // Data written through one target is seen through the other.
+    std::fs::write(ns.in_ns(&a.target).join("hello.txt"), "from a").expect("write via a");
+    assert_eq!(
+        std::fs::read_to_string(ns.in_ns(&b.target).join("hello.txt")).expect("read via b"),
+        "from a"
+    );
+
+    // A repeated claim answers the same, with no RPC.
+    let before = volume_calls(&agent).len();
+    let again = claim(
+        &client,
+        "shared",
+        "alloc-a",
+        AccessMode::SingleNodeMultiWriter,
+    )
+    .await;
+    assert_eq!(again.target, a.target);
+    assert_eq!(volume_calls(&agent).len(), before);
+
+    // Release one: still staged, the other still published.
+    release(&client, "shared", "alloc-a").await;
+    assert!(ns.mount_at(&a.target).is_none(), "target a still mounted");
+    assert!(
+        ns.mount_at(&staging).is_some(),
+        "unstaged under a live user"
+    );
+    assert!(ns.mount_at(&b.target).is_some());
+    let status = client.volume("shared").await.expect("status");
+    assert_eq!(status.claims.len(), 1);
+    assert_eq!(status.claims[0].alloc_id, "alloc-b");
+    assert_eq!(status.usages.len(), 1);
+    assert_eq!(status.usages[0].staging.as_deref(), Some("staged"));
+    assert_eq!(status.usages[0].allocs.len(), 1);
+    let stats = status.usages[0].allocs[0].stats.as_ref().expect("stats");
+    assert!(!stats.usage.is_empty());
+    assert_eq!(count("ControllerUnpublishVolume"), 0);
+
+    // Release both: nothing mounted, nothing under per-alloc, and the order held.
+    release(&client, "shared", "alloc-b").await;
+    assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
+    let per_alloc = agent.data_dir.join("csi/monolith/hp/per-alloc");
+    let left: Vec<_> = std::fs::read_dir(ns.in_ns(&per_alloc))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "left under per-alloc: {left:?}");
+    let tail: Vec<String> = volume_calls(&agent)
+        .into_iter()
+        .rev()
+        .take(4)
+        .rev()
+        .map(|(r, _)| r)
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "NodeUnpublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume"
+        ]
+    );
+    let status = client.volume("shared").await.expect("status");
+    assert!(status.claims.is_empty());
+    assert!(status.usages.is_empty());
+
+    // No secret or mount flag in the agent's log, the API answers or the events.
+    let log = agent.log();
+    for secret in ["flag-secret-1234", "spec-secret-5678"] {
+        assert!(!log.contains(secret), "{secret} in the agent log");
+        let text = serde_json::to_string(&status).unwrap();
+        assert!(!text.contains(secret));
+    }
+}
+
+#[tokio::test]
+async fn unavailable_twice_on_node_unpublish_still_ends_in_order() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "flaky", "single-node-writer").await;
+    let a = claim(&client, "flaky", "alloc-1", AccessMode::SingleNodeWriter).await;
+    // The plugin's fault switch: the next two NodeUnpublishVolume answer UNAVAILABLE.
+    berth_sys::write_atomic(
+        &agent.tmp.path().join("hp/faults"),
+        b"NodeUnpublishVolume:UNAVAILABLE:2\n",
+    )
+    .expect("faults");
+    release(&client, "flaky", "alloc-1").await;
+    assert!(agent.namespace().mount_at(&a.target).is_none());
+    let seq: Vec<(String, String)> = volume_calls(&agent)
+        .into_iter()
+        .skip_while(|(r, _)| r != "NodeUnpublishVolume")
+        .collect();
+    let expect: Vec<(String, String)> = [
+        ("NodeUnpublishVolume", "UNAVAILABLE"),
+        ("NodeUnpublishVolume", "UNAVAILABLE"),
+        ("NodeUnpublishVolume", "OK"),
+        ("NodeUnstageVolume", "OK"),
+        ("ControllerUnpublishVolume", "OK"),
+    ]
+    .iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(seq, expect);
+}
+
+#[tokio::test]
+async fn a_failing_node_step_keeps_the_claim_and_is_retried_in_the_background() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "stuck", "single-node-writer").await;
+    let a = claim(&client, "stuck", "alloc-1", AccessMode::SingleNodeWriter).await;
+    let faults = agent.tmp.path().join("hp/faults");
+    berth_sys::write_atomic(&faults, b"NodeUnpublishVolume:INTERNAL\n").expect("faults");
+    let r = client
+        .release_volume(
+            "stuck",
+            &ReleaseRequest {
+                alloc_id: "alloc-1".into(),
+            },
+        )
+        .await
+        .expect("release answers");
+    assert!(!r.released);
+    assert!(
+        r.error.as_deref().unwrap_or("").contains("INTERNAL"),
+        "{r:?}"
+    );
+    let status = client.volume("stuck").await.expect("status");
+    assert_eq!(status.claims[0].state, ClaimState::Releasing);
+    assert!(agent.namespace().mount_at(&a.target).is_some());
+    assert!(
+        !volume_calls(&agent)
+            .iter()
+            .any(|(r, _)| r == "ControllerUnpublishVolume"),
+        "controller unpublish while the node holds the mount"
+    );
+    // The fault goes away; the background retry finishes the release.
+    berth_sys::write_atomic(&faults, b"\n").expect("faults");
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        client
+            .volume("stuck")
+            .await
+            .is_ok_and(|s| s.claims.is_empty())
+    });
+    assert!(agent.namespace().mount_at(&a.target).is_none());
+    assert_eq!(
+        volume_calls(&agent)
+            .last()
+            .map(|(r, c)| (r.as_str(), c.as_str())),
+        Some(("ControllerUnpublishVolume", "OK"))
+    );
+}
+
+#[tokio::test]
+async fn access_modes_are_enforced() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "snw", "single-node-writer").await;
+    claim(&client, "snw", "w1", AccessMode::SingleNodeWriter).await;
+    let e = client
+        .claim_volume("snw", &claim_req("w2", AccessMode::SingleNodeWriter, false))
+        .await
+        .expect_err("second writer");
+    assert_eq!(e.status(), Some(409));
+    assert!(e.to_string().contains("already writes"), "{e}");
+    // A reader may join on the same node.
+    client
+        .claim_volume("snw", &claim_req("r1", AccessMode::SingleNodeWriter, true))
+        .await
+        .expect("reader");
+
+    // Reader-only: readers work, a writer is refused.
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec: create_spec("ro", "multi-node-reader-only"),
+            format: SpecFormat::Hcl,
+            file: None,
+        })
+        .await
+        .expect("create ro");
+    let r = client
+        .claim_volume(
+            "ro",
+            &claim_req("r1", AccessMode::MultiNodeReaderOnly, true),
+        )
+        .await
+        .expect("reader on reader-only");
+    assert!(r.usage.starts_with("ro-"));
+    // A read-only claim publishes read-only.
+    let ro_target = agent.namespace().in_ns(&r.target);
+    assert!(std::fs::write(ro_target.join("x"), "no").is_err());
+    let e = client
+        .claim_volume(
+            "ro",
+            &claim_req("w1", AccessMode::MultiNodeReaderOnly, false),
+        )
+        .await
+        .expect_err("writer on reader-only");
+    assert_eq!(e.status(), Some(409));
+    assert!(e.to_string().contains("refuses writers"), "{e}");
+    // An access mode the volume does not offer.
+    let e = client
+        .claim_volume("ro", &claim_req("w9", AccessMode::SingleNodeWriter, false))
+        .await
+        .expect_err("mode not offered");
+    assert_eq!(e.status(), Some(409));
+    assert!(e.to_string().contains("no capability"), "{e}");
+}
+
+#[tokio::test]
+async fn same_volume_twice_with_different_mount_options() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "opts", "single-node-multi-writer").await;
+    let a = claim(&client, "opts", "a1", AccessMode::SingleNodeMultiWriter).await;
+    let mut req = claim_req("a2", AccessMode::SingleNodeMultiWriter, false);
+    req.mount_options = Some(MountOptionsInput {
+        fs_type: None,
+        mount_flags: Some(FlagsInput(vec!["nodev".into()])),
+    });
+    let b = client.claim_volume("opts", &req).await.expect("claim a2");
+    assert_ne!(a.usage, b.usage);
+    let ns = agent.namespace();
+    assert!(ns.mount_at(&a.target).is_some() && ns.mount_at(&b.target).is_some());
+    let status = client.volume("opts").await.expect("status");
+    assert_eq!(status.usages.len(), 2);
+    release(&client, "opts", "a1").await;
+    release(&client, "opts", "a2").await;
+    assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
+}
+
+/// The store, as the agent would show it: every volume's status.
+async fn snapshot_of_state(client: &Client) -> String {
+    let list = client.volumes().await.expect("volumes");
+    let mut out = serde_json::to_string(&list).unwrap();
+    for v in &list.volumes {
+        let s = client.volume(&v.id).await.expect("status");
+        out.push_str(&serde_json::to_string(&s).unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_and_changes_nothing() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "good", "single-node-writer").await;
+    let before = snapshot_of_state(&client).await;
+    let state_file = agent.data_dir.join("state.redb");
+    let bytes_before = std::fs::read(agent.namespace().in_ns(&state_file)).ok();
+
+    let long = "v".repeat(129);
+    let big_flags: Vec<String> = (0..600).map(|i| format!("flag{i:04}")).collect();
+    let big_flags = format!("{big_flags:?}");
+    let specs: Vec<(String, &str)> = vec![
+        (create_spec("a/b", "single-node-writer"), "id"),
+        (create_spec("..", "single-node-writer"), "id"),
+        (create_spec("nul\\u0000x", "single-node-writer"), "id"),
+        (create_spec(&long, "single-node-writer"), "id"),
+        (
+            create_spec("bad-mode", "single-node-sometimes"),
+            "access_mode",
+        ),
+        (
+            format!("id = \"nocap\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\n"),
+            "capability",
+        ),
+        (
+            create_spec("bigflags", "single-node-writer")
+                .replace("[\"noatime\", \"password=flag-secret-1234\"]", &big_flags),
+            "mount_flags",
+        ),
+    ];
+    for (spec, field) in specs {
+        let e = client
+            .create_volume(&VolumeSpecRequest {
+                spec,
+                format: SpecFormat::Hcl,
+                file: Some("bad.hcl".into()),
+            })
+            .await
+            .expect_err("bad spec accepted");
+        assert_eq!(e.status(), Some(400), "{e}");
+        let text = e.to_string();
+        assert!(text.contains("bad.hcl"), "{text}");
+        assert!(text.contains(field), "{field} not named: {text}");
+        assert!(!text.contains("flag-secret-1234") && !text.contains("spec-secret-5678"));
+    }
+    // Claims: unknown volume, bad alloc ids, bad volume ids in the path.
+    let e = client
+        .claim_volume("nope", &claim_req("a", AccessMode::SingleNodeWriter, false))
+        .await
+        .expect_err("unknown volume");
+    assert_eq!(e.status(), Some(404), "{e}");
+    for alloc in ["..", "a/b", &"x".repeat(129), "nul\0"] {
+        let e = client
+            .claim_volume(
+                "good",
+                &claim_req(alloc, AccessMode::SingleNodeWriter, false),
+            )
+            .await
+            .expect_err("bad alloc id");
+        assert_eq!(e.status(), Some(400), "{alloc:?}: {e}");
+        assert!(e.to_string().contains("alloc_id"), "{e}");
+    }
+    for id in ["..", &"v".repeat(129)] {
+        let e = client
+            .claim_volume(id, &claim_req("a", AccessMode::SingleNodeWriter, false))
+            .await
+            .expect_err("bad volume id");
+        assert_eq!(e.status(), Some(400), "{e}");
+    }
+    // Mount flags over 4 KiB on a claim.
+    let mut req = claim_req("a", AccessMode::SingleNodeWriter, false);
+    req.mount_options = Some(MountOptionsInput {
+        fs_type: None,
+        mount_flags: Some(FlagsInput(vec!["x".repeat(5000)])),
+    });
+    let e = client
+        .claim_volume("good", &req)
+        .await
+        .expect_err("big flags");
+    assert_eq!(e.status(), Some(400), "{e}");
+    assert!(e.to_string().contains("mount_flags"), "{e}");
+
+    assert_eq!(snapshot_of_state(&client).await, before);
+    assert_eq!(
+        std::fs::read(agent.namespace().in_ns(&state_file)).ok(),
+        bytes_before,
+        "the store file changed"
+    );
+    assert_eq!(volume_calls(&agent), Vec::<(String, String)>::new());
+}
+
+#[tokio::test]
+async fn deregister_refuses_a_claimed_volume_unless_forced() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "dv", "single-node-writer").await;
+    let a = claim(&client, "dv", "a1", AccessMode::SingleNodeWriter).await;
+    let e = client
+        .deregister_volume("dv", false)
+        .await
+        .expect_err("claimed");
+    assert_eq!(e.status(), Some(409), "{e}");
+    let e = client.delete_volume("dv").await.expect_err("claimed");
+    assert_eq!(e.status(), Some(409), "{e}");
+    let out = client.deregister_volume("dv", true).await.expect("forced");
+    assert_eq!(out.releases.len(), 1);
+    assert!(out.releases[0].released);
+    assert!(agent.namespace().mount_at(&a.target).is_none());
+    assert!(client.volume("dv").await.unwrap_err().is_not_found());
+    let seq: Vec<String> = volume_calls(&agent).into_iter().map(|(r, _)| r).collect();
+    assert_eq!(
+        seq[seq.len() - 3..],
+        [
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume"
+        ]
+    );
+
+    // Detach releases this node's claims in the same order; delete removes it at the plugin.
+    create(&client, "dt", "single-node-writer").await;
+    claim(&client, "dt", "a2", AccessMode::SingleNodeWriter).await;
+    let out = client
+        .detach_volume("dt", &DetachRequest::default())
+        .await
+        .expect("detach");
+    assert!(out.releases.iter().all(|r| r.released));
+    client.delete_volume("dt").await.expect("delete");
+    assert!(
+        calls(&agent)
+            .iter()
+            .any(|c| c.rpc == "DeleteVolume" && c.code == "OK")
+    );
+}
+
+// ---- crash safety ----
+
+/// Kills the agent (SIGKILL, from its crash hook) at `step` during `action`, starts it again
+/// and returns it; the caller checks the end state.
+async fn crash_at(agent: &mut AgentProcess, step: &str, action: impl AsyncFnOnce(&Client)) {
+    agent.kill9();
+    agent.set_env("BERTH_TEST_CRASH_AT", Some(step));
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    action(&client).await;
+    let status = agent.wait_exit(Duration::from_secs(20)).await;
+    assert!(!status.success(), "agent did not crash at {step}");
+    agent.set_env("BERTH_TEST_CRASH_AT", None);
+    agent.respawn();
+    agent.wait_ready().await;
+}
+
+/// Usage sets as the status shows them: (usage, alloc) pairs.
+fn published(status: &VolumeStatus) -> BTreeSet<(String, String)> {
+    status
+        .usages
+        .iter()
+        .flat_map(|u| {
+            u.allocs
+                .iter()
+                .map(move |a| (u.usage.clone(), a.alloc_id.clone()))
+        })
+        .collect()
+}
+
+async fn wait_settled(client: &Client, vol: &str) -> VolumeStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = client.volume(vol).await;
+        if let Ok(s) = &status {
+            let settled = s.claims.iter().all(|c| c.state == ClaimState::Claimed)
+                && s.usages.iter().all(|u| {
+                    u.staging.as_deref().is_none_or(|st| st == "staged")
+                        && u.allocs.iter().all(|a| a.state == "published")
+                });
+            if settled {
+                return s.clone();
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "volume {vol} did not settle: {status:#?}"
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}
+
+const MOUNT_STEPS: &[&str] = &[
+    "claim:persisted",
+    "ControllerPublishVolume:before",
+    "ControllerPublishVolume:after",
+    "NodeStageVolume:before",
+    "NodeStageVolume:after",
+    "NodePublishVolume:before",
+    "NodePublishVolume:after",
+];
+
+const UNMOUNT_STEPS: &[&str] = &[
+    "release:persisted",
+    "NodeUnpublishVolume:before",
+    "NodeUnpublishVolume:after",
+    "NodeUnstageVolume:before",
+    "NodeUnstageVolume:after",
+    "ControllerUnpublishVolume:before",
+    "ControllerUnpublishVolume:after",
+];
+
+#[tokio::test]
+async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
+    let mut agent = start().await;
+    for (i, step) in MOUNT_STEPS.iter().enumerate() {
+        let vol = format!("m{i}");
+        create(&agent.client(), &vol, "single-node-writer").await;
+        let v = vol.clone();
+        crash_at(&mut agent, step, async move |c: &Client| {
+            // The call dies with the agent.
+            let _ = c
+                .claim_volume(&v, &claim_req("a1", AccessMode::SingleNodeWriter, false))
+                .await;
+        })
+        .await;
+        let client = agent.client();
+        // The interrupted claim is driven to its end at start: claimed and mounted once.
+        let status = wait_settled(&client, &vol).await;
+        assert_eq!(status.claims.len(), 1, "{step}: {status:#?}");
+        assert_eq!(
+            published(&status),
+            BTreeSet::from([(
+                "rw-file-system-single-node-writer".to_string(),
+                "a1".to_string()
+            )]),
+            "{step}"
+        );
+        // The caller's retry answers the same target, and the target is mounted.
+        let r = claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
+        assert!(
+            agent.namespace().mount_at(&r.target).is_some(),
+            "{step}: not mounted"
+        );
+        // No leaked mount: releasing leaves nothing.
+        release(&client, &vol, "a1").await;
+        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
+            .collect();
+        assert!(left.is_empty(), "{step}: leaked {left:?}");
+    }
+}
+
+#[tokio::test]
+async fn kill_9_at_every_step_of_unmount_ends_released() {
+    let mut agent = start().await;
+    for (i, step) in UNMOUNT_STEPS.iter().enumerate() {
+        let vol = format!("u{i}");
+        let client = agent.client();
+        create(&client, &vol, "single-node-writer").await;
+        let a = claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
+        let v = vol.clone();
+        crash_at(&mut agent, step, async move |c: &Client| {
+            let _ = c
+                .release_volume(
+                    &v,
+                    &ReleaseRequest {
+                        alloc_id: "a1".into(),
+                    },
+                )
+                .await;
+        })
+        .await;
+        let client = agent.client();
+        // The interrupted release finishes at start: no claim, no usage, nothing mounted.
+        berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
+            client
+                .volume(&vol)
+                .await
+                .is_ok_and(|s| s.claims.is_empty() && s.usages.is_empty())
+        });
+        assert!(agent.namespace().mount_at(&a.target).is_none(), "{step}");
+        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
+            .collect();
+        assert!(left.is_empty(), "{step}: leaked {left:?}");
+        // The controller step came after the node steps.
+        let seq: Vec<String> = volume_calls(&agent)
+            .into_iter()
+            .filter(|(_, c)| c == "OK")
+            .map(|(r, _)| r)
+            .collect();
+        let last_cu = seq.iter().rposition(|r| r == "ControllerUnpublishVolume");
+        let last_nu = seq.iter().rposition(|r| r == "NodeUnstageVolume");
+        assert!(last_cu > last_nu, "{step}: {seq:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
+    let mut agent = start().await;
+    let client = agent.client();
+    create(&client, "keep", "single-node-multi-writer").await;
+    let a = claim(&client, "keep", "a1", AccessMode::SingleNodeMultiWriter).await;
+    let b = claim(&client, "keep", "a2", AccessMode::SingleNodeMultiWriter).await;
+    let before = volume_calls(&agent).len();
+    agent.kill9();
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    let status = wait_settled(&client, "keep").await;
+    assert_eq!(status.claims.len(), 2);
+    // Kept without any stage or publish call.
+    let after: Vec<(String, String)> = volume_calls(&agent).into_iter().skip(before).collect();
+    assert!(
+        !after
+            .iter()
+            .any(|(r, _)| r == "NodeStageVolume" || r == "NodePublishVolume"),
+        "remounted after restart: {after:?}"
+    );
+    release(&client, "keep", "a1").await;
+    let ns = agent.namespace();
+    let staging = staging_dir(&agent, "keep").join(&a.usage);
+    assert!(
+        ns.mount_at(&staging).is_some(),
+        "unstaged under a live user"
+    );
+    assert!(ns.mount_at(&b.target).is_some());
+    assert!(ns.mount_at(&a.target).is_none());
+    release(&client, "keep", "a2").await;
+    assert!(ns.mount_at(&staging).is_none());
+}
