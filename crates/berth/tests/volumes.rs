@@ -107,7 +107,7 @@ async fn release(client: &Client, vol: &str, alloc: &str) {
 }
 
 fn calls(agent: &AgentProcess) -> Vec<Call> {
-    calllog::read(&agent.tmp.path().join("calls.log")).unwrap_or_default()
+    calllog::read(agent.tmp.path().join("calls.log")).unwrap_or_default()
 }
 
 /// The volume RPCs the plugin saw (identity, capability and info calls left out).
