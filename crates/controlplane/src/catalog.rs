@@ -3,10 +3,8 @@
 
 use std::{collections::BTreeMap, fmt};
 
-use berth_csi::model::{
-    AccessMode, AttachmentMode, ExternalId, MountFlags, MountOptions, Secrets, VolumeCapability,
-};
-use berth_volume::VolumeSpec;
+use berth_csi::model::{AccessMode, AttachmentMode, ExternalId, Secrets, VolumeCapability};
+use berth_volume::{StoredMountOptions, VolumeSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::claims::{Claim, ClaimSet, ClaimSetError};
@@ -38,48 +36,6 @@ impl From<&Secrets> for StoredSecrets {
 impl fmt::Debug for StoredSecrets {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.to_secrets(), f)
-    }
-}
-
-/// Mount options as stored: flags in the clear, `Debug` redacted.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredMountOptions {
-    /// Filesystem type; empty for the plugin's default.
-    pub fs_type: String,
-    /// Mount flags. Never printed.
-    pub mount_flags: Vec<String>,
-    /// Group that should own the mounted volume; empty for none.
-    #[serde(default)]
-    pub volume_mount_group: String,
-}
-
-impl fmt::Debug for StoredMountOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoredMountOptions")
-            .field("fs_type", &self.fs_type)
-            .field("mount_flags", &MountFlags::new(self.mount_flags.clone()))
-            .field("volume_mount_group", &self.volume_mount_group)
-            .finish()
-    }
-}
-
-impl From<&MountOptions> for StoredMountOptions {
-    fn from(o: &MountOptions) -> Self {
-        Self {
-            fs_type: o.fs_type.clone(),
-            mount_flags: o.mount_flags.expose().to_vec(),
-            volume_mount_group: o.volume_mount_group.clone(),
-        }
-    }
-}
-
-impl From<&StoredMountOptions> for MountOptions {
-    fn from(o: &StoredMountOptions) -> Self {
-        Self {
-            fs_type: o.fs_type.clone(),
-            mount_flags: MountFlags::new(o.mount_flags.clone()),
-            volume_mount_group: o.volume_mount_group.clone(),
-        }
     }
 }
 

@@ -10,7 +10,7 @@ mod embedded;
 
 pub use catalog::{
     ClaimRecord, ClaimState, Origin, Publication, PublicationState, StoredCapability,
-    StoredMountOptions, StoredSecrets, VolumeRecord,
+    StoredSecrets, VolumeRecord,
 };
 pub use claims::{Claim, ClaimError, ClaimMode, ClaimOutcome, ClaimSet, ClaimSetError};
 pub use embedded::{

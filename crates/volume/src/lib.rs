@@ -10,6 +10,7 @@ mod hcl_input;
 pub mod paths;
 pub mod size;
 pub mod spec;
+mod stored;
 pub mod usage;
 
 pub use paths::{PathError, PluginDir, PluginPaths, publish_path, staging_path};
@@ -17,6 +18,7 @@ pub use size::{SizeError, parse_size};
 pub use spec::{
     MAX_MAP_BYTES, MAX_STRING_BYTES, Operation, SpecError, SpecKind, TopologyRequest, VolumeSpec,
 };
+pub use stored::StoredMountOptions;
 pub use usage::{
     MAX_MOUNT_FLAGS_BYTES, MountFlagsError, NotAUsageDir, Usage, UsageKey, check_mount_flags,
     merge_mount_options,

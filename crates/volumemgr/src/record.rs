@@ -1,8 +1,9 @@
 //! The persisted record of one usage of a volume on the node.
 
-use std::{collections::BTreeMap, fmt};
+use std::collections::BTreeMap;
 
-use berth_csi::model::{ExternalId, MountFlags, MountOptions};
+use berth_csi::model::ExternalId;
+pub use berth_volume::StoredMountOptions;
 use berth_volume::{Usage, UsageKey};
 use serde::{Deserialize, Serialize};
 
@@ -28,48 +29,6 @@ pub enum PublishState {
     Published,
     /// NodeUnpublishVolume is about to be (or was being) sent.
     Unpublishing,
-}
-
-/// Mount options as stored: the flags in the clear (they are needed to stage again after a
-/// restart), but `Debug` never shows them.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredMountOptions {
-    /// Filesystem type; empty means the plugin's default.
-    pub fs_type: String,
-    /// Mount flags. Never printed.
-    pub mount_flags: Vec<String>,
-    /// Group that should own the mounted volume; empty means none.
-    pub volume_mount_group: String,
-}
-
-impl fmt::Debug for StoredMountOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StoredMountOptions")
-            .field("fs_type", &self.fs_type)
-            .field("mount_flags", &MountFlags::new(self.mount_flags.clone()))
-            .field("volume_mount_group", &self.volume_mount_group)
-            .finish()
-    }
-}
-
-impl From<&MountOptions> for StoredMountOptions {
-    fn from(o: &MountOptions) -> Self {
-        Self {
-            fs_type: o.fs_type.clone(),
-            mount_flags: o.mount_flags.expose().to_vec(),
-            volume_mount_group: o.volume_mount_group.clone(),
-        }
-    }
-}
-
-impl From<&StoredMountOptions> for MountOptions {
-    fn from(o: &StoredMountOptions) -> Self {
-        Self {
-            fs_type: o.fs_type.clone(),
-            mount_flags: MountFlags::new(o.mount_flags.clone()),
-            volume_mount_group: o.volume_mount_group.clone(),
-        }
-    }
 }
 
 /// One usage of one volume on this node, by value: its staging, and every alloc it is
@@ -121,7 +80,7 @@ pub fn record_key(plugin_id: &str, volume_id: &str, usage: UsageKey) -> String {
 
 #[cfg(test)]
 mod tests {
-    use berth_csi::model::{AccessMode, AttachmentMode};
+    use berth_csi::model::{AccessMode, AttachmentMode, MountOptions};
 
     use super::*;
 
