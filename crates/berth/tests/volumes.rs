@@ -772,3 +772,85 @@ async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     release(&client, "keep", "a2").await;
     assert!(ns.mount_at(&staging).is_none());
 }
+
+#[tokio::test]
+async fn expand_and_snapshots_go_through_the_controller_and_node() {
+    use berth_api::volumes::{ExpandRequest, SnapshotCreateRequest, SnapshotDeleteRequest};
+    let agent = start().await;
+    let client = agent.client();
+    let vol = create(&client, "grow", "single-node-writer").await;
+    assert_eq!(vol.capacity_bytes, 10 << 20);
+    claim(&client, "grow", "a1", AccessMode::SingleNodeWriter).await;
+    let e = client
+        .expand_volume(
+            "grow",
+            &ExpandRequest {
+                capacity_min: 1 << 20,
+                capacity_max: None,
+            },
+        )
+        .await
+        .expect_err("shrinking");
+    assert_eq!(e.status(), Some(400), "{e}");
+    let r = client
+        .expand_volume(
+            "grow",
+            &ExpandRequest {
+                capacity_min: 20 << 20,
+                capacity_max: None,
+            },
+        )
+        .await
+        .expect("expand");
+    assert_eq!(r.capacity_bytes, 20 << 20);
+    assert!(r.node_expanded);
+    let seq: Vec<String> = volume_calls_all(&agent);
+    let ce = seq.iter().position(|r| r == "ControllerExpandVolume");
+    let ne = seq.iter().position(|r| r == "NodeExpandVolume");
+    assert!(ce.is_some() && ne > ce, "{seq:?}");
+    assert_eq!(
+        client.volume("grow").await.unwrap().capacity_bytes,
+        20 << 20
+    );
+
+    let snap = client
+        .create_snapshot(
+            "grow",
+            &SnapshotCreateRequest {
+                name: "first".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("snapshot");
+    assert_eq!(snap.source_volume_id.as_deref(), Some("grow"));
+    let list = client.list_snapshots(PLUGIN).await.expect("list");
+    assert!(
+        list.snapshots
+            .iter()
+            .any(|s| s.snapshot_id == snap.snapshot_id)
+    );
+    client
+        .delete_snapshot(&SnapshotDeleteRequest {
+            plugin_id: PLUGIN.into(),
+            snapshot_id: snap.snapshot_id.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("delete snapshot");
+    let list = client.list_snapshots(PLUGIN).await.expect("list");
+    assert!(
+        !list
+            .snapshots
+            .iter()
+            .any(|s| s.snapshot_id == snap.snapshot_id)
+    );
+}
+
+fn volume_calls_all(agent: &AgentProcess) -> Vec<String> {
+    calls(agent)
+        .into_iter()
+        .filter(|c| c.code == "OK")
+        .map(|c| c.rpc)
+        .collect()
+}
