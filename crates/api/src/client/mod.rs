@@ -3,6 +3,7 @@
 
 mod address;
 mod events;
+mod volumes;
 
 use std::{fmt, io, time::Duration};
 
@@ -29,6 +30,11 @@ use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequ
 /// How long a call may take, connecting included, unless set with [`Client::with_timeout`].
 /// For [`Client::events`] it bounds the wait for the response head only.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a volume change may take (claims, releases, creates, deletes, expands,
+/// snapshots, detaches), unless set with [`Client::with_change_timeout`]: the agent retries CSI
+/// calls within its own deadlines before it answers.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 /// How many bytes of a non-JSON error body an error repeats.
 const SHOWN_BODY: usize = 200;
@@ -200,6 +206,7 @@ pub struct Client {
     address: Address,
     name: String,
     timeout: Duration,
+    change_timeout: Duration,
 }
 
 /// The task driving one client connection; aborted when dropped, so nothing outlives a call.
@@ -225,12 +232,19 @@ impl Client {
             name: address.to_string(),
             address,
             timeout: REQUEST_TIMEOUT,
+            change_timeout: CHANGE_TIMEOUT,
         }
     }
 
-    /// Sets the per-call timeout (default [`REQUEST_TIMEOUT`]).
+    /// Sets the timeout of reads and plugin registration calls (default [`REQUEST_TIMEOUT`]).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sets the timeout of volume changes (default [`CHANGE_TIMEOUT`]).
+    pub fn with_change_timeout(mut self, timeout: Duration) -> Self {
+        self.change_timeout = timeout;
         self
     }
 
@@ -260,11 +274,7 @@ impl Client {
     /// `POST /v1/plugins`: registers one plugin instance and returns the plugin's status.
     pub async fn register(&self, req: &RegisterRequest) -> Result<PluginStatus, ClientError> {
         let path = "/v1/plugins".to_string();
-        let body = serde_json::to_vec(req).map_err(|source| ClientError::Encode {
-            method: Method::POST,
-            path: path.clone(),
-            source,
-        })?;
+        let body = encode(&Method::POST, &path, req)?;
         self.call_json(Method::POST, path, Some(body)).await
     }
 
@@ -291,7 +301,12 @@ impl Client {
     pub async fn events(&self) -> Result<EventStream, ClientError> {
         let path = "/v1/events".to_string();
         let (response, conn) = self
-            .timed(&Method::GET, &path, self.send(Method::GET, &path, None))
+            .timed(
+                self.timeout,
+                &Method::GET,
+                &path,
+                self.send(Method::GET, &path, None),
+            )
             .await?;
         let response = self.check_status(&Method::GET, &path, response).await?;
         Ok(EventStream::new(
@@ -301,9 +316,20 @@ impl Client {
         ))
     }
 
-    /// One call: the successful answer's body, or the error.
+    /// One call within the read timeout: the successful answer's body, or the error.
     async fn call(
         &self,
+        method: Method,
+        path: String,
+        body: Option<Vec<u8>>,
+    ) -> Result<Bytes, ClientError> {
+        self.call_within(self.timeout, method, path, body).await
+    }
+
+    /// One call within `timeout`.
+    async fn call_within(
+        &self,
+        timeout: Duration,
         method: Method,
         path: String,
         body: Option<Vec<u8>>,
@@ -313,7 +339,7 @@ impl Client {
             let response = self.check_status(&method, &path, response).await?;
             self.collect(&method, &path, response).await
         };
-        self.timed(&method, &path, exchange).await
+        self.timed(timeout, &method, &path, exchange).await
     }
 
     async fn call_json<T: DeserializeOwned>(
@@ -322,7 +348,20 @@ impl Client {
         path: String,
         body: Option<Vec<u8>>,
     ) -> Result<T, ClientError> {
-        let bytes = self.call(method.clone(), path.clone(), body).await?;
+        self.call_json_within(self.timeout, method, path, body)
+            .await
+    }
+
+    async fn call_json_within<T: DeserializeOwned>(
+        &self,
+        timeout: Duration,
+        method: Method,
+        path: String,
+        body: Option<Vec<u8>>,
+    ) -> Result<T, ClientError> {
+        let bytes = self
+            .call_within(timeout, method.clone(), path.clone(), body)
+            .await?;
         serde_json::from_slice(&bytes).map_err(|source| ClientError::Decode {
             address: self.name.clone(),
             method,
@@ -333,17 +372,18 @@ impl Client {
 
     async fn timed<T>(
         &self,
+        timeout: Duration,
         method: &Method,
         path: &str,
         fut: impl Future<Output = Result<T, ClientError>>,
     ) -> Result<T, ClientError> {
-        tokio::time::timeout(self.timeout, fut)
+        tokio::time::timeout(timeout, fut)
             .await
             .map_err(|_| ClientError::Timeout {
                 address: self.name.clone(),
                 method: method.clone(),
                 path: path.to_string(),
-                timeout: self.timeout,
+                timeout,
             })?
     }
 
@@ -480,8 +520,26 @@ fn reason(status: StatusCode) -> String {
         .map_or_else(|| status.to_string(), str::to_string)
 }
 
-/// Percent-encodes one path segment: everything but RFC 3986's unreserved characters.
+/// A request body as JSON.
+fn encode<T: serde::Serialize>(
+    method: &Method,
+    path: &str,
+    body: &T,
+) -> Result<Vec<u8>, ClientError> {
+    serde_json::to_vec(body).map_err(|source| ClientError::Encode {
+        method: method.clone(),
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Percent-encodes one path segment (or query value): everything but RFC 3986's unreserved
+/// characters, and the dots of `.` and `..` too, so that no hop can read them as a relative
+/// reference: the server gets the id as given and judges it.
 fn encode_segment(segment: &str) -> String {
+    if segment == "." || segment == ".." {
+        return segment.replace('.', "%2E");
+    }
     let mut out = String::with_capacity(segment.len());
     for b in segment.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -502,6 +560,10 @@ mod tests {
         assert_eq!(encode_segment("hostpath-1.x_~"), "hostpath-1.x_~");
         assert_eq!(encode_segment("a/b c?%"), "a%2Fb%20c%3F%25");
         assert_eq!(encode_segment("é"), "%C3%A9");
+        assert_eq!(encode_segment(".."), "%2E%2E");
+        assert_eq!(encode_segment("."), "%2E");
+        assert_eq!(encode_segment("..."), "...");
+        assert_eq!(encode_segment("a/../b"), "a%2F..%2Fb");
     }
 
     #[test]
