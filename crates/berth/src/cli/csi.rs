@@ -96,10 +96,11 @@ impl CapabilityArgs {
 
 /// Secrets, by flag or file. Never echoed.
 #[derive(Args)]
-struct SecretArgs {
+pub(super) struct SecretArgs {
     /// A secret as KEY=VALUE (repeatable).
-    #[arg(long = "secret", value_parser = parse_key_value)]
-    secrets: Vec<(String, String)>,
+    // Parsed in `load`, not by clap: clap's error would repeat the value.
+    #[arg(long = "secret", value_name = "KEY=VALUE")]
+    secrets: Vec<String>,
     /// A file of secrets: a JSON object, or KEY=VALUE lines; `-` reads standard input (keeps
     /// them out of the process list, unlike --secret).
     #[arg(long)]
@@ -128,7 +129,13 @@ impl std::fmt::Debug for CapabilityArgs {
 }
 
 impl SecretArgs {
-    fn load(&self) -> anyhow::Result<Secrets> {
+    /// Whether any secret was given.
+    pub(super) fn given(&self) -> bool {
+        !self.secrets.is_empty() || self.secrets_file.is_some()
+    }
+
+    /// The secrets: the file's, then the flags' on top.
+    pub(super) fn load(&self) -> anyhow::Result<Secrets> {
         let mut map = BTreeMap::new();
         if let Some(path) = &self.secrets_file {
             let text = if path.as_os_str() == "-" {
@@ -140,7 +147,15 @@ impl SecretArgs {
             };
             map.extend(parse_secrets_file(path, &text)?);
         }
-        map.extend(self.secrets.iter().cloned());
+        for (i, s) in self.secrets.iter().enumerate() {
+            let (k, v) = parse_key_value(s).map_err(|e| {
+                UsageError(format!(
+                    "--secret (#{}): {e}; the value is not shown",
+                    i + 1
+                ))
+            })?;
+            map.insert(k, v);
+        }
         Ok(Secrets::new(map))
     }
 }
@@ -429,7 +444,7 @@ fn parse_external_id(s: &str) -> Result<ExternalId, String> {
     ExternalId::new(s).map_err(|_| "must not be empty".to_string())
 }
 
-fn parse_key_value(s: &str) -> Result<(String, String), String> {
+pub(super) fn parse_key_value(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         // Never echo the value: it may be a secret.

@@ -6,6 +6,7 @@ mod csi;
 mod node;
 mod output;
 mod plugin;
+mod volume;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -58,6 +59,8 @@ enum Command {
     Plugin(plugin::PluginArgs),
     /// This node as the agent sees it.
     Node(node::NodeArgs),
+    /// Volumes: register, create, status, claims, snapshots.
+    Volume(volume::VolumeArgs),
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -115,5 +118,6 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Csi(args) => csi::run(*args).await,
         Command::Plugin(args) => plugin::run(&cli.address, args).await,
         Command::Node(args) => node::run(&cli.address, args).await,
+        Command::Volume(args) => volume::run(&cli.address, args).await,
     }
 }
