@@ -1,0 +1,816 @@
+//! Benchmark: volume claims and releases through a real `berth agent`.
+//!
+//! Starts the agent in a private mount namespace with a supervised monolith `berth-hostpath`
+//! (staging and attaching), then measures:
+//!
+//! 1. **Cycle**: one single-node-writer volume; each sample is claim → mounted → release through
+//!    the agent's API (ControllerPublish, NodeStage, NodePublish, then NodeUnpublish,
+//!    NodeUnstage, ControllerUnpublish, with the state persisted around each step). The
+//!    baseline, interleaved sample by sample, makes the same six RPCs directly with
+//!    `berth_csi::CsiClient` against a separate `berth-hostpath` with the same options.
+//! 2. **Parallel**: `--volumes` single-node-multi-writer volumes, `--allocs` allocs spread evenly
+//!    over them, all claimed at once and then all released at once: per-call latency, wall time
+//!    and the agent's CPU time (utime + stime from `/proc/<pid>/stat`). Every claim must succeed,
+//!    every target must be mounted, and nothing may stay mounted under the data dir at the end.
+//!
+//! `cargo bench -p berth --bench volumes [-- --samples 200 --volumes 20 --allocs 200]`;
+//! `-- --quick` is a smoke run (20 samples, 4 volumes, 20 allocs). It builds `berth-hostpath`
+//! (with the bench's profile) when run by cargo. Needs root and util-linux (`unshare`,
+//! `setpriv`).
+
+use std::{
+    collections::BTreeSet,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitCode, Stdio},
+    time::{Duration, Instant},
+};
+
+use berth_api::{
+    Client,
+    volumes::{ClaimRequest, ReleaseRequest, SpecFormat, VolumeSpecRequest},
+};
+use berth_csi::{
+    CapacityRange, ControllerPublish, CreateVolume, CsiClient, Endpoint, NodePublish, NodeStage,
+    model::{AccessMode, AttachmentMode, MountOptions, Secrets, VolumeCapability},
+};
+use berth_testkit::HostpathPlugin;
+use nix::{
+    sys::signal::{Signal, killpg},
+    unistd::Pid,
+};
+
+const PLUGIN: &str = "hp";
+const USAGE: &str = "\
+usage: volumes [--samples N] [--warmup N] [--volumes V] [--allocs A] [--quick]
+  --samples N  cycle samples through the agent and directly, interleaved (default 200)
+  --warmup N   cycles of each kind run first and not counted (default 10)
+  --volumes V  volumes of the parallel run (default 20)
+  --allocs A   allocs of the parallel run, spread evenly over the volumes (default 200)
+  --quick      smoke run: 20 samples, 2 warm-up, 4 volumes, 20 allocs (flags given still win)";
+
+#[derive(Debug, Clone, Copy)]
+struct Opts {
+    samples: usize,
+    warmup: usize,
+    volumes: usize,
+    allocs: usize,
+}
+
+fn parse_args() -> Result<Opts, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let mut o = if quick {
+        Opts {
+            samples: 20,
+            warmup: 2,
+            volumes: 4,
+            allocs: 20,
+        }
+    } else {
+        Opts {
+            samples: 200,
+            warmup: 10,
+            volumes: 20,
+            allocs: 200,
+        }
+    };
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let slot = match a.as_str() {
+            "--samples" => &mut o.samples,
+            "--warmup" => &mut o.warmup,
+            "--volumes" => &mut o.volumes,
+            "--allocs" => &mut o.allocs,
+            // `cargo bench` passes --bench to every bench binary.
+            "--quick" | "--bench" => continue,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        };
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        *slot = v
+            .parse()
+            .map_err(|_| format!("{a}: {v:?} is not a count"))?;
+    }
+    if o.samples == 0 || o.volumes == 0 || o.allocs == 0 {
+        return Err("--samples, --volumes and --allocs must be at least 1".into());
+    }
+    Ok(o)
+}
+
+/// `berth-hostpath`, built first with the bench's own profile and target dir when cargo runs
+/// the bench (a no-op when it is up to date), so the plugin measured is the current one.
+fn hostpath_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    // target/<profile>/deps/volumes-<hash>
+    let profile_dir = exe.parent().and_then(Path::parent);
+    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), profile_dir) {
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(p) => p,
+            None => "release",
+        };
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "berth-hostpath",
+            "--bin",
+            "berth-hostpath",
+        ])
+        .args(["--profile", profile, "--manifest-path"])
+        .arg(&manifest);
+        if let Some(target_dir) = profile_dir.parent() {
+            cmd.arg("--target-dir").arg(target_dir);
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            other => panic!(
+                "building berth-hostpath failed ({other:?}); build it yourself with \
+                 `cargo build --release -p berth-hostpath` and run the bench again"
+            ),
+        }
+    }
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("berth-hostpath"));
+    match path {
+        Some(p) if p.is_file() => p,
+        _ => panic!(
+            "berth-hostpath not found next to {}: build it with \
+             `cargo build --release -p berth-hostpath`, or run the bench through `cargo bench`",
+            exe.display()
+        ),
+    }
+}
+
+/// Clock ticks per second, for `/proc/<pid>/stat`.
+fn clk_tck() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid`, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// Mount points under `dir` in the mount namespace of `pid`.
+fn mounts_under(pid: u32, dir: &Path) -> Vec<PathBuf> {
+    berth_sys::read_mountinfo(Path::new(&format!("/proc/{pid}/mountinfo")))
+        .unwrap_or_else(|e| panic!("mount table of {pid}: {e}"))
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// A `berth agent` in its own private mount namespace, with its config and data dir in a
+/// temporary directory. Dropping it (also while panicking) kills the agent, then the plugin
+/// process group it supervises (which outlives a SIGKILLed agent on purpose), then removes the
+/// directory.
+struct Agent {
+    child: Child,
+    data_dir: PathBuf,
+    log: PathBuf,
+    // Last: removed after `drop` has killed everything.
+    _tmp: tempfile::TempDir,
+}
+
+impl Agent {
+    async fn start(hostpath: &Path) -> Agent {
+        let tmp = tempfile::Builder::new()
+            .prefix("bv")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        let data_dir = tmp.path().join("data");
+        let log = tmp.path().join("agent.log");
+        let cfg = tmp.path().join("agent.hcl");
+        let config = format!(
+            "plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
+             args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--log-level\", \"warn\", \
+             \"--enable-stage\", \"--enable-attach\"]\n}}\n",
+            hostpath.display(),
+            tmp.path().join("hp").display()
+        );
+        std::fs::write(&cfg, config).expect("config");
+        let out = std::fs::File::create(&log).expect("agent log");
+        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
+            .args(["--log-level", "warn", "agent", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("agent log"))
+            .stderr(out)
+            .spawn()
+            .expect("start berth agent (needs util-linux's setpriv and unshare)");
+        let mut agent = Agent {
+            child,
+            data_dir,
+            log,
+            _tmp: tmp,
+        };
+        let client = agent.client();
+        let start = Instant::now();
+        loop {
+            if let Ok(p) = client.plugin(PLUGIN).await
+                && p.health.healthy
+            {
+                break;
+            }
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                panic!("berth agent exited ({status}):\n{}", agent.log_tail());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "plugin {PLUGIN} not healthy within 30 s:\n{}",
+                agent.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        agent
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&format!(
+            "unix://{}",
+            self.data_dir.join("berth.sock").display()
+        ))
+        .expect("client")
+    }
+
+    /// The supervised plugin's pid (and process group), if it still runs berth-hostpath.
+    fn plugin_pid(&self) -> Option<u32> {
+        let file = self.data_dir.join(format!("logs/plugin-{PLUGIN}.pid"));
+        let pid: u32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        exe.file_name()?
+            .to_str()?
+            .starts_with("berth-hostpath")
+            .then_some(pid)
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(50)..].join("\n")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // The agent first, so it cannot restart the plugin.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(pid) = self.plugin_pid().and_then(|p| i32::try_from(p).ok()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- berth agent log (tail) ---\n{}\n--- end ---",
+                self.log_tail()
+            );
+        }
+    }
+}
+
+fn volume_spec(id: &str, mode: AccessMode) -> VolumeSpecRequest {
+    VolumeSpecRequest {
+        spec: format!(
+            "id = \"{id}\"\nname = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\n\
+             capacity_min = \"1MiB\"\ncapability {{\n  access_mode = \"{mode}\"\n  \
+             attachment_mode = \"file-system\"\n}}\n"
+        ),
+        format: SpecFormat::Hcl,
+        file: Some(format!("{id}.hcl")),
+    }
+}
+
+fn claim_req(alloc: &str, mode: AccessMode) -> ClaimRequest {
+    ClaimRequest {
+        alloc_id: alloc.into(),
+        read_only: false,
+        access_mode: mode,
+        attachment_mode: AttachmentMode::FileSystem,
+        mount_options: None,
+    }
+}
+
+fn release_req(alloc: &str) -> ReleaseRequest {
+    ReleaseRequest {
+        alloc_id: alloc.into(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Nearest-rank percentile of sorted `v`, `p` in (0, 1].
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Stats {
+    p50: f64,
+    p90: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn stats(v: &[f64]) -> Stats {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    Stats {
+        p50: pct(&s, 0.5),
+        p90: pct(&s, 0.9),
+        p99: pct(&s, 0.99),
+        max: s[s.len() - 1],
+    }
+}
+
+fn row(name: &str, v: &[f64]) -> Stats {
+    let s = stats(v);
+    println!(
+        "  {name:<34} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+        s.p50, s.p90, s.p99, s.max
+    );
+    s
+}
+
+/// The direct baseline: a `berth-hostpath` of its own, spoken to with `CsiClient`.
+struct Direct {
+    plugin: HostpathPlugin,
+    csi: CsiClient,
+    id: berth_csi::model::ExternalId,
+    context: std::collections::BTreeMap<String, String>,
+    cap: VolumeCapability,
+    staging: PathBuf,
+    target: PathBuf,
+}
+
+impl Direct {
+    async fn start() -> Direct {
+        let plugin = HostpathPlugin::builder()
+            .stage(true)
+            .attach(true)
+            .log_level("warn")
+            .spawn()
+            .await;
+        let csi = CsiClient::new(Endpoint::from_path(plugin.socket()).expect("endpoint"));
+        let cap = VolumeCapability::mount(AccessMode::SingleNodeWriter, MountOptions::default());
+        let vol = csi
+            .create_volume(&CreateVolume {
+                name: "cycle".into(),
+                capacity: CapacityRange {
+                    required_bytes: 1 << 20,
+                    limit_bytes: 0,
+                },
+                capabilities: vec![cap.clone()],
+                ..CreateVolume::default()
+            })
+            .await
+            .expect("CreateVolume on the direct plugin");
+        let staging = plugin.tmp().join("staging/cycle/rw");
+        let target = plugin.tmp().join("per-alloc/a/cycle/rw");
+        for dir in [&staging, &target] {
+            std::fs::create_dir_all(dir.parent().expect("parent")).expect("mkdir");
+        }
+        Direct {
+            csi,
+            id: vol.external_id,
+            context: vol.context,
+            cap,
+            staging,
+            target,
+            plugin,
+        }
+    }
+
+    /// ControllerPublish, NodeStage, NodePublish; the time taken.
+    async fn publish(&self) -> Duration {
+        let t = Instant::now();
+        let publish_context = self
+            .csi
+            .controller_publish(&ControllerPublish {
+                external_id: self.id.clone(),
+                node_id: self.plugin.nodeid().into(),
+                capability: self.cap.clone(),
+                read_only: false,
+                volume_context: self.context.clone(),
+                secrets: Secrets::default(),
+            })
+            .await
+            .expect("ControllerPublishVolume");
+        self.csi
+            .node_stage(&NodeStage {
+                external_id: self.id.clone(),
+                staging_path: self.staging.clone(),
+                capability: self.cap.clone(),
+                publish_context: publish_context.clone(),
+                volume_context: self.context.clone(),
+                secrets: Secrets::default(),
+            })
+            .await
+            .expect("NodeStageVolume");
+        self.csi
+            .node_publish(&NodePublish {
+                external_id: self.id.clone(),
+                staging_path: Some(self.staging.clone()),
+                target_path: self.target.clone(),
+                capability: self.cap.clone(),
+                read_only: false,
+                publish_context,
+                volume_context: self.context.clone(),
+                secrets: Secrets::default(),
+            })
+            .await
+            .expect("NodePublishVolume");
+        t.elapsed()
+    }
+
+    /// NodeUnpublish, NodeUnstage, ControllerUnpublish; the time taken.
+    async fn unpublish(&self) -> Duration {
+        let t = Instant::now();
+        self.csi
+            .node_unpublish(&self.id, &self.target)
+            .await
+            .expect("NodeUnpublishVolume");
+        self.csi
+            .node_unstage(&self.id, &self.staging)
+            .await
+            .expect("NodeUnstageVolume");
+        self.csi
+            .controller_unpublish(&self.id, self.plugin.nodeid(), &Secrets::default())
+            .await
+            .expect("ControllerUnpublishVolume");
+        t.elapsed()
+    }
+
+    fn mounts(&self) -> Vec<PathBuf> {
+        mounts_under(self.plugin.pid(), self.plugin.tmp())
+    }
+}
+
+/// One agent cycle for `alloc`: (claim, release) times. Checks the mount outside the timing.
+async fn agent_cycle(agent: &Agent, client: &Client, alloc: &str) -> (Duration, Duration) {
+    let t = Instant::now();
+    let claim = client
+        .claim_volume("cycle", &claim_req(alloc, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_or_else(|e| panic!("claim for {alloc}: {e}"));
+    let claim_time = t.elapsed();
+    assert!(
+        mounts_under(agent.pid(), &agent.data_dir).contains(&claim.target),
+        "{} not mounted after the claim",
+        claim.target.display()
+    );
+    let t = Instant::now();
+    let r = client
+        .release_volume("cycle", &release_req(alloc))
+        .await
+        .unwrap_or_else(|e| panic!("release for {alloc}: {e}"));
+    let release_time = t.elapsed();
+    assert!(r.released, "release for {alloc} not done: {:?}", r.error);
+    let left = mounts_under(agent.pid(), &agent.data_dir);
+    assert!(left.is_empty(), "mounted after the release: {left:?}");
+    (claim_time, release_time)
+}
+
+async fn direct_cycle(direct: &Direct) -> (Duration, Duration) {
+    let publish = direct.publish().await;
+    assert!(
+        direct.mounts().contains(&direct.target),
+        "direct target not mounted"
+    );
+    let unpublish = direct.unpublish().await;
+    let left = direct.mounts();
+    assert!(left.is_empty(), "direct: mounted after unpublish: {left:?}");
+    (publish, unpublish)
+}
+
+async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
+    let client = agent.client();
+    client
+        .create_volume(&volume_spec("cycle", AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_or_else(|e| panic!("create volume cycle: {e}"));
+    for i in 0..opts.warmup {
+        agent_cycle(agent, &client, &format!("warm-{i}")).await;
+        direct_cycle(direct).await;
+    }
+    let (mut a_claim, mut a_rel, mut a_cycle) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut d_pub, mut d_unpub, mut d_cycle) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..opts.samples {
+        // Alternate which goes first, so neither always follows the other.
+        let (a, d) = if i % 2 == 0 {
+            let a = agent_cycle(agent, &client, &format!("cycle-{i}")).await;
+            (a, direct_cycle(direct).await)
+        } else {
+            let d = direct_cycle(direct).await;
+            (agent_cycle(agent, &client, &format!("cycle-{i}")).await, d)
+        };
+        a_claim.push(ms(a.0));
+        a_rel.push(ms(a.1));
+        a_cycle.push(ms(a.0 + a.1));
+        d_pub.push(ms(d.0));
+        d_unpub.push(ms(d.1));
+        d_cycle.push(ms(d.0 + d.1));
+    }
+    println!(
+        "\n1. Cycle, one single-node-writer volume: claim → mounted → release \
+         (n={}, {} warm-up, interleaved)",
+        opts.samples, opts.warmup
+    );
+    println!(
+        "  {:<34} {:>8} {:>8} {:>8} {:>8}",
+        "ms", "median", "p90", "p99", "max"
+    );
+    let ac = row("agent claim (CP+NS+NP)", &a_claim);
+    let ar = row("agent release (NU+NUS+CU)", &a_rel);
+    let ay = row("agent cycle", &a_cycle);
+    let dp = row("direct publish (CP+NS+NP)", &d_pub);
+    let du = row("direct unpublish (NU+NUS+CU)", &d_unpub);
+    let dy = row("direct cycle", &d_cycle);
+    println!(
+        "  agent/direct: cycle median {:.2}x, p90 {:.2}x; claim median {:.2}x; \
+         release median {:.2}x",
+        ay.p50 / dy.p50,
+        ay.p90 / dy.p90,
+        ac.p50 / dp.p50,
+        ar.p50 / du.p50
+    );
+    println!(
+        "  agent overhead per cycle (median difference): {:.2} ms",
+        ay.p50 - dy.p50
+    );
+}
+
+/// Outcome of one parallel phase: latencies (ms) of the calls that succeeded, errors, wall time
+/// and agent CPU seconds.
+struct Phase {
+    lat: Vec<f64>,
+    errors: Vec<String>,
+    wall: Duration,
+    cpu: f64,
+    plugin_cpu: Option<f64>,
+}
+
+fn report_phase(name: &str, n: usize, p: &Phase) {
+    let wall = p.wall.as_secs_f64();
+    println!("  {name}: {}/{n} ok", p.lat.len());
+    if !p.lat.is_empty() {
+        let s = stats(&p.lat);
+        println!(
+            "    latency per call: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            s.p50, s.p99, s.max
+        );
+    }
+    println!(
+        "    wall time for all: {:.1} ms ({:.0} calls/s)",
+        wall * 1e3,
+        n as f64 / wall
+    );
+    println!(
+        "    agent CPU: {:.3} s = {:.0}% of one core over the wall time",
+        p.cpu,
+        100.0 * p.cpu / wall
+    );
+    if let Some(c) = p.plugin_cpu {
+        println!(
+            "    (berth-hostpath CPU: {c:.3} s = {:.0}% of one core)",
+            100.0 * c / wall
+        );
+    }
+    for e in p.errors.iter().take(5) {
+        println!("    error: {e}");
+    }
+}
+
+async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
+    let client = agent.client();
+    let mode = AccessMode::SingleNodeMultiWriter;
+    let vols: Vec<String> = (0..opts.volumes).map(|i| format!("par-{i}")).collect();
+    let t = Instant::now();
+    for v in &vols {
+        client
+            .create_volume(&volume_spec(v, mode))
+            .await
+            .unwrap_or_else(|e| panic!("create volume {v}: {e}"));
+    }
+    let created = t.elapsed();
+    // Alloc j uses volume j mod V: A/V allocs per volume (the rest on the first ones).
+    let work: Vec<(String, String)> = (0..opts.allocs)
+        .map(|j| (vols[j % vols.len()].clone(), format!("alloc-{j}")))
+        .collect();
+    let plugin_pid = agent.plugin_pid();
+    let plugin_ticks = || plugin_pid.map(cpu_ticks);
+
+    let pid = agent.pid();
+    let (cpu0, pcpu0) = (cpu_ticks(pid), plugin_ticks());
+    let t = Instant::now();
+    let tasks: Vec<_> = work
+        .iter()
+        .cloned()
+        .map(|(vol, alloc)| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = client.claim_volume(&vol, &claim_req(&alloc, mode)).await;
+                (
+                    t.elapsed(),
+                    r.map_err(|e| format!("claim {vol}/{alloc}: {e}")),
+                )
+            })
+        })
+        .collect();
+    let mut claims = Phase {
+        lat: Vec::new(),
+        errors: Vec::new(),
+        wall: Duration::ZERO,
+        cpu: 0.0,
+        plugin_cpu: None,
+    };
+    let mut targets = Vec::new();
+    for task in tasks {
+        let (d, r) = task.await.expect("claim task");
+        match r {
+            Ok(c) => {
+                claims.lat.push(ms(d));
+                targets.push(c.target);
+            }
+            Err(e) => claims.errors.push(e),
+        }
+    }
+    claims.wall = t.elapsed();
+    claims.cpu = (cpu_ticks(pid) - cpu0) as f64 / tck;
+    claims.plugin_cpu = pcpu0.zip(plugin_ticks()).map(|(a, b)| (b - a) as f64 / tck);
+    let mounted: BTreeSet<PathBuf> = mounts_under(pid, &agent.data_dir).into_iter().collect();
+    let targets_mounted = targets.iter().filter(|t| mounted.contains(*t)).count();
+    let mounts_after_claims = mounted.len();
+
+    let (cpu0, pcpu0) = (cpu_ticks(pid), plugin_ticks());
+    let t = Instant::now();
+    let tasks: Vec<_> = work
+        .iter()
+        .cloned()
+        .map(|(vol, alloc)| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = client.release_volume(&vol, &release_req(&alloc)).await;
+                let r = match r {
+                    Ok(r) if r.released => Ok(()),
+                    Ok(r) => Err(format!("release {vol}/{alloc} not done: {:?}", r.error)),
+                    Err(e) => Err(format!("release {vol}/{alloc}: {e}")),
+                };
+                (t.elapsed(), r)
+            })
+        })
+        .collect();
+    let mut releases = Phase {
+        lat: Vec::new(),
+        errors: Vec::new(),
+        wall: Duration::ZERO,
+        cpu: 0.0,
+        plugin_cpu: None,
+    };
+    for task in tasks {
+        let (d, r) = task.await.expect("release task");
+        match r {
+            Ok(()) => releases.lat.push(ms(d)),
+            Err(e) => releases.errors.push(e),
+        }
+    }
+    releases.wall = t.elapsed();
+    releases.cpu = (cpu_ticks(pid) - cpu0) as f64 / tck;
+    releases.plugin_cpu = pcpu0.zip(plugin_ticks()).map(|(a, b)| (b - a) as f64 / tck);
+    let left = mounts_under(pid, &agent.data_dir);
+    let mut still_claimed = 0;
+    for v in &vols {
+        let s = client
+            .volume(v)
+            .await
+            .unwrap_or_else(|e| panic!("status of {v}: {e}"));
+        still_claimed += s.claims.len() + s.usages.len();
+    }
+
+    let per = opts.allocs as f64 / opts.volumes as f64;
+    println!(
+        "\n2. Parallel: {} allocs over {} single-node-multi-writer volumes ({per:.1} per volume), \
+         all at once",
+        opts.allocs, opts.volumes
+    );
+    println!(
+        "  created {} volumes one by one in {:.0} ms",
+        opts.volumes,
+        ms(created)
+    );
+    report_phase("claims", opts.allocs, &claims);
+    println!(
+        "    after the claims: {targets_mounted}/{} targets mounted, {mounts_after_claims} \
+         mounts under the data dir",
+        targets.len()
+    );
+    report_phase("releases", opts.allocs, &releases);
+    println!(
+        "    after the releases: {} mounts under the data dir, {still_claimed} claims or usages \
+         left",
+        left.len()
+    );
+
+    let mut failures = Vec::new();
+    if !claims.errors.is_empty() {
+        failures.push(format!("{} claims failed", claims.errors.len()));
+    }
+    if targets_mounted != targets.len() {
+        failures.push(format!(
+            "{} claimed targets not mounted",
+            targets.len() - targets_mounted
+        ));
+    }
+    if !releases.errors.is_empty() {
+        failures.push(format!("{} releases failed", releases.errors.len()));
+    }
+    if !left.is_empty() {
+        failures.push(format!("left mounted under the data dir: {left:?}"));
+    }
+    if still_claimed != 0 {
+        failures.push(format!("{still_claimed} claims or usages left"));
+    }
+    failures
+}
+
+async fn run(opts: Opts) -> Vec<String> {
+    let hostpath = hostpath_binary();
+    let tck = clk_tck();
+    let agent = Agent::start(&hostpath).await;
+    let direct = Direct::start().await;
+    println!(
+        "berth volumes bench: {} cores; samples {}, warm-up {}, volumes {}, allocs {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        opts.samples,
+        opts.warmup,
+        opts.volumes,
+        opts.allocs
+    );
+    println!(
+        "agent pid {} (data dir {}), its berth-hostpath pid {}, direct berth-hostpath pid {}",
+        agent.pid(),
+        agent.data_dir.display(),
+        agent
+            .plugin_pid()
+            .map_or("?".into(), |p: u32| p.to_string()),
+        direct.plugin.pid()
+    );
+    bench_cycle(opts, &agent, &direct).await;
+    drop(direct);
+    bench_parallel(opts, &agent, tck).await
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let opts = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("volumes: {e}");
+            }
+            eprintln!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    // Dropping `run` on Ctrl-C kills the agent and the plugins, like the end of a run.
+    let failures = tokio::select! {
+        f = run(opts) => f,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted");
+            return ExitCode::from(130);
+        }
+    };
+    if failures.is_empty() {
+        println!("\nresult: OK (every claim and release succeeded, nothing left mounted)");
+        ExitCode::SUCCESS
+    } else {
+        println!("\nresult: FAILED: {}", failures.join("; "));
+        ExitCode::FAILURE
+    }
+}
