@@ -385,7 +385,9 @@ impl berth_api::VolumeView for Agent {
         op: berth_api::SpecOp,
         req: berth_api::volumes::VolumeSpecRequest,
     ) -> Result<berth_api::volumes::VolumeStatus, ApiError> {
-        self.volumes.put(op, req).await
+        self.volumes
+            .detached(move |v| async move { v.put(op, req).await })
+            .await
     }
 
     async fn deregister_volume(
@@ -393,11 +395,17 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         force: bool,
     ) -> Result<berth_api::volumes::DetachResponse, ApiError> {
-        self.volumes.deregister(id, force).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.deregister(&id, force).await })
+            .await
     }
 
     async fn delete_volume(&self, id: &str) -> Result<(), ApiError> {
-        self.volumes.delete(id).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.delete(&id).await })
+            .await
     }
 
     async fn detach_volume(
@@ -405,7 +413,10 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         req: berth_api::volumes::DetachRequest,
     ) -> Result<berth_api::volumes::DetachResponse, ApiError> {
-        self.volumes.detach(id, req).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.detach(&id, req).await })
+            .await
     }
 
     async fn expand_volume(
@@ -413,7 +424,10 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         req: berth_api::volumes::ExpandRequest,
     ) -> Result<berth_api::volumes::ExpandResponse, ApiError> {
-        self.volumes.expand(id, req).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.expand(&id, req).await })
+            .await
     }
 
     async fn claim_volume(
@@ -421,7 +435,10 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         req: berth_api::volumes::ClaimRequest,
     ) -> Result<berth_api::volumes::ClaimResponse, ApiError> {
-        self.volumes.claim(id, req).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.claim(&id, req).await })
+            .await
     }
 
     async fn release_volume(
@@ -429,7 +446,10 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         req: berth_api::volumes::ReleaseRequest,
     ) -> Result<berth_api::volumes::ReleaseResponse, ApiError> {
-        self.volumes.release_api(id, req).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.release_api(&id, req).await })
+            .await
     }
 
     async fn create_snapshot(
@@ -437,14 +457,19 @@ impl berth_api::VolumeView for Agent {
         id: &str,
         req: berth_api::volumes::SnapshotCreateRequest,
     ) -> Result<berth_api::volumes::SnapshotView, ApiError> {
-        self.volumes.create_snapshot(id, req).await
+        let id = id.to_string();
+        self.volumes
+            .detached(move |v| async move { v.create_snapshot(&id, req).await })
+            .await
     }
 
     async fn delete_snapshot(
         &self,
         req: berth_api::volumes::SnapshotDeleteRequest,
     ) -> Result<(), ApiError> {
-        self.volumes.delete_snapshot(req).await
+        self.volumes
+            .detached(move |v| async move { v.delete_snapshot(req).await })
+            .await
     }
 
     async fn list_snapshots(

@@ -42,7 +42,7 @@ use berth_csi::{
     CapacityRange, CsiClient, Endpoint,
     model::{MountFlags, MountOptions, NodeCapabilities, Secrets},
 };
-use berth_state::Store;
+use berth_state::{KeyedLocks, Store, Table};
 use berth_volume::{
     Operation, PluginDir, Usage, VolumeSpec, check_mount_flags, merge_mount_options,
 };
@@ -170,6 +170,8 @@ struct NodePlugin {
     manager: VolumeManager,
     csi_node_id: String,
     caps: NodeCapabilities,
+    /// The instance's socket: a new active instance gets a new manager (and a recovery).
+    socket: PathBuf,
 }
 
 /// Volumes on this node; see the module docs.
@@ -183,6 +185,9 @@ pub struct Volumes {
     events: Arc<EventBus>,
     clients: Arc<ClientCache>,
     nodes: Mutex<HashMap<String, Arc<OnceCell<Arc<NodePlugin>>>>>,
+    /// Serializes the claim and the release of one (volume, alloc). Always taken after the
+    /// node plugin is ready (never while waiting for it: its recovery takes these locks).
+    alloc_locks: KeyedLocks,
     retrying: Mutex<HashSet<(String, String)>>,
     hook: Option<Arc<CrashHook>>,
     tasks: TaskTracker,
@@ -235,6 +240,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The key of an alloc's lock on a volume.
+fn alloc_key(volume_id: &str, alloc_id: &str) -> String {
+    format!("{volume_id}/{alloc_id}")
+}
+
 /// A failed step of a claim or release, for the background retry.
 #[derive(Debug)]
 enum StepError {
@@ -249,6 +259,24 @@ impl StepError {
             Self::Cp(e) => error_chain(e),
             Self::Node(e) => error_chain(e),
             Self::Api(e) => e.to_string(),
+        }
+    }
+
+    /// Whether trying again may help.
+    fn is_retryable(&self) -> bool {
+        match self {
+            Self::Cp(ControlPlaneError::Unavailable { .. } | ControlPlaneError::Store(_)) => true,
+            Self::Cp(ControlPlaneError::Csi { source, .. }) => source.is_retryable(),
+            Self::Cp(_) => false,
+            Self::Node(VolumeError::Csi { source, .. }) => source.is_retryable(),
+            Self::Node(
+                VolumeError::Cancelled { .. }
+                | VolumeError::Store { .. }
+                | VolumeError::Dir { .. }
+                | VolumeError::MountTable(_),
+            ) => true,
+            Self::Node(_) => false,
+            Self::Api(e) => matches!(e, ApiError::Unavailable(_) | ApiError::Internal(_)),
         }
     }
 
@@ -303,6 +331,7 @@ impl Volumes {
             events,
             clients,
             nodes: Mutex::new(HashMap::new()),
+            alloc_locks: KeyedLocks::default(),
             retrying: Mutex::new(HashSet::new()),
             hook,
             tasks,
@@ -345,9 +374,19 @@ impl Volumes {
     /// The node plugin's volume manager, created (and its state recovered) the first time: waits
     /// up to [`PLUGIN_WAIT`] for a healthy node instance.
     async fn node_plugin(self: &Arc<Self>, plugin_id: &str) -> Result<Arc<NodePlugin>, ApiError> {
+        let active = self.active_node_socket(plugin_id);
         let cell = {
             let mut map = self.nodes.lock().unwrap_or_else(|p| p.into_inner());
-            Arc::clone(map.entry(plugin_id.to_string()).or_default())
+            let cell = map.entry(plugin_id.to_string()).or_default();
+            // Another instance is active now (a restart behind a new socket, a rolling update):
+            // a fresh manager for it, recovered again.
+            if let (Some(p), Some(active)) = (cell.get(), &active)
+                && &p.socket != active
+            {
+                tracing::info!(plugin = plugin_id, socket = %active.display(), "node plugin instance changed; recovering its volumes again");
+                *cell = Arc::default();
+            }
+            Arc::clone(cell)
         };
         let plugin = cell
             .get_or_try_init(|| self.init_node_plugin(plugin_id))
@@ -392,9 +431,97 @@ impl Volumes {
             manager,
             csi_node_id,
             caps,
+            socket: record.socket.clone(),
         });
         self.recover(plugin_id, &plugin).await;
         Ok(plugin)
+    }
+
+    /// The socket of the plugin's healthy node instance, newest first.
+    fn active_node_socket(&self, plugin_id: &str) -> Option<PathBuf> {
+        self.registry
+            .instances(plugin_id)
+            .into_iter()
+            .filter(|r| r.plugin_type.is_node())
+            .find(|r| {
+                self.manager
+                    .state(&r.id, &r.instance)
+                    .is_some_and(|s| s.health.healthy)
+            })
+            .map(|r| r.socket)
+    }
+
+    /// Whether this node has usage records of the volume under the plugin.
+    fn node_has_records(&self, plugin_id: &str, volume_id: &str) -> bool {
+        self.store
+            .list_prefix::<berth_volumemgr::UsageRecord>(
+                Table::USAGES,
+                &format!("{plugin_id}/{volume_id}/"),
+            )
+            .is_ok_and(|l| !l.is_empty())
+    }
+
+    /// The node plugin when the node holds something of the volume (waiting for the plugin),
+    /// else the one already running, if any.
+    async fn node_plugin_for(
+        self: &Arc<Self>,
+        vol: &VolumeRecord,
+    ) -> Result<Option<Arc<NodePlugin>>, ApiError> {
+        if self.node_has_records(&vol.plugin_id, &vol.id) {
+            return self.node_plugin(&vol.plugin_id).await.map(Some);
+        }
+        Ok(self.existing_node_plugin(&vol.plugin_id))
+    }
+
+    /// Every secret value and mount flag of the volume and its claims: what error text must
+    /// not show.
+    fn sensitive(&self, volume_id: &str) -> Vec<String> {
+        let Ok(Some(v)) = self.cp.volume(volume_id) else {
+            return Vec::new();
+        };
+        let mut out: Vec<String> = v
+            .secrets
+            .to_secrets()
+            .values()
+            .map(str::to_string)
+            .collect();
+        out.extend(v.mount_options.mount_flags.iter().cloned());
+        for c in v.claims.values() {
+            out.extend(c.mount_options.mount_flags.iter().cloned());
+        }
+        out
+    }
+
+    /// An error's text, scrubbed of the volume's secrets and mount flags.
+    fn scrubbed(&self, volume_id: &str, e: &StepError) -> String {
+        berth_csi::sanitize(&e.text(), &self.sensitive(volume_id))
+    }
+
+    /// The API error for a failed step, its text scrubbed.
+    fn api_error(&self, volume_id: &str, e: StepError) -> ApiError {
+        let text = self.scrubbed(volume_id, &e);
+        match e.into_api() {
+            ApiError::BadRequest(_) => ApiError::BadRequest(text),
+            ApiError::NotFound(_) => ApiError::NotFound(text),
+            ApiError::Conflict(_) => ApiError::Conflict(text),
+            ApiError::Internal(_) => ApiError::Internal(text),
+            ApiError::Unavailable(_) => ApiError::Unavailable(text),
+        }
+    }
+
+    /// Runs `f` as a task of the agent and waits for it: the operation goes on to its end (or to
+    /// a persisted intent) even when the API caller goes away.
+    pub async fn detached<T, F, Fut>(self: &Arc<Self>, f: F) -> Result<T, ApiError>
+    where
+        F: FnOnce(Arc<Self>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        let fut = f(Arc::clone(self));
+        self.tasks
+            .spawn(fut)
+            .await
+            .map_err(|e| ApiError::Internal(format!("volume operation failed: {e}")))?
     }
 
     /// The active healthy node instance of the plugin and its fingerprint.
@@ -440,7 +567,10 @@ impl Volumes {
     }
 
     /// Reconciles the plugin's records with the mount table, then drives every claim of this
-    /// node on its volumes to its end, and unmounts allocs published without a claim.
+    /// node on its volumes to its end (`claiming` and `claimed` → mounted, `releasing` →
+    /// released), unmounts allocs published without a claim and releases unused usages.
+    /// Runs inside the plugin's initialization: it uses `plugin` directly, never
+    /// [`Volumes::node_plugin`].
     async fn recover(self: &Arc<Self>, plugin_id: &str, plugin: &Arc<NodePlugin>) {
         let cp = &self.cp;
         let secrets = |volume_id: &str| {
@@ -467,141 +597,215 @@ impl Volumes {
         let mut claimed: HashSet<(String, String)> = HashSet::new();
         for (vol, recs) in claims.into_iter().filter(|(v, _)| v.plugin_id == plugin_id) {
             for c in recs {
-                claimed.insert((vol.id.clone(), c.claim.alloc_id.clone()));
+                let alloc_id = c.claim.alloc_id.clone();
+                claimed.insert((vol.id.clone(), alloc_id.clone()));
                 match c.state {
                     ClaimState::Claiming | ClaimState::Claimed => {
-                        let r = self.drive_claim(plugin, &vol.id, c.claim.clone()).await;
-                        if let Err(e) = r {
-                            tracing::warn!(volume_id = %vol.id, alloc_id = %c.claim.alloc_id, error = %e.text(), "interrupted claim failed; releasing it");
-                            self.release_in_background(
-                                vol.id.clone(),
-                                c.claim.alloc_id.clone(),
-                                Duration::ZERO,
-                            );
+                        let _lock = self.alloc_locks.lock(&alloc_key(&vol.id, &alloc_id)).await;
+                        if let Err(e) = self.drive_claim(plugin, &vol.id, &c).await {
+                            let text = self.scrubbed(&vol.id, &e);
+                            tracing::warn!(volume_id = %vol.id, alloc_id, error = %text, "cannot finish an interrupted claim; retrying");
+                            self.note_failure(&vol.id, &alloc_id, &text).await;
+                            self.drive_in_background(vol.id.clone(), alloc_id);
                         }
                     }
                     ClaimState::Releasing => {
-                        self.release_in_background(
-                            vol.id.clone(),
-                            c.claim.alloc_id.clone(),
-                            Duration::ZERO,
-                        );
+                        self.release_in_background(vol.id.clone(), alloc_id, Duration::ZERO);
                     }
                 }
             }
         }
-        if let Ok(published) = plugin.manager.allocs() {
-            for (volume_id, allocs) in published {
-                for alloc_id in allocs {
-                    if claimed.contains(&(volume_id.clone(), alloc_id.clone())) {
-                        continue;
-                    }
-                    tracing::info!(volume_id, alloc_id, "unmounting an alloc without a claim");
-                    if let Err(e) = plugin.manager.unmount(&volume_id, &alloc_id).await {
-                        tracing::warn!(volume_id, alloc_id, error = %error_chain(&e), "cannot unmount an alloc without a claim");
-                    }
-                }
+        let volumes: std::collections::BTreeSet<String> = plugin
+            .manager
+            .records()
+            .map(|r| r.into_iter().map(|r| r.volume_id).collect())
+            .unwrap_or_default();
+        for volume_id in volumes {
+            if let Err(e) = self.clean_node(plugin, &volume_id, &claimed).await {
+                tracing::warn!(volume_id, error = %error_chain(&e), "cannot clean up the node's usages; retrying");
+                self.clean_in_background(plugin_id.to_string(), volume_id);
             }
         }
     }
 
-    /// The claim's controller and node steps (idempotent): returns the target and usage.
-    async fn drive_claim(
-        self: &Arc<Self>,
-        plugin: &Arc<NodePlugin>,
+    /// Unmounts the allocs of the volume that the node publishes without a claim, and releases
+    /// the usages no alloc uses.
+    async fn clean_node(
+        &self,
+        plugin: &NodePlugin,
         volume_id: &str,
-        claim: Claim,
-    ) -> Result<(PathBuf, Usage, BTreeMap<String, String>), StepError> {
-        let alloc_id = claim.alloc_id.clone();
+        claimed: &HashSet<(String, String)>,
+    ) -> Result<(), VolumeError> {
+        let allocs = plugin.manager.allocs()?;
+        for alloc_id in allocs.get(volume_id).into_iter().flatten() {
+            if !claimed.contains(&(volume_id.to_string(), alloc_id.clone())) {
+                tracing::info!(volume_id, alloc_id, "unmounting an alloc without a claim");
+                plugin.manager.unmount(volume_id, alloc_id).await?;
+            }
+        }
+        plugin.manager.release_unused(volume_id).await.map(drop)
+    }
+
+    /// Retries [`Volumes::clean_node`] with backoff until it succeeds or the agent stops.
+    fn clean_in_background(self: &Arc<Self>, plugin_id: String, volume_id: String) {
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            let mut wait = RETRY_FIRST;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = this.shutdown.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+                let Ok(plugin) = this.node_plugin(&plugin_id).await else {
+                    continue;
+                };
+                let claimed: HashSet<(String, String)> = this
+                    .cp
+                    .volume(&volume_id)
+                    .ok()
+                    .flatten()
+                    .map(|v| {
+                        v.claims
+                            .into_values()
+                            .map(|c| (volume_id.clone(), c.claim.alloc_id))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                match this.clean_node(&plugin, &volume_id, &claimed).await {
+                    Ok(()) => return,
+                    Err(e) => {
+                        tracing::warn!(volume_id, error = %error_chain(&e), "node clean-up failed; retrying");
+                    }
+                }
+            }
+        });
+    }
+
+    /// The claim's controller and node steps (idempotent), with the mount options it was made
+    /// with; returns the target and the publish context. The caller holds the alloc's lock.
+    async fn drive_claim(
+        &self,
+        plugin: &NodePlugin,
+        volume_id: &str,
+        claim: &ClaimRecord,
+    ) -> Result<(PathBuf, BTreeMap<String, String>), StepError> {
+        let alloc_id = claim.claim.alloc_id.clone();
         let grant = self
             .cp
             .claim(NodeClaim {
                 volume_id: volume_id.to_string(),
-                claim: claim.clone(),
+                claim: claim.claim.clone(),
                 csi_node_id: plugin.csi_node_id.clone(),
+                mount_options: claim.mount_options.clone(),
             })
             .await
             .map_err(StepError::Cp)?;
-        // The mount options are those of the usage the alloc is already in, if any (an
-        // interrupted claim), else the volume's.
-        let usage = match plugin.manager.alloc_target(volume_id, &alloc_id) {
-            Ok(Some((rec, _))) => rec.full_usage(),
-            _ => Usage {
-                read_only: claim.mode == ClaimMode::Read,
-                attachment_mode: claim.attachment_mode,
-                access_mode: claim.access_mode,
-                mount_options: (&grant.volume.mount_options).into(),
-            },
+        if let Some(h) = &self.hook {
+            h.hit("claim:persisted");
+        }
+        let usage = Usage {
+            read_only: claim.claim.mode == ClaimMode::Read,
+            attachment_mode: claim.claim.attachment_mode,
+            access_mode: claim.claim.access_mode,
+            mount_options: (&claim.mount_options).into(),
         };
-        let target = self
-            .mount(
-                plugin,
-                &grant.volume,
-                &alloc_id,
-                usage.clone(),
-                grant.publish_context.clone(),
-            )
-            .await?;
+        let target = plugin
+            .manager
+            .mount(MountRequest {
+                volume_id: volume_id.to_string(),
+                external_id: grant.volume.external_id.clone(),
+                alloc_id: alloc_id.clone(),
+                usage,
+                publish_context: grant.publish_context.clone(),
+                volume_context: grant.volume.context.clone(),
+                secrets: grant.volume.secrets.to_secrets(),
+            })
+            .await
+            .map_err(StepError::Node)?;
         self.cp
             .confirm(volume_id, &alloc_id)
             .await
             .map_err(StepError::Cp)?;
-        Ok((target, usage, grant.publish_context))
+        Ok((target, grant.publish_context))
     }
 
-    async fn mount(
+    /// Retries an interrupted claim until it is mounted, the claim is gone or released, or the
+    /// agent stops. A claim that was never mounted (`claiming`) and fails for good is released.
+    fn drive_in_background(self: &Arc<Self>, volume_id: String, alloc_id: String) {
+        let this = Arc::clone(self);
+        self.tasks.spawn(async move {
+            let mut wait = RETRY_FIRST;
+            loop {
+                tokio::select! {
+                    biased;
+                    () = this.shutdown.cancelled() => return,
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(RETRY_MAX);
+                let Ok(Some(vol)) = this.cp.volume(&volume_id) else {
+                    return;
+                };
+                let Ok(plugin) = this.node_plugin(&vol.plugin_id).await else {
+                    continue;
+                };
+                let _lock = this.alloc_locks.lock(&alloc_key(&volume_id, &alloc_id)).await;
+                let claim = match this.cp.volume(&volume_id) {
+                    Ok(Some(v)) => v.claims.get(&alloc_id).cloned(),
+                    _ => None,
+                };
+                let Some(claim) = claim.filter(|c| c.state != ClaimState::Releasing) else {
+                    return;
+                };
+                match this.drive_claim(&plugin, &volume_id, &claim).await {
+                    Ok(_) => {
+                        tracing::info!(volume_id, alloc_id, "interrupted claim finished");
+                        return;
+                    }
+                    Err(e) => {
+                        let text = this.scrubbed(&volume_id, &e);
+                        if claim.state == ClaimState::Claiming && !e.is_retryable() {
+                            tracing::warn!(volume_id, alloc_id, error = %text, "interrupted claim failed for good; releasing it");
+                            let _ = this.cp.begin_release(&volume_id, &alloc_id).await;
+                            drop(_lock);
+                            this.release_in_background(volume_id, alloc_id, Duration::ZERO);
+                            return;
+                        }
+                        this.note_failure(&volume_id, &alloc_id, &text).await;
+                    }
+                }
+            }
+        });
+    }
+
+    /// The release steps once the claim is marked releasing: node unpublish (and unstage when
+    /// last), unused usages released, then controller unpublish and the claim freed. The caller
+    /// holds the alloc's lock.
+    async fn release_steps(
         &self,
         plugin: &NodePlugin,
         vol: &VolumeRecord,
         alloc_id: &str,
-        usage: Usage,
-        publish_context: BTreeMap<String, String>,
-    ) -> Result<PathBuf, StepError> {
-        plugin
-            .manager
-            .mount(MountRequest {
-                volume_id: vol.id.clone(),
-                external_id: vol.external_id.clone(),
-                alloc_id: alloc_id.to_string(),
-                usage,
-                publish_context,
-                volume_context: vol.context.clone(),
-                secrets: vol.secrets.to_secrets(),
-            })
-            .await
-            .map_err(StepError::Node)
-    }
-
-    /// The release steps after the claim is marked releasing: node, then controller and free.
-    async fn release_steps(
-        self: &Arc<Self>,
-        volume_id: &str,
-        alloc_id: &str,
     ) -> Result<(), StepError> {
-        let vol = self
-            .cp
-            .volume(volume_id)
-            .map_err(StepError::Cp)?
-            .ok_or_else(|| {
-                StepError::Api(ApiError::NotFound(format!("no volume {volume_id:?}")))
-            })?;
-        let plugin = self
-            .node_plugin(&vol.plugin_id)
-            .await
-            .map_err(StepError::Api)?;
         plugin
             .manager
-            .unmount(volume_id, alloc_id)
+            .unmount(&vol.id, alloc_id)
+            .await
+            .map_err(StepError::Node)?;
+        plugin
+            .manager
+            .release_unused(&vol.id)
             .await
             .map_err(StepError::Node)?;
         self.cp
-            .finish_release(volume_id, alloc_id)
+            .finish_release(&vol.id, alloc_id)
             .await
             .map_err(StepError::Cp)?;
         self.events.emit_volume(
             EventKind::VolumeReleased,
             &vol.plugin_id,
-            volume_id,
+            &vol.id,
             Some(alloc_id),
             "unpublished and released",
         );
@@ -609,46 +813,75 @@ impl Volumes {
     }
 
     /// Marks the claim releasing and runs the release; on failure the claim stays releasing and
-    /// the release is retried in the background.
-    async fn release(self: &Arc<Self>, volume_id: &str, alloc_id: &str) -> ReleaseResponse {
+    /// the release is retried in the background. No claim: whatever the node still publishes for
+    /// the alloc is unmounted.
+    async fn release(self: &Arc<Self>, vol: &VolumeRecord, alloc_id: &str) -> ReleaseResponse {
+        let volume_id = vol.id.as_str();
         let mut resp = ReleaseResponse {
             volume_id: volume_id.to_string(),
             alloc_id: alloc_id.to_string(),
             released: false,
             error: None,
         };
+        let has_claim = vol.claims.contains_key(alloc_id);
+        let plugin = if has_claim {
+            self.node_plugin(&vol.plugin_id).await.map(Some)
+        } else {
+            self.node_plugin_for(vol).await
+        };
+        let plugin = match plugin {
+            Ok(p) => p,
+            Err(e) if has_claim => {
+                // The node plugin is not there: the claim is kept, releasing, and retried.
+                let text = self.scrubbed(volume_id, &StepError::Api(e));
+                if self.cp.begin_release(volume_id, alloc_id).await.is_ok() {
+                    self.note_failure(volume_id, alloc_id, &text).await;
+                    self.release_in_background(
+                        volume_id.to_string(),
+                        alloc_id.to_string(),
+                        RETRY_FIRST,
+                    );
+                }
+                resp.error = Some(text);
+                return resp;
+            }
+            Err(e) => {
+                resp.error = Some(self.scrubbed(volume_id, &StepError::Api(e)));
+                return resp;
+            }
+        };
+        let _lock = self.alloc_locks.lock(&alloc_key(volume_id, alloc_id)).await;
         match self.cp.begin_release(volume_id, alloc_id).await {
             Ok(Some(_)) => {}
             Ok(None) => {
-                // No claim: still unmount anything the node holds for the alloc.
-                if let Ok(Some(vol)) = self.cp.volume(volume_id)
-                    && let Some(plugin) = self.existing_node_plugin(&vol.plugin_id)
+                if let Some(plugin) = plugin
                     && let Err(e) = plugin.manager.unmount(volume_id, alloc_id).await
                 {
-                    resp.error = Some(error_chain(&e));
+                    resp.error = Some(self.scrubbed(volume_id, &StepError::Node(e)));
                     return resp;
                 }
                 resp.released = true;
                 return resp;
             }
             Err(e) => {
-                resp.error = Some(error_chain(&e));
+                resp.error = Some(self.scrubbed(volume_id, &StepError::Cp(e)));
                 return resp;
             }
         }
         if let Some(h) = &self.hook {
             h.hit("release:persisted");
         }
-        if self.is_retrying(volume_id, alloc_id) {
-            resp.error = Some("a background release is under way".into());
+        let Some(plugin) = plugin else {
+            resp.error = Some("internal: no node plugin for a claimed volume".into());
             return resp;
-        }
-        match self.release_steps(volume_id, alloc_id).await {
+        };
+        match self.release_steps(&plugin, vol, alloc_id).await {
             Ok(()) => resp.released = true,
             Err(e) => {
-                let text = e.text();
+                let text = self.scrubbed(volume_id, &e);
                 self.note_failure(volume_id, alloc_id, &text).await;
                 resp.error = Some(text);
+                drop(_lock);
                 self.release_in_background(
                     volume_id.to_string(),
                     alloc_id.to_string(),
@@ -664,13 +897,7 @@ impl Volumes {
         map.get(plugin_id).and_then(|c| c.get().cloned())
     }
 
-    fn is_retrying(&self, volume_id: &str, alloc_id: &str) -> bool {
-        self.retrying
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&(volume_id.to_string(), alloc_id.to_string()))
-    }
-
+    /// Records a failed step (already scrubbed) on the claim and as an event.
     async fn note_failure(&self, volume_id: &str, alloc_id: &str, text: &str) {
         let plugin_id = self
             .cp
@@ -684,7 +911,7 @@ impl Volumes {
             &plugin_id,
             volume_id,
             Some(alloc_id),
-            format!("release failed, retrying: {text}"),
+            format!("failed, retrying: {text}"),
         );
         let _ = self
             .cp
@@ -692,9 +919,9 @@ impl Volumes {
             .await;
     }
 
-    /// Retries the release of one claim until it succeeds or the agent stops, first after
-    /// `first_delay`, then with doubling waits; one task per claim. Each attempt marks the
-    /// claim releasing (idempotent) and runs the steps.
+    /// Retries the release of one claim that is marked releasing, first after `first_delay`,
+    /// then with doubling waits, until it is freed, the claim is gone or no longer releasing
+    /// (a newer claim by the alloc is never touched), or the agent stops. One task per claim.
     fn release_in_background(
         self: &Arc<Self>,
         volume_id: String,
@@ -717,28 +944,37 @@ impl Volumes {
                     () = this.shutdown.cancelled() => break,
                     () = tokio::time::sleep(delay) => {}
                 }
-                let r = async {
-                    this.cp
-                        .begin_release(&volume_id, &alloc_id)
-                        .await
-                        .map_err(StepError::Cp)?;
-                    this.release_steps(&volume_id, &alloc_id).await
+                delay = wait;
+                wait = (wait * 2).min(RETRY_MAX);
+                let Ok(Some(vol)) = this.cp.volume(&volume_id) else {
+                    break;
+                };
+                let plugin = match this.node_plugin(&vol.plugin_id).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let text = this.scrubbed(&volume_id, &StepError::Api(e));
+                        this.note_failure(&volume_id, &alloc_id, &text).await;
+                        continue;
+                    }
+                };
+                let _lock = this.alloc_locks.lock(&alloc_key(&volume_id, &alloc_id)).await;
+                let Ok(Some(vol)) = this.cp.volume(&volume_id) else {
+                    break;
+                };
+                if vol.claims.get(&alloc_id).is_none_or(|c| c.state != ClaimState::Releasing) {
+                    break;
                 }
-                .await;
-                match r {
+                match this.release_steps(&plugin, &vol, &alloc_id).await {
                     Ok(()) => {
                         tracing::info!(volume_id, alloc_id, "background release done");
                         break;
                     }
-                    Err(StepError::Cp(ControlPlaneError::NoVolume(_))) => break,
                     Err(e) => {
-                        let text = e.text();
-                        tracing::warn!(volume_id, alloc_id, error = %text, retry_in = ?wait, "release failed; retrying");
+                        let text = this.scrubbed(&volume_id, &e);
+                        tracing::warn!(volume_id, alloc_id, error = %text, retry_in = ?delay, "release failed; retrying");
                         this.note_failure(&volume_id, &alloc_id, &text).await;
                     }
                 }
-                delay = wait;
-                wait = (wait * 2).min(RETRY_MAX);
             }
             this.retrying
                 .lock()
@@ -927,7 +1163,8 @@ impl Volumes {
             .ok_or_else(|| ApiError::NotFound(format!("no volume {id:?}")))?;
         let mut out = DetachResponse::default();
         for c in vol.claims.values().filter(|c| c.claim.node_id == node) {
-            out.releases.push(self.release(id, &c.claim.alloc_id).await);
+            out.releases
+                .push(self.release(&vol, &c.claim.alloc_id).await);
         }
         Ok(out)
     }
@@ -958,7 +1195,7 @@ impl Volumes {
         let (bytes, node_required) = self.cp.expand(id, capacity).await.map_err(cp_error)?;
         let mut node_expanded = false;
         if node_required
-            && let Some(plugin) = self.existing_node_plugin(&vol.plugin_id)
+            && let Some(plugin) = self.node_plugin_for(&vol).await?
             && plugin
                 .caps
                 .has(berth_csi::model::NodeCapability::ExpandVolume)
@@ -984,7 +1221,9 @@ impl Volumes {
         })
     }
 
-    /// `POST /v1/volume/csi/{id}/claim`: claims and mounts; a failed mount releases the claim.
+    /// `POST /v1/volume/csi/{id}/claim`: claims and mounts. Everything in the request is checked
+    /// before anything changes. A claim that fails after it was granted is released again (in
+    /// the background), unless the alloc held it, mounted, before this call.
     pub async fn claim(
         self: &Arc<Self>,
         id: &str,
@@ -995,7 +1234,6 @@ impl Volumes {
             .volume(id)
             .map_err(cp_error)?
             .ok_or_else(|| ApiError::NotFound(format!("no volume {id:?}")))?;
-        // Everything about the request is checked before anything changes.
         let request_options = MountOptions {
             fs_type: req
                 .mount_options
@@ -1014,77 +1252,56 @@ impl Volumes {
         let merged = merge_mount_options(&(&vol.mount_options).into(), &request_options);
         check_mount_flags(&merged.mount_flags)
             .map_err(|e| ApiError::BadRequest(format!("mount_options.mount_flags: {e}")))?;
-        let claim = Claim {
-            alloc_id: req.alloc_id.clone(),
-            node_id: self.node_id.clone(),
-            mode: if req.read_only {
-                ClaimMode::Read
-            } else {
-                ClaimMode::Write
+        let claim = ClaimRecord {
+            claim: Claim {
+                alloc_id: req.alloc_id.clone(),
+                node_id: self.node_id.clone(),
+                mode: if req.read_only {
+                    ClaimMode::Read
+                } else {
+                    ClaimMode::Write
+                },
+                access_mode: req.access_mode,
+                attachment_mode: req.attachment_mode,
             },
-            access_mode: req.access_mode,
-            attachment_mode: req.attachment_mode,
+            state: ClaimState::Claiming,
+            error: None,
+            mount_options: (&merged).into(),
         };
         let mut set = vol
             .claim_set()
             .map_err(|e| ApiError::Internal(e.to_string()))?;
-        set.claim(&vol.capability_pairs(), claim.clone())
+        set.claim(&vol.capability_pairs(), claim.claim.clone())
             .map_err(|e| {
                 ApiError::Conflict(format!(
                     "volume {id:?}: claim by alloc {:?} refused: {e}",
                     req.alloc_id
                 ))
             })?;
+        // The plugin first, then the alloc's lock (the plugin's recovery takes alloc locks).
         let plugin = self.node_plugin(&vol.plugin_id).await?;
-        let usage = Usage {
-            read_only: req.read_only,
-            attachment_mode: req.attachment_mode,
-            access_mode: req.access_mode,
-            mount_options: merged,
-        };
-        let result = async {
-            let grant = self
-                .cp
-                .claim(NodeClaim {
-                    volume_id: id.to_string(),
-                    claim: claim.clone(),
-                    csi_node_id: plugin.csi_node_id.clone(),
-                })
-                .await
-                .map_err(StepError::Cp)?;
-            if let Some(h) = &self.hook {
-                h.hit("claim:persisted");
-            }
-            let target = self
-                .mount(
-                    &plugin,
-                    &grant.volume,
-                    &req.alloc_id,
-                    usage.clone(),
-                    grant.publish_context.clone(),
-                )
-                .await?;
-            self.cp
-                .confirm(id, &req.alloc_id)
-                .await
-                .map_err(StepError::Cp)?;
-            Ok::<_, StepError>((target, grant.publish_context))
-        }
-        .await;
-        match result {
+        let lock = self.alloc_locks.lock(&alloc_key(id, &req.alloc_id)).await;
+        let held_before = self
+            .cp
+            .volume(id)
+            .ok()
+            .flatten()
+            .and_then(|v| v.claims.get(&req.alloc_id).map(|c| c.state))
+            == Some(ClaimState::Claimed);
+        match self.drive_claim(&plugin, id, &claim).await {
             Ok((target, publish_context)) => {
                 let usage_name = plugin
                     .manager
                     .alloc_target(id, &req.alloc_id)
                     .ok()
                     .flatten()
-                    .map_or_else(|| usage.dir_name(), |(r, _)| r.usage.dir_name());
+                    .map_or_else(String::new, |(r, _)| r.usage.dir_name());
                 self.events.emit_volume(
                     EventKind::VolumeClaimed,
                     &vol.plugin_id,
                     id,
                     Some(&req.alloc_id),
-                    format!("claimed for {} as {usage_name}", claim.mode),
+                    format!("claimed for {} as {usage_name}", claim.claim.mode),
                 );
                 Ok(ClaimResponse {
                     volume_id: id.to_string(),
@@ -1096,22 +1313,29 @@ impl Volumes {
                 })
             }
             Err(e) => {
-                // A refusal changed nothing; anything else may have left a claim: release it.
+                // Refusals happen before anything is written.
                 let refused = matches!(
                     e,
                     StepError::Cp(
-                        ControlPlaneError::Refused { .. } | ControlPlaneError::Conflict(_)
+                        ControlPlaneError::Refused { .. }
+                            | ControlPlaneError::Conflict(_)
+                            | ControlPlaneError::NoVolume(_)
+                            | ControlPlaneError::Invalid(_)
                     )
                 );
-                if !refused {
-                    tracing::warn!(volume_id = id, alloc_id = %req.alloc_id, error = %e.text(), "claim failed; releasing it");
-                    self.release_in_background(
-                        id.to_string(),
-                        req.alloc_id.clone(),
-                        Duration::ZERO,
-                    );
+                let err = self.api_error(id, e);
+                if !refused && !held_before {
+                    tracing::warn!(volume_id = id, alloc_id = %req.alloc_id, error = %err, "claim failed; releasing it");
+                    if self.cp.begin_release(id, &req.alloc_id).await.is_ok() {
+                        drop(lock);
+                        self.release_in_background(
+                            id.to_string(),
+                            req.alloc_id.clone(),
+                            Duration::ZERO,
+                        );
+                    }
                 }
-                Err(e.into_api())
+                Err(err)
             }
         }
     }
@@ -1122,10 +1346,12 @@ impl Volumes {
         id: &str,
         req: ReleaseRequest,
     ) -> Result<ReleaseResponse, ApiError> {
-        if self.cp.volume(id).map_err(cp_error)?.is_none() {
-            return Err(ApiError::NotFound(format!("no volume {id:?}")));
-        }
-        Ok(self.release(id, &req.alloc_id).await)
+        let vol = self
+            .cp
+            .volume(id)
+            .map_err(cp_error)?
+            .ok_or_else(|| ApiError::NotFound(format!("no volume {id:?}")))?;
+        Ok(self.release(&vol, &req.alloc_id).await)
     }
 
     /// `POST /v1/volume/csi/{id}/snapshot`.

@@ -366,6 +366,18 @@ async fn access_modes_are_enforced() {
         .claim_volume("snw", &claim_req("r1", AccessMode::SingleNodeWriter, true))
         .await
         .expect("reader");
+    // An alloc that holds a claim cannot swap it for another one; its mount stays.
+    let w1 = claim(&client, "snw", "w1", AccessMode::SingleNodeWriter).await;
+    let e = client
+        .claim_volume("snw", &claim_req("w1", AccessMode::SingleNodeWriter, true))
+        .await
+        .expect_err("a different claim by the same alloc");
+    assert_eq!(e.status(), Some(409));
+    assert!(e.to_string().contains("release it first"), "{e}");
+    assert!(agent.namespace().mount_at(&w1.target).is_some());
+    let status = client.volume("snw").await.expect("status");
+    assert_eq!(status.claims.len(), 2);
+    assert!(status.claims.iter().all(|c| c.state == ClaimState::Claimed));
 
     // Reader-only: readers work, a writer is refused.
     client
@@ -630,6 +642,16 @@ async fn wait_settled(client: &Client, vol: &str) -> VolumeStatus {
     }
 }
 
+/// A write claim that asks for its own fs_type.
+fn xfs_claim(alloc: &str) -> ClaimRequest {
+    let mut req = claim_req(alloc, AccessMode::SingleNodeWriter, false);
+    req.mount_options = Some(MountOptionsInput {
+        fs_type: Some("xfs".into()),
+        mount_flags: None,
+    });
+    req
+}
+
 const MOUNT_STEPS: &[&str] = &[
     "claim:persisted",
     "ControllerPublishVolume:before",
@@ -659,9 +681,7 @@ async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
         let v = vol.clone();
         crash_at(&mut agent, step, async move |c: &Client| {
             // The call dies with the agent.
-            let _ = c
-                .claim_volume(&v, &claim_req("a1", AccessMode::SingleNodeWriter, false))
-                .await;
+            let _ = c.claim_volume(&v, &xfs_claim("a1")).await;
         })
         .await;
         let client = agent.client();
@@ -676,8 +696,13 @@ async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
             )]),
             "{step}"
         );
+        // Finished with the options it was asked for.
+        assert_eq!(status.usages[0].mount_options.fs_type, "xfs", "{step}");
         // The caller's retry answers the same target, and the target is mounted.
-        let r = claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
+        let r = client
+            .claim_volume(&vol, &xfs_claim("a1"))
+            .await
+            .unwrap_or_else(|e| panic!("{step}: retry: {e}"));
         assert!(
             agent.namespace().mount_at(&r.target).is_some(),
             "{step}: not mounted"

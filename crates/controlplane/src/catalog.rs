@@ -71,6 +71,10 @@ pub struct ClaimRecord {
     /// The last failure of a step still being retried (sanitized text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The mount options the claim mounts with (the volume's merged with the request's), so a
+    /// claim interrupted by a crash is finished as it was asked for. Flags never print.
+    #[serde(default)]
+    pub mount_options: StoredMountOptions,
 }
 
 /// Where ControllerPublishVolume stands for one node.
@@ -140,6 +144,11 @@ pub struct VolumeRecord {
     pub claims: BTreeMap<String, ClaimRecord>,
     /// Controller publications by node id (berth's node id).
     pub publications: BTreeMap<String, Publication>,
+    /// Whether claims need ControllerPublishVolume (the plugin's controller offered
+    /// PUBLISH_UNPUBLISH_VOLUME when the volume was added or last claimed). A claim then waits
+    /// for a healthy controller instead of skipping the step.
+    #[serde(default)]
+    pub controller_publish: bool,
 }
 
 impl VolumeRecord {
@@ -176,6 +185,7 @@ impl VolumeRecord {
             created_ms: now_ms,
             claims: BTreeMap::new(),
             publications: BTreeMap::new(),
+            controller_publish: false,
         }
     }
 

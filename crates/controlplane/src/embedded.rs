@@ -8,7 +8,7 @@ use berth_csi::{
     model::{ControllerCapabilities, ControllerCapability, Secrets, Snapshot},
 };
 use berth_state::{KeyedLocks, StateError, Store, Table};
-use berth_volume::{SpecKind, VolumeSpec};
+use berth_volume::{SpecKind, StoredMountOptions, VolumeSpec};
 
 use crate::{
     catalog::{ClaimRecord, ClaimState, Origin, Publication, PublicationState, VolumeRecord},
@@ -102,6 +102,8 @@ pub struct NodeClaim {
     pub claim: Claim,
     /// The node's id as the volume's plugin knows it (NodeGetInfo), for ControllerPublish.
     pub csi_node_id: String,
+    /// The mount options the node will use (kept with the claim).
+    pub mount_options: StoredMountOptions,
 }
 
 /// A granted claim: the volume as the node needs it, and the controller's publish context.
@@ -171,6 +173,11 @@ impl<C> std::fmt::Debug for Embedded<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Embedded").finish_non_exhaustive()
     }
+}
+
+/// Whether claims through this controller need ControllerPublishVolume.
+fn publishes(access: &ControllerAccess) -> bool {
+    matches!(access, ControllerAccess::Healthy(h) if h.capabilities.has(ControllerCapability::PublishUnpublishVolume))
 }
 
 fn now_ms() -> u64 {
@@ -299,6 +306,7 @@ impl<C: Controllers> Embedded<C> {
                 if let Some(old) = existing {
                     rec.created_ms = old.created_ms;
                 }
+                rec.controller_publish = publishes(&access);
                 rec
             }
             SpecKind::Create { .. } => {
@@ -334,7 +342,7 @@ impl<C: Controllers> Embedded<C> {
                 for (k, v) in &spec.context {
                     context.entry(k.clone()).or_insert_with(|| v.clone());
                 }
-                VolumeRecord::from_spec(
+                let mut rec = VolumeRecord::from_spec(
                     spec,
                     Origin::Created,
                     vol.external_id,
@@ -342,7 +350,11 @@ impl<C: Controllers> Embedded<C> {
                     context,
                     vol.accessible_topology,
                     now_ms(),
-                )
+                );
+                rec.controller_publish = h
+                    .capabilities
+                    .has(ControllerCapability::PublishUnpublishVolume);
+                rec
             }
         };
         self.save(&rec)?;
@@ -574,8 +586,14 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                     rec.id
                 )));
             }
-            Some(c) if c.claim == req.claim => {}
-            _ => {
+            Some(c) if c.claim == req.claim && c.mount_options == req.mount_options => {}
+            Some(c) => {
+                return Err(ControlPlaneError::Conflict(format!(
+                    "volume {:?}: alloc {alloc_id:?} already holds a {} claim as {}/{} (or with other mount options); release it first",
+                    rec.id, c.claim.mode, c.claim.access_mode, c.claim.attachment_mode
+                )));
+            }
+            None => {
                 let mut set = rec
                     .claim_set()
                     .map_err(|e| ControlPlaneError::Conflict(e.to_string()))?;
@@ -588,6 +606,7 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                             claim: req.claim.clone(),
                             state: ClaimState::Claiming,
                             error: None,
+                            mount_options: req.mount_options.clone(),
                         },
                     )
                 })?;
@@ -617,6 +636,14 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                     reason: format!("no healthy controller for ControllerPublishVolume: {reason}"),
                 });
             }
+            ControllerAccess::UnknownPlugin | ControllerAccess::NodeOnly
+                if rec.controller_publish =>
+            {
+                return Err(ControlPlaneError::Unavailable {
+                    plugin_id: rec.plugin_id.clone(),
+                    reason: "the volume needs ControllerPublishVolume and no controller of the plugin is registered".into(),
+                });
+            }
             _ => {
                 return Ok(Grant {
                     volume: rec,
@@ -624,9 +651,11 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                 });
             }
         };
+
         let read_only = req.claim.access_mode.is_read_only();
         let csi_node_id = req.csi_node_id.clone();
         self.update(&mut rec, |r| {
+            r.controller_publish = true;
             r.publications.insert(
                 node_id.clone(),
                 Publication {
@@ -669,6 +698,9 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
         let _guard = self.locks.lock(volume_id).await;
         let mut rec = self.load(volume_id)?;
         match rec.claims.get_mut(alloc_id) {
+            Some(c) if c.state == ClaimState::Releasing => Err(ControlPlaneError::Conflict(
+                format!("volume {volume_id:?}: the claim of alloc {alloc_id:?} is being released"),
+            )),
             Some(c) if c.state == ClaimState::Claiming || c.error.is_some() => {
                 if c.state == ClaimState::Claiming {
                     c.state = ClaimState::Claimed;

@@ -152,9 +152,10 @@ const MAX_MESSAGE: usize = 1024;
 /// `ro` does not blank out every "error" in a message.
 const MIN_ANYWHERE: usize = 4;
 
-/// Removes every sensitive value from a plugin's message, strips control characters and bounds
-/// its length.
-pub(crate) fn sanitize(message: &str, sensitive: &[String]) -> String {
+/// Removes every sensitive value (secret values, mount flags) from a message, strips control
+/// characters and bounds its length. The client already does this to plugin messages with the
+/// values of the call; callers use it for texts built from several calls.
+pub fn sanitize(message: &str, sensitive: &[String]) -> String {
     let mut out = message.to_string();
     // Longest first, so a value that contains another is replaced whole.
     let mut values: Vec<&String> = sensitive.iter().filter(|v| !v.is_empty()).collect();

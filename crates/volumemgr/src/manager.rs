@@ -368,6 +368,31 @@ impl VolumeManager {
         first_err.map_or(Ok(()), Err)
     }
 
+    /// Unstages (when staged) and deletes every record of the volume that no alloc uses: what a
+    /// crash between an unpublish and the unstage, or between a stage and its publish, leaves
+    /// behind. Under the volume's lock no such record is in use, so this is safe at any time.
+    /// Returns how many records it released; stops at the first error.
+    pub async fn release_unused(&self, volume_id: &str) -> Result<usize, VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .map_err(|source| invalid(volume_id, source))?;
+        let _guard = self.locks.lock(volume_id).await;
+        let mut released = 0;
+        for mut rec in self.volume_records(volume_id)? {
+            if rec.allocs.is_empty() {
+                let usage = rec.usage;
+                let staging = self
+                    .paths
+                    .staging(volume_id, usage)
+                    .map_err(|source| invalid(volume_id, source))?;
+                self.release(&Ctx { volume_id, usage }, &mut rec, &staging)
+                    .await?;
+                released += 1;
+            }
+        }
+        Ok(released)
+    }
+
     async fn unmount_one(
         &self,
         volume_id: &str,
