@@ -879,3 +879,68 @@ fn volume_calls_all(agent: &AgentProcess) -> Vec<String> {
         .map(|c| c.rpc)
         .collect()
 }
+
+/// The README's walk, with the real CLI: `berth agent --dev`, `berth volume create
+/// examples/volume.hcl`, two claims, shared data, releases.
+#[tokio::test]
+async fn the_readme_walk_with_berth_agent_dev_and_the_cli() {
+    let agent = AgentProcess::start_in_namespace_with("", &["--dev"]).await;
+    agent
+        .wait_plugin("hostpath", Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    let addr = format!("unix://{}", agent.socket().display());
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/volume.hcl");
+    let berth = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env("BERTH_ADDR", &addr)
+            .args(args)
+            .output()
+            .expect("run berth");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "berth {args:?}: {}\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let created = berth(&["volume", "create", example.to_str().unwrap()]);
+    assert!(created.contains("\"demo\" created"), "{created}");
+    let claim = |alloc: &str| {
+        PathBuf::from(
+            berth(&[
+                "volume",
+                "claim",
+                "demo",
+                "--alloc",
+                alloc,
+                "--access-mode",
+                "single-node-multi-writer",
+            ])
+            .trim(),
+        )
+    };
+    let t1 = claim("web-1");
+    let t2 = claim("web-2");
+    let ns = agent.namespace();
+    std::fs::write(ns.in_ns(&t1).join("hello.txt"), "hi").expect("write");
+    assert_eq!(
+        std::fs::read_to_string(ns.in_ns(&t2).join("hello.txt")).expect("read"),
+        "hi"
+    );
+    let status = berth(&["volume", "status", "demo"]);
+    assert!(
+        status.contains("[REDACTED]") && !status.contains("noatime"),
+        "{status}"
+    );
+    assert!(!status.contains("not-a-real-token"), "{status}");
+    let staging = agent
+        .data_dir
+        .join("csi/monolith/hostpath/staging/demo/rw-file-system-single-node-multi-writer");
+    berth(&["volume", "release", "demo", "--alloc", "web-1"]);
+    assert!(ns.mount_at(&staging).is_some() && ns.mount_at(&t2).is_some());
+    berth(&["volume", "release", "demo", "--alloc", "web-2"]);
+    assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
+    berth(&["volume", "delete", "demo"]);
+}

@@ -39,8 +39,13 @@ impl AgentProcess {
     /// Like [`start`](Self::start), in a mount namespace that outlives the agent (see
     /// [`AgentProcess::namespace`]).
     pub async fn start_in_namespace(config: &str) -> AgentProcess {
+        Self::start_in_namespace_with(config, &[]).await
+    }
+
+    /// [`start_in_namespace`](Self::start_in_namespace) with extra `berth agent` arguments.
+    pub async fn start_in_namespace_with(config: &str, extra: &[&str]) -> AgentProcess {
         let ns = berth_testkit::MountNamespace::new().expect("mount namespace");
-        Self::start_full(config, &[], Some(ns)).await
+        Self::start_full(config, extra, Some(ns)).await
     }
 
     async fn start_full(
