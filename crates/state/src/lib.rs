@@ -42,10 +42,9 @@ impl Table {
     /// `<plugin id>/<volume id>/<usage>`.
     pub const USAGES: Table = Table("usages");
     /// The volume catalog: one record per registered or created volume, keyed by berth's
-    /// volume id.
+    /// volume id, with its claims and controller publications inside (one write changes a
+    /// volume and its claims together).
     pub const VOLUMES: Table = Table("volumes");
-    /// Reserved for claim records (an alloc's right to use a volume).
-    pub const CLAIMS: Table = Table("claims");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)
@@ -420,7 +419,7 @@ mod tests {
             s.put(Table::USAGES, "p/v/u", &1u32).unwrap();
         }
         let s = Store::open(&path).unwrap();
-        for t in [Table::VOLUMES, Table::CLAIMS] {
+        for t in [Table::VOLUMES] {
             assert!(s.list::<u32>(t).unwrap().is_empty(), "{t}");
             assert!(s.get::<u32>(t, "v").unwrap().is_none(), "{t}");
             assert!(!s.delete(t, "v").unwrap(), "{t}");
@@ -429,7 +428,6 @@ mod tests {
         assert_eq!(s.get::<u32>(Table::VOLUMES, "vol-1").unwrap(), Some(7));
         assert_eq!(s.get::<u32>(Table::USAGES, "p/v/u").unwrap(), Some(1));
         assert_eq!(Table::VOLUMES.to_string(), "volumes");
-        assert_eq!(Table::CLAIMS.to_string(), "claims");
     }
 
     #[test]
