@@ -1483,7 +1483,7 @@ fn status_of(v: &VolumeRecord, usages: Vec<UsageView>) -> VolumeStatus {
         context: v.context.clone(),
         secret_names: v.secrets.names(),
         topology: v.topology.clone(),
-        controller_required: !v.publications.is_empty(),
+        controller_required: v.controller_publish,
         claims: v.claims.values().map(claim_view).collect(),
         usages,
         created_ms: v.created_ms,
