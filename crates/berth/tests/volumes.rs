@@ -944,3 +944,63 @@ async fn the_readme_walk_with_berth_agent_dev_and_the_cli() {
     assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
     berth(&["volume", "delete", "demo"]);
 }
+
+#[tokio::test]
+async fn a_claim_and_a_release_of_one_alloc_racing_end_consistent() {
+    let agent = start().await;
+    let client = agent.client();
+    create(&client, "race", "single-node-writer").await;
+    for round in 0..10 {
+        let (c1, c2) = (client.clone(), client.clone());
+        let claiming = tokio::spawn(async move {
+            c1.claim_volume(
+                "race",
+                &claim_req("a1", AccessMode::SingleNodeWriter, false),
+            )
+            .await
+        });
+        let releasing = tokio::spawn(async move {
+            c2.release_volume(
+                "race",
+                &ReleaseRequest {
+                    alloc_id: "a1".into(),
+                },
+            )
+            .await
+        });
+        let claimed = claiming.await.expect("join");
+        releasing.await.expect("join").expect("release answers");
+        let status = client.volume("race").await.expect("status");
+        let target = agent
+            .data_dir
+            .join("csi/monolith/hp/per-alloc/a1/race/rw-file-system-single-node-writer");
+        let mounted = agent.namespace().mount_at(&target).is_some();
+        match status.claims.first() {
+            // The claim won after the release: it is claimed and mounted.
+            Some(c) => {
+                assert_eq!(c.state, ClaimState::Claimed, "round {round}: {status:#?}");
+                assert!(claimed.is_ok(), "round {round}");
+                assert!(mounted, "round {round}: claimed but not mounted");
+            }
+            // The release came last: nothing is left.
+            None => {
+                assert!(!mounted, "round {round}: released but mounted");
+                assert!(status.usages.is_empty(), "round {round}: {status:#?}");
+            }
+        }
+        release(&client, "race", "a1").await;
+    }
+    assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
+    // The controller never unpublished while the node held the volume: every
+    // ControllerUnpublish follows a NodeUnstage.
+    let seq: Vec<String> = volume_calls(&agent)
+        .into_iter()
+        .filter(|(_, c)| c == "OK")
+        .map(|(r, _)| r)
+        .collect();
+    for (i, r) in seq.iter().enumerate() {
+        if r == "ControllerUnpublishVolume" {
+            assert_eq!(seq[i - 1], "NodeUnstageVolume", "{seq:?}");
+        }
+    }
+}
