@@ -1,0 +1,1 @@
+//! Task drivers: run a task's process and report on it.

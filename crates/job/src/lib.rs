@@ -1,0 +1,1 @@
+//! Job specs: what `berth job run` reads.
