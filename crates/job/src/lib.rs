@@ -1,1 +1,109 @@
-//! Job specs: what `berth job run` reads.
+//! Job specs: what `berth job run` reads. A subset of Nomad's job specification, in HCL or in
+//! HCL's JSON form, checked whole into a [`JobSpec`].
+//!
+//! ```
+//! use std::path::Path;
+//!
+//! let spec = berth_job::JobSpec::parse(
+//!     Path::new("writer.hcl"),
+//!     r#"
+//! job "writer" {
+//!   type = "batch"
+//!   group "writer" {
+//!     volume "data" {
+//!       type        = "csi"
+//!       source      = "demo"
+//!       access_mode = "single-node-writer"
+//!     }
+//!     task "write" {
+//!       driver = "exec"
+//!       config {
+//!         command = "/bin/sh"
+//!         args    = ["-c", "echo hello > /data/hello.txt"]
+//!       }
+//!       volume_mount {
+//!         volume      = "data"
+//!         destination = "/data"
+//!       }
+//!     }
+//!   }
+//! }
+//! "#,
+//! )?;
+//! assert_eq!(spec.groups[0].tasks[0].volume_mounts[0].volume, "data");
+//! # Ok::<(), berth_job::SpecError>(())
+//! ```
+//!
+//! # What is read
+//!
+//! One `job "<id>"` block per file, with:
+//!
+//! - `type` (`service`, the default, or `batch`); `datacenters` (accepted and ignored);
+//! - `group "<name>"` blocks: `count` (1 to 100, default 1); `volume "<name>"` blocks with
+//!   `type = "csi"`, `source` (berth's volume id), `access_mode`, `attachment_mode` (default
+//!   `file-system`), `read_only` and `per_alloc` (default false), `mount_options { fs_type,
+//!   mount_flags }`; `restart { attempts, interval, delay, mode }`; `task "<name>"` blocks;
+//! - in a task: `driver`, `config { command, args }`, `env`, `volume_mount { volume,
+//!   destination, read_only }` blocks, `resources { cpu, memory }` (MHz and MB, default 100
+//!   and 300), `kill_timeout` (default 5s), `restart` and `csi_plugin { id, type, mount_dir,
+//!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s).
+//!
+//! Durations are Go's form (`"30s"`, `"1m30s"`, `"1.5h"`, `"500ms"`), as in Nomad. Restart
+//! policies start from Nomad's defaults for the job type (service: 2 attempts in 30m; batch: 3
+//! in 24h; both a 15s delay and mode `fail`); a group's `restart` block changes the fields it
+//! gives, and a task's changes the group's result the same way. They are checked as Nomad
+//! checks them: `mode = "delay"` needs attempts, and `attempts × delay` must fit in `interval`.
+//!
+//! # Errors
+//!
+//! The first problem is returned as a [`SpecError`], displayed `file:line: field: message`;
+//! the line is known for HCL (and for JSON syntax errors), the field is a path such as
+//! `job.group[web].task[app].volume_mount[0].volume`. Unknown fields are errors, everywhere.
+//! Names that become path segments (job id, group, task and volume names, volume sources,
+//! plugin ids) are checked as such. Mount flags and `env` values never appear in an error, and
+//! `Debug` hides mount flags.
+//!
+//! # Stored form
+//!
+//! [`JobSpec`] is `Serialize` and `Deserialize` in a canonical JSON form of its own (field
+//! names as in the structs, durations as Go strings), so the agent can store it. Mount flags
+//! are written in the clear there (a restarted agent mounts with them) and are hidden from
+//! `Debug` only. That form is not a spec form: specs go through [`JobSpec::parse`].
+//!
+//! # How it differs from Nomad
+//!
+//! - Values are literals only. Variables, locals, functions and `${…}` interpolation are
+//!   refused, Nomad's runtime variables (`${NOMAD_TASK_DIR}`, `${CSI_ENDPOINT}`…) included:
+//!   `command`, `args` and `env` are passed as written. Write `$${` for a literal `${`.
+//! - JSON is HCL's JSON form (the HCL structure, a block as an object or a list of objects,
+//!   labelled blocks as objects keyed by label), not Nomad's API form (`{"Job": {…}}`), which
+//!   is refused with a hint.
+//! - Job types `system` and `sysbatch` are refused; `count` is at least 1.
+//! - Volumes are CSI volumes only; `access_mode` is required, `attachment_mode` defaults to
+//!   `file-system`. As in Nomad, a reader-only access mode needs `read_only = true`;
+//!   `mount_options` only go with `file-system`. A mount of a read-only volume is read-only.
+//! - `volume_mount.destination` must be an absolute path without `..`; two mounts of a task
+//!   cannot share one. `propagation_mode`, `selinux_label` and the like are not read.
+//! - `config` holds `command` (required) and `args` only: what berth's `exec` and `raw_exec`
+//!   drivers take. Whether the node has the driver is decided at placement, not here.
+//! - `resources` holds `cpu` and `memory` only (at least 1 MHz and 10 MB, as in Nomad).
+//! - `csi_plugin`: `id` and `type` are required; `mount_dir` and `stage_publish_base_dir` must
+//!   be absolute and neither may lie inside the other (Nomad refuses only the second inside the
+//!   first).
+//! - Everything else of Nomad's job specification (constraints, networks, services, templates,
+//!   artifacts, update and reschedule policies, meta…) is an unknown field.
+
+mod check;
+mod duration;
+mod input;
+mod path;
+mod spec;
+
+pub use berth_volume::SpecError;
+pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
+pub use spec::{
+    COUNT_RANGE, CsiPluginSpec, CsiPluginType, DEFAULT_CPU_MHZ, DEFAULT_KILL_TIMEOUT,
+    DEFAULT_MEMORY_MB, DEFAULT_PLUGIN_HEALTH_TIMEOUT, DEFAULT_PLUGIN_MOUNT_DIR,
+    DEFAULT_STAGE_PUBLISH_BASE_DIR, GroupSpec, JobSpec, JobType, MIN_CPU_MHZ, MIN_MEMORY_MB,
+    Resources, RestartMode, RestartPolicy, TaskSpec, VolumeMount, VolumeRequest,
+};

@@ -1,0 +1,860 @@
+//! From the tree as read to a checked [`JobSpec`]: structure, types, defaults, rules. The first
+//! problem is returned, with the field path and (HCL) line. No message repeats a mount flag or
+//! an env value.
+
+use std::{
+    collections::BTreeMap,
+    path::{Component, Path, PathBuf},
+    time::Duration,
+};
+
+use berth_csi::model::{AccessMode, AttachmentMode, MountFlags};
+use berth_volume::{SpecError, StoredMountOptions, check_mount_flags};
+
+use crate::{
+    duration::{GoDuration, parse_duration},
+    input::{Node, V},
+    path::FieldPath,
+    spec::*,
+};
+
+type Res<T> = Result<T, SpecError>;
+
+const NOT_LITERAL: &str =
+    "must be a literal value (berth does not evaluate variables, functions or interpolation)";
+
+struct Cx<'a> {
+    file: &'a Path,
+}
+
+impl Cx<'_> {
+    fn err(&self, path: &FieldPath, line: Option<usize>, message: impl Into<String>) -> SpecError {
+        SpecError {
+            file: self.file.to_path_buf(),
+            line,
+            field: path.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// "expected …, found …", or the literal-only rule for an expression.
+    fn wrong(&self, path: &FieldPath, n: &Node, expected: &str) -> SpecError {
+        match n.v {
+            V::NotLiteral => self.err(path, n.line, NOT_LITERAL),
+            _ => self.err(
+                path,
+                n.line,
+                format!("expected {expected}, found {}", n.v.kind()),
+            ),
+        }
+    }
+}
+
+/// A block body being read: what is left of its fields.
+struct Fields {
+    path: FieldPath,
+    line: Option<usize>,
+    items: Vec<(String, Node)>,
+}
+
+/// A block as found: its body (`Obj`) and the line of the block.
+fn body_of(cx: &Cx<'_>, path: &FieldPath, n: Node) -> Res<Fields> {
+    match n.v {
+        V::Obj(items) => Ok(Fields {
+            path: path.clone(),
+            line: n.line,
+            items,
+        }),
+        _ => Err(cx.wrong(path, &n, "a block (an object)")),
+    }
+}
+
+impl Fields {
+    /// Like [`Fields::deny_unknown`], but names no key: in `mount_options` a stray key could be
+    /// a mount flag written in the wrong place.
+    fn deny_unknown_unnamed(&self, cx: &Cx<'_>, known: &[&str]) -> Res<()> {
+        match self
+            .items
+            .iter()
+            .find(|(k, _)| !known.contains(&k.as_str()))
+        {
+            None => Ok(()),
+            Some((_, n)) => Err(cx.err(
+                &self.path,
+                n.line,
+                format!(
+                    "unknown field (not repeated: it could be a mount flag); expected one of: {}",
+                    known.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// Refuses keys outside `known`, naming the first in source order and listing the others.
+    fn deny_unknown(&self, cx: &Cx<'_>, known: &[&str]) -> Res<()> {
+        let mut unknown = self
+            .items
+            .iter()
+            .filter(|(k, _)| !known.contains(&k.as_str()));
+        let Some((first, n)) = unknown.next() else {
+            return Ok(());
+        };
+        let mut others: Vec<String> = unknown.map(|(k, _)| format!("{k:?}")).collect();
+        others.dedup();
+        let also = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (also unknown: {})", others.join(", "))
+        };
+        Err(cx.err(
+            &self.path.key(first),
+            n.line,
+            format!("unknown field{also}; expected one of: {}", known.join(", ")),
+        ))
+    }
+
+    /// Every occurrence of `key`, in order.
+    fn take(&mut self, key: &str) -> Vec<Node> {
+        let (taken, kept) = std::mem::take(&mut self.items)
+            .into_iter()
+            .partition(|(k, _)| k == key);
+        self.items = kept;
+        taken.into_iter().map(|(_, n)| n).collect()
+    }
+
+    /// An attribute given at most once; `null` counts as not given.
+    fn value(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Node>> {
+        let mut all = self.take(key).into_iter();
+        let first = all.next();
+        if let Some(again) = all.next() {
+            let at = first
+                .as_ref()
+                .and_then(|f| f.line)
+                .map(|l| format!(" (first at line {l})"))
+                .unwrap_or_default();
+            return Err(cx.err(
+                &self.path.key(key),
+                again.line,
+                format!("given more than once{at}"),
+            ));
+        }
+        Ok(first.filter(|n| n.v != V::Null))
+    }
+
+    /// The unlabelled blocks called `key`, each with its path `key[i]`. Accepts HCL blocks,
+    /// and JSON objects or lists of objects.
+    fn blocks(&mut self, cx: &Cx<'_>, key: &str) -> Res<Vec<Fields>> {
+        let base = self.path.key(key);
+        let mut out = Vec::new();
+        for n in self.take(key) {
+            let items = match n.v {
+                V::Null => continue,
+                V::List(items) => items,
+                _ => vec![n],
+            };
+            for n in items {
+                let here = base.at(out.len());
+                let n = match n.v {
+                    V::Block { labels, body } if labels.is_empty() => *body,
+                    V::Block { .. } => {
+                        return Err(cx.err(&here, n.line, "this block takes no label"));
+                    }
+                    _ => n,
+                };
+                out.push(body_of(cx, &here, n)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// At most one unlabelled block called `key`, with the path `key`.
+    fn block(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Fields>> {
+        let mut all = self.blocks(cx, key)?;
+        if let Some(again) = all.get(1) {
+            let at = all[0]
+                .line
+                .map(|l| format!(" (first at line {l})"))
+                .unwrap_or_default();
+            return Err(cx.err(
+                &again.path,
+                again.line,
+                format!("declared more than once{at}"),
+            ));
+        }
+        Ok(all.pop().map(|mut f| {
+            f.path = self.path.key(key);
+            f
+        }))
+    }
+
+    /// The labelled blocks called `key` (`group "web" { … }`), each with its label and the path
+    /// `key[label]`, in order, repeats kept. In JSON: an object of label → body (or list of
+    /// bodies), or a list of such objects. `what` names the label in errors ("group name").
+    fn labelled(&mut self, cx: &Cx<'_>, key: &str, what: &str) -> Res<Vec<(String, Fields)>> {
+        let base = self.path.key(key);
+        let needs_label = || format!("needs one label, its {what}: {key} \"<{what}>\" {{ … }}");
+        let mut out = Vec::new();
+        for n in self.take(key) {
+            let items = match n.v {
+                V::Null => continue,
+                V::List(items) => items,
+                _ => vec![n],
+            };
+            for n in items {
+                match n.v {
+                    V::Block { labels, body } => {
+                        let [label] = <[String; 1]>::try_from(labels)
+                            .map_err(|_| cx.err(&base, n.line, needs_label()))?;
+                        out.push((label.clone(), body_of(cx, &base.label(&label), *body)?));
+                    }
+                    V::Obj(pairs) => {
+                        for (label, body) in pairs {
+                            let here = base.label(&label);
+                            let bodies = match body.v {
+                                V::List(items) => items,
+                                _ => vec![body],
+                            };
+                            for b in bodies {
+                                out.push((label.clone(), body_of(cx, &here, b)?));
+                            }
+                        }
+                    }
+                    _ => {
+                        return Err(match n.v {
+                            V::NotLiteral => cx.err(&base, n.line, NOT_LITERAL),
+                            _ => cx.err(&base, n.line, needs_label()),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn string(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<String>> {
+        let path = self.path.key(key);
+        self.value(cx, key)?
+            .map(|n| string(cx, &path, n))
+            .transpose()
+    }
+
+    fn required_string(&mut self, cx: &Cx<'_>, key: &str, hint: &str) -> Res<String> {
+        let s = self.string(cx, key)?;
+        s.ok_or_else(|| cx.err(&self.path.key(key), self.line, format!("is required{hint}")))
+    }
+
+    fn bool(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<bool>> {
+        let path = self.path.key(key);
+        self.value(cx, key)?
+            .map(|n| match n.v {
+                V::Bool(b) => Ok(b),
+                _ => Err(cx.wrong(&path, &n, "true or false")),
+            })
+            .transpose()
+    }
+
+    /// A whole number in `min..=max`.
+    fn number(&mut self, cx: &Cx<'_>, key: &str, min: u32, max: u32) -> Res<Option<u32>> {
+        let path = self.path.key(key);
+        let Some(n) = self.value(cx, key)? else {
+            return Ok(None);
+        };
+        let V::Num(num) = &n.v else {
+            return Err(cx.wrong(&path, &n, "a whole number"));
+        };
+        let Some(i) = num.as_i64() else {
+            return Err(cx.err(&path, n.line, format!("{num} is not a whole number")));
+        };
+        match u32::try_from(i) {
+            Ok(v) if (min..=max).contains(&v) => Ok(Some(v)),
+            _ if i < i64::from(min) => {
+                Err(cx.err(&path, n.line, format!("{i} is less than {min}")))
+            }
+            _ => Err(cx.err(&path, n.line, format!("{i} is more than {max}"))),
+        }
+    }
+
+    fn duration(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Duration>> {
+        let path = self.path.key(key);
+        let Some(n) = self.value(cx, key)? else {
+            return Ok(None);
+        };
+        let line = n.line;
+        let V::Str(s) = &n.v else {
+            return Err(cx.wrong(&path, &n, "a duration string such as \"30s\" or \"1m30s\""));
+        };
+        parse_duration(s)
+            .map(Some)
+            .map_err(|e| cx.err(&path, line, format!("{s:?} is not a duration: {e}")))
+    }
+
+    /// A list of strings; errors name the item, never its value.
+    fn strings(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Vec<String>>> {
+        let path = self.path.key(key);
+        let Some(n) = self.value(cx, key)? else {
+            return Ok(None);
+        };
+        let V::List(items) = n.v else {
+            return Err(cx.wrong(&path, &n, "a list of strings"));
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| string(cx, &path.at(i), x))
+            .collect::<Res<_>>()
+            .map(Some)
+    }
+}
+
+/// A string without NUL bytes (none can reach a process or a mount). The value is not repeated.
+fn string(cx: &Cx<'_>, path: &FieldPath, n: Node) -> Res<String> {
+    match n.v {
+        V::Str(s) if s.contains('\0') => Err(cx.err(path, n.line, "contains a NUL byte")),
+        V::Str(s) => Ok(s),
+        _ => Err(cx.wrong(path, &n, "a string")),
+    }
+}
+
+fn segment(
+    cx: &Cx<'_>,
+    path: &FieldPath,
+    line: Option<usize>,
+    kind: &'static str,
+    id: &str,
+) -> Res<()> {
+    berth_sys::validate_path_segment(kind, id).map_err(|e| cx.err(path, line, e.to_string()))
+}
+
+/// An absolute path without `..`, normalized (no `.`, no repeated or trailing `/`).
+fn absolute(cx: &Cx<'_>, path: &FieldPath, line: Option<usize>, p: &str) -> Res<PathBuf> {
+    if !p.starts_with('/') {
+        return Err(cx.err(path, line, format!("{p:?} is not an absolute path")));
+    }
+    let parts: Vec<Component<'_>> = Path::new(p).components().collect();
+    if parts.contains(&Component::ParentDir) {
+        return Err(cx.err(path, line, format!("{p:?} must not contain \"..\"")));
+    }
+    Ok(parts.into_iter().collect())
+}
+
+/// The top of a spec: exactly one `job` block.
+pub(crate) fn job(file: &Path, root: Node) -> Res<JobSpec> {
+    let cx = Cx { file };
+    let root_path = FieldPath::root();
+    let mut top = match root.v {
+        V::Obj(_) => body_of(&cx, &root_path, root)?,
+        _ => {
+            return Err(cx.err(
+                &root_path,
+                root.line,
+                format!(
+                    "a job spec is an object with one job block, found {}",
+                    root.v.kind()
+                ),
+            ));
+        }
+    };
+    if top.items.iter().any(|(k, _)| k == "Job") && !top.items.iter().any(|(k, _)| k == "job") {
+        return Err(cx.err(
+            &root_path.key("Job"),
+            None,
+            "this is Nomad's API form of a job; berth reads HCL's JSON form: {\"job\": {\"<id>\": { … }}}",
+        ));
+    }
+    top.deny_unknown(&cx, &["job"])?;
+    let mut jobs = top.labelled(&cx, "job", "id")?;
+    let job_path = root_path.key("job");
+    if jobs.len() > 1 {
+        let (_, again) = &jobs[1];
+        return Err(cx.err(
+            &job_path,
+            again.line,
+            "declared more than once: a spec holds exactly one job",
+        ));
+    }
+    let Some((id, mut j)) = jobs.pop() else {
+        return Err(cx.err(
+            &job_path,
+            None,
+            "is required: a spec holds one job block, job \"<id>\" { … }",
+        ));
+    };
+    j.path = job_path.clone();
+    segment(&cx, &job_path, j.line, "job id", &id)?;
+    j.deny_unknown(&cx, &["type", "datacenters", "group"])?;
+
+    let line = j.line_of("type");
+    let job_type = match j.string(&cx, "type")? {
+        None => JobType::default(),
+        Some(s) => s
+            .parse()
+            .map_err(|e: String| cx.err(&job_path.key("type"), line, e))?,
+    };
+    // Accepted for Nomad's files; berth places by its own rules.
+    j.strings(&cx, "datacenters")?;
+
+    let mut groups: Vec<GroupSpec> = Vec::new();
+    let mut lines: BTreeMap<String, Option<usize>> = BTreeMap::new();
+    for (name, g) in j.labelled(&cx, "group", "name")? {
+        if let Some(first) = lines.get(&name) {
+            return Err(duplicate(&cx, &g, "group", &name, *first));
+        }
+        lines.insert(name.clone(), g.line);
+        groups.push(group(&cx, job_type, name, g)?);
+    }
+    if groups.is_empty() {
+        return Err(cx.err(
+            &job_path.key("group"),
+            j.line,
+            "is required: a job has at least one group \"<name>\" { … } block",
+        ));
+    }
+    Ok(JobSpec {
+        id,
+        job_type,
+        groups,
+    })
+}
+
+impl Fields {
+    /// The line of `key` if it is still there, else of the block.
+    fn line_of(&self, key: &str) -> Option<usize> {
+        self.items
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, n)| n.line)
+            .or(self.line)
+    }
+}
+
+fn duplicate(cx: &Cx<'_>, f: &Fields, kind: &str, name: &str, first: Option<usize>) -> SpecError {
+    let at = first
+        .map(|l| format!(" (first at line {l})"))
+        .unwrap_or_default();
+    cx.err(
+        &f.path,
+        f.line,
+        format!("duplicate {kind} name {name:?}{at}"),
+    )
+}
+
+fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<GroupSpec> {
+    segment(cx, &g.path, g.line, "group name", &name)?;
+    g.deny_unknown(cx, &["count", "volume", "restart", "task"])?;
+    let count = g
+        .number(cx, "count", *COUNT_RANGE.start(), *COUNT_RANGE.end())?
+        .unwrap_or(1);
+
+    let mut volumes = BTreeMap::new();
+    let mut lines = BTreeMap::new();
+    for (vname, v) in g.labelled(cx, "volume", "name")? {
+        if let Some(first) = lines.get(&vname) {
+            return Err(duplicate(cx, &v, "volume", &vname, *first));
+        }
+        lines.insert(vname.clone(), v.line);
+        let req = volume(cx, count, vname.clone(), v)?;
+        volumes.insert(vname, req);
+    }
+
+    let base = RestartPolicy::default_for(job_type);
+    let restart = match g.block(cx, "restart")? {
+        Some(r) => restart(cx, base, r)?,
+        None => base,
+    };
+
+    let mut tasks: Vec<TaskSpec> = Vec::new();
+    let mut lines = BTreeMap::new();
+    for (tname, t) in g.labelled(cx, "task", "name")? {
+        if let Some(first) = lines.get(&tname) {
+            return Err(duplicate(cx, &t, "task", &tname, *first));
+        }
+        lines.insert(tname.clone(), t.line);
+        tasks.push(task(cx, &volumes, restart, tname, t)?);
+    }
+    if tasks.is_empty() {
+        return Err(cx.err(
+            &g.path.key("task"),
+            g.line,
+            "is required: a group has at least one task \"<name>\" { … } block",
+        ));
+    }
+    Ok(GroupSpec {
+        name,
+        count,
+        volumes,
+        restart,
+        tasks,
+    })
+}
+
+fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeRequest> {
+    segment(cx, &v.path, v.line, "volume name", &name)?;
+    let p = v.path.clone();
+    // type first: a host volume is refused for its type, not for its fields.
+    let line = v.line_of("type");
+    let ty = v.required_string(cx, "type", " (type = \"csi\")")?;
+    if ty != "csi" {
+        return Err(cx.err(
+            &p.key("type"),
+            line,
+            format!("{ty:?}: berth handles CSI volumes only (type = \"csi\")"),
+        ));
+    }
+    v.deny_unknown(
+        cx,
+        &[
+            "source",
+            "access_mode",
+            "attachment_mode",
+            "read_only",
+            "per_alloc",
+            "mount_options",
+        ],
+    )?;
+    let source_line = v.line_of("source");
+    let source = v.required_string(cx, "source", " (the id of a registered volume)")?;
+    segment(cx, &p.key("source"), source_line, "volume id", &source)?;
+    let per_alloc = v.bool(cx, "per_alloc")?.unwrap_or(false);
+    if per_alloc {
+        // The id of the last alloc's volume must be an id too.
+        let last = format!("{source}[{}]", count - 1);
+        segment(
+            cx,
+            &p.key("source"),
+            source_line,
+            "per-alloc volume id",
+            &last,
+        )?;
+    }
+
+    let line = v.line_of("access_mode");
+    let access = v.required_string(cx, "access_mode", "")?;
+    let access_mode: AccessMode = access.parse().map_err(|_| {
+        let all: Vec<&str> = AccessMode::ALL.iter().map(|m| m.as_str()).collect();
+        cx.err(
+            &p.key("access_mode"),
+            line,
+            format!(
+                "unknown access mode {access:?} (expected one of {})",
+                all.join(", ")
+            ),
+        )
+    })?;
+    let line = v.line_of("attachment_mode");
+    let attachment_mode = match v.string(cx, "attachment_mode")? {
+        None => AttachmentMode::FileSystem,
+        Some(a) => a.parse().map_err(|_| {
+            cx.err(
+                &p.key("attachment_mode"),
+                line,
+                format!("unknown attachment mode {a:?} (expected file-system or block-device)"),
+            )
+        })?,
+    };
+    let line = v.line_of("read_only");
+    let read_only = v.bool(cx, "read_only")?.unwrap_or(false);
+    if access_mode.is_read_only() && !read_only {
+        return Err(cx.err(
+            &p.key("read_only"),
+            line,
+            format!("must be true for a {access_mode} volume"),
+        ));
+    }
+
+    let mut mount_options = StoredMountOptions::default();
+    if let Some(mut mo) = v.block(cx, "mount_options")? {
+        mo.deny_unknown_unnamed(cx, &["fs_type", "mount_flags"])?;
+        if attachment_mode == AttachmentMode::BlockDevice {
+            return Err(cx.err(
+                &mo.path,
+                mo.line,
+                "apply to file-system volumes only, and this one is block-device",
+            ));
+        }
+        mount_options.fs_type = mo.string(cx, "fs_type")?.unwrap_or_default();
+        let line = mo.line_of("mount_flags");
+        let flags = mo.strings(cx, "mount_flags")?.unwrap_or_default();
+        let flags = MountFlags::new(flags);
+        check_mount_flags(&flags)
+            .map_err(|e| cx.err(&mo.path.key("mount_flags"), line, e.to_string()))?;
+        mount_options.mount_flags = flags.expose().to_vec();
+    }
+    Ok(VolumeRequest {
+        name,
+        source,
+        access_mode,
+        attachment_mode,
+        read_only,
+        per_alloc,
+        mount_options,
+    })
+}
+
+/// `base` with the block's fields applied, then checked as Nomad does.
+fn restart(cx: &Cx<'_>, base: RestartPolicy, mut r: Fields) -> Res<RestartPolicy> {
+    r.deny_unknown(cx, &["attempts", "interval", "delay", "mode"])?;
+    let mut p = base;
+    if let Some(a) = r.number(cx, "attempts", 0, u32::MAX)? {
+        p.attempts = a;
+    }
+    if let Some(i) = r.duration(cx, "interval")? {
+        p.interval = i;
+    }
+    if let Some(d) = r.duration(cx, "delay")? {
+        p.delay = d;
+    }
+    let line = r.line_of("mode");
+    if let Some(m) = r.string(cx, "mode")? {
+        p.mode = match m.as_str() {
+            "fail" => RestartMode::Fail,
+            "delay" => RestartMode::Delay,
+            _ => {
+                return Err(cx.err(
+                    &r.path.key("mode"),
+                    line,
+                    format!("unknown restart mode {m:?} (expected fail or delay)"),
+                ));
+            }
+        };
+    }
+    if p.attempts == 0 && p.mode == RestartMode::Delay {
+        return Err(cx.err(
+            &r.path,
+            r.line,
+            "mode \"delay\" with 0 attempts is ambiguous: give attempts, or use mode \"fail\"",
+        ));
+    }
+    if !p.interval.is_zero() && p.delay.saturating_mul(p.attempts) > p.interval {
+        return Err(cx.err(
+            &r.path,
+            r.line,
+            format!(
+                "{} attempts with a delay of {} do not fit in an interval of {}",
+                p.attempts,
+                GoDuration(p.delay),
+                GoDuration(p.interval)
+            ),
+        ));
+    }
+    Ok(p)
+}
+
+fn task(
+    cx: &Cx<'_>,
+    volumes: &BTreeMap<String, VolumeRequest>,
+    group_restart: RestartPolicy,
+    name: String,
+    mut t: Fields,
+) -> Res<TaskSpec> {
+    segment(cx, &t.path, t.line, "task name", &name)?;
+    t.deny_unknown(
+        cx,
+        &[
+            "driver",
+            "config",
+            "env",
+            "volume_mount",
+            "resources",
+            "kill_timeout",
+            "restart",
+            "csi_plugin",
+        ],
+    )?;
+    let p = t.path.clone();
+    let line = t.line_of("driver");
+    let driver = t.required_string(cx, "driver", " (e.g. driver = \"exec\")")?;
+    if driver.trim().is_empty() {
+        return Err(cx.err(&p.key("driver"), line, "must not be empty"));
+    }
+
+    let Some(mut config) = t.block(cx, "config")? else {
+        return Err(cx.err(
+            &p.key("config"),
+            t.line,
+            "is required: config { command = \"…\" }",
+        ));
+    };
+    config.deny_unknown(cx, &["command", "args"])?;
+    let line = config.line_of("command");
+    let command = config.required_string(cx, "command", "")?;
+    if command.is_empty() {
+        return Err(cx.err(&config.path.key("command"), line, "must not be empty"));
+    }
+    let args = config.strings(cx, "args")?.unwrap_or_default();
+
+    let env = match t.block(cx, "env")? {
+        Some(e) => env(cx, e)?,
+        None => BTreeMap::new(),
+    };
+
+    let mut volume_mounts: Vec<VolumeMount> = Vec::new();
+    for mut m in t.blocks(cx, "volume_mount")? {
+        m.deny_unknown(cx, &["volume", "destination", "read_only"])?;
+        let line = m.line_of("volume");
+        let volume = m.required_string(cx, "volume", "")?;
+        let Some(req) = volumes.get(&volume) else {
+            let declared = if volumes.is_empty() {
+                "the group declares no volume".to_string()
+            } else {
+                let names: Vec<String> = volumes.keys().map(|k| format!("{k:?}")).collect();
+                format!("the group declares {}", names.join(", "))
+            };
+            return Err(cx.err(
+                &m.path.key("volume"),
+                line,
+                format!("no volume {volume:?} in this group ({declared})"),
+            ));
+        };
+        let line = m.line_of("destination");
+        let dest = m.required_string(cx, "destination", " (an absolute path in the task)")?;
+        let destination = absolute(cx, &m.path.key("destination"), line, &dest)?;
+        if let Some(i) = volume_mounts
+            .iter()
+            .position(|o| o.destination == destination)
+        {
+            return Err(cx.err(
+                &m.path.key("destination"),
+                line,
+                format!("same destination as volume_mount[{i}]"),
+            ));
+        }
+        let read_only = m.bool(cx, "read_only")?.unwrap_or(false) || req.read_only;
+        volume_mounts.push(VolumeMount {
+            volume,
+            destination,
+            read_only,
+        });
+    }
+
+    let mut resources = Resources::default();
+    if let Some(mut r) = t.block(cx, "resources")? {
+        r.deny_unknown(cx, &["cpu", "memory"])?;
+        if let Some(c) = r.number(cx, "cpu", MIN_CPU_MHZ, u32::MAX)? {
+            resources.cpu_mhz = c;
+        }
+        if let Some(m) = r.number(cx, "memory", MIN_MEMORY_MB, u32::MAX)? {
+            resources.memory_mb = m;
+        }
+    }
+
+    let kill_timeout = t
+        .duration(cx, "kill_timeout")?
+        .unwrap_or(DEFAULT_KILL_TIMEOUT);
+    let restart = match t.block(cx, "restart")? {
+        Some(r) => restart(cx, group_restart, r)?,
+        None => group_restart,
+    };
+    let csi_plugin = t
+        .block(cx, "csi_plugin")?
+        .map(|c| plugin(cx, c))
+        .transpose()?;
+
+    Ok(TaskSpec {
+        name,
+        driver,
+        command,
+        args,
+        env,
+        volume_mounts,
+        resources,
+        kill_timeout,
+        restart,
+        csi_plugin,
+    })
+}
+
+/// `env`: names without `=` or NUL; values strings (numbers and bools become their text),
+/// never repeated in an error.
+fn env(cx: &Cx<'_>, e: Fields) -> Res<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (k, n) in e.items {
+        let here = e.path.key(&k);
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(cx.err(
+                &here,
+                n.line,
+                "is not a valid variable name (empty, or has '=' or a NUL byte)",
+            ));
+        }
+        let v = match n.v {
+            V::Str(s) => s,
+            V::Num(x) => x.to_string(),
+            V::Bool(b) => b.to_string(),
+            _ => return Err(cx.wrong(&here, &n, "a string")),
+        };
+        if v.contains('\0') {
+            return Err(cx.err(&here, n.line, "contains a NUL byte"));
+        }
+        if out.insert(k, v).is_some() {
+            return Err(cx.err(&here, n.line, "given more than once"));
+        }
+    }
+    Ok(out)
+}
+
+fn plugin(cx: &Cx<'_>, mut c: Fields) -> Res<CsiPluginSpec> {
+    c.deny_unknown(
+        cx,
+        &[
+            "id",
+            "type",
+            "mount_dir",
+            "stage_publish_base_dir",
+            "health_timeout",
+        ],
+    )?;
+    let p = c.path.clone();
+    let line = c.line_of("id");
+    let id = c.required_string(cx, "id", "")?;
+    segment(cx, &p.key("id"), line, "plugin id", &id)?;
+    let line = c.line_of("type");
+    let ty = c.required_string(cx, "type", " (node, controller or monolith)")?;
+    let plugin_type: CsiPluginType = ty
+        .parse()
+        .map_err(|e: String| cx.err(&p.key("type"), line, e))?;
+
+    let mut dir = |key: &str, default: &str| -> Res<(PathBuf, Option<usize>)> {
+        let line = c.line_of(key);
+        let s = c.string(cx, key)?.unwrap_or_else(|| default.to_string());
+        Ok((absolute(cx, &p.key(key), line, &s)?, line))
+    };
+    let (mount_dir, mount_line) = dir("mount_dir", DEFAULT_PLUGIN_MOUNT_DIR)?;
+    let (stage_publish_base_dir, stage_line) =
+        dir("stage_publish_base_dir", DEFAULT_STAGE_PUBLISH_BASE_DIR)?;
+    if mount_dir.starts_with(&stage_publish_base_dir) {
+        return Err(cx.err(
+            &p.key("mount_dir"),
+            mount_line,
+            format!(
+                "{} lies inside stage_publish_base_dir {} (or is it); the socket directory and the volumes' directory must be apart",
+                mount_dir.display(),
+                stage_publish_base_dir.display()
+            ),
+        ));
+    }
+    if stage_publish_base_dir.starts_with(&mount_dir) {
+        return Err(cx.err(
+            &p.key("stage_publish_base_dir"),
+            stage_line,
+            format!(
+                "{} lies inside mount_dir {}; the socket directory and the volumes' directory must be apart",
+                stage_publish_base_dir.display(),
+                mount_dir.display()
+            ),
+        ));
+    }
+    let line = c.line_of("health_timeout");
+    let health_timeout = c
+        .duration(cx, "health_timeout")?
+        .unwrap_or(DEFAULT_PLUGIN_HEALTH_TIMEOUT);
+    if health_timeout.is_zero() {
+        return Err(cx.err(&p.key("health_timeout"), line, "must be more than 0"));
+    }
+    Ok(CsiPluginSpec {
+        id,
+        plugin_type,
+        mount_dir,
+        stage_publish_base_dir,
+        health_timeout,
+    })
+}

@@ -1,0 +1,378 @@
+//! The spec as read, before it is checked: one tree for HCL and JSON alike, in source order,
+//! with the line of each node when the input is HCL.
+//!
+//! Nothing here judges the structure (which keys, which types): that is the checker's work,
+//! so every such error gets the checker's field path. What is refused here is text that does
+//! not parse at all.
+
+use std::{fmt, path::Path};
+
+use berth_volume::SpecError;
+use hcl::edit::{
+    Span as _,
+    expr::{Expression, ObjectKey, UnaryOperator},
+    structure::{Body, Structure},
+};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+
+/// A value and, for HCL, the 1-based line it starts on.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Node {
+    pub line: Option<usize>,
+    pub v: V,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum V {
+    Null,
+    Bool(bool),
+    Num(serde_json::Number),
+    Str(String),
+    List(Vec<Node>),
+    /// An object or a block body: keys in source order, repeats kept (repeated HCL blocks are
+    /// repeated keys).
+    Obj(Vec<(String, Node)>),
+    /// An HCL block (with or without labels); its body is an `Obj`.
+    Block {
+        labels: Vec<String>,
+        body: Box<Node>,
+    },
+    /// An HCL expression that is not a literal (variable, function, interpolation…).
+    NotLiteral,
+}
+
+impl V {
+    /// What the value is, for "expected …, found …".
+    pub fn kind(&self) -> &'static str {
+        match self {
+            V::Null => "null",
+            V::Bool(_) => "a bool",
+            V::Num(_) => "a number",
+            V::Str(_) => "a string",
+            V::List(_) => "a list",
+            V::Obj(_) => "an object",
+            V::Block { .. } => "a block",
+            V::NotLiteral => "an expression",
+        }
+    }
+}
+
+/// Byte offsets of line starts, to turn spans into lines.
+struct Lines(Vec<usize>);
+
+impl Lines {
+    fn new(text: &str) -> Self {
+        let mut starts = vec![0];
+        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Self(starts)
+    }
+
+    fn of(&self, offset: Option<usize>) -> Option<usize> {
+        offset.map(|o| self.0.partition_point(|s| *s <= o))
+    }
+}
+
+/// Parses HCL text into a tree. Only a syntax error fails here; it names the line and column
+/// and never repeats the source (it could hold a mount flag).
+pub(crate) fn from_hcl(file: &Path, text: &str) -> Result<Node, SpecError> {
+    let body = hcl::edit::parser::parse_body(text).map_err(|e| {
+        let at = e.location();
+        SpecError {
+            file: file.to_path_buf(),
+            line: Some(at.line()),
+            field: String::new(),
+            message: format!("column {}: {}", at.column(), e.message()),
+        }
+    })?;
+    let lines = Lines::new(text);
+    Ok(Node {
+        line: None,
+        v: body_of(&body, &lines),
+    })
+}
+
+fn body_of(body: &Body, lines: &Lines) -> V {
+    let mut out = Vec::new();
+    for s in body.iter() {
+        match s {
+            Structure::Attribute(a) => {
+                let line = lines.of(a.span().map(|r| r.start));
+                out.push((a.key.to_string(), expr(&a.value, line, lines)));
+            }
+            Structure::Block(b) => {
+                let line = lines.of(b.span().map(|r| r.start));
+                let body = Node {
+                    line,
+                    v: body_of(&b.body, lines),
+                };
+                let v = V::Block {
+                    labels: b.labels.iter().map(|l| l.as_str().to_string()).collect(),
+                    body: Box::new(body),
+                };
+                out.push((b.ident.to_string(), Node { line, v }));
+            }
+        }
+    }
+    V::Obj(out)
+}
+
+/// An expression's value; `line` is where it starts (the attribute's line when hcl gives no
+/// span of its own).
+fn expr(e: &Expression, line: Option<usize>, lines: &Lines) -> Node {
+    let line = lines.of(e.span().map(|r| r.start)).or(line);
+    let v = match e {
+        Expression::Null(_) => V::Null,
+        Expression::Bool(b) => V::Bool(*b.value()),
+        Expression::Number(n) => number(n.value()).map_or(V::NotLiteral, V::Num),
+        Expression::String(s) => V::Str(s.value().clone()),
+        Expression::Array(items) => V::List(items.iter().map(|x| expr(x, line, lines)).collect()),
+        Expression::Object(obj) => {
+            let mut out = Vec::new();
+            for (k, v) in obj.iter() {
+                let key = match k {
+                    ObjectKey::Ident(id) => id.to_string(),
+                    ObjectKey::Expression(Expression::String(s)) => s.value().clone(),
+                    ObjectKey::Expression(_) => return Node::not_literal(line),
+                };
+                let at = lines.of(k.span().map(|r| r.start)).or(line);
+                out.push((key, expr(v.expr(), at, lines)));
+            }
+            V::Obj(out)
+        }
+        Expression::StringTemplate(_) | Expression::HeredocTemplate(_) => {
+            literal_template(e).map_or(V::NotLiteral, V::Str)
+        }
+        Expression::Parenthesis(p) => return expr(p.inner(), line, lines),
+        // A negative number is an operator applied to a literal.
+        Expression::UnaryOp(op) if *op.operator.value() == UnaryOperator::Neg => match &op.expr {
+            Expression::Number(n) => n
+                .value()
+                .as_i64()
+                .and_then(|i| i.checked_neg())
+                .map(|i| V::Num(i.into()))
+                .or_else(|| serde_json::Number::from_f64(-n.value().as_f64()?).map(V::Num))
+                .unwrap_or(V::NotLiteral),
+            _ => V::NotLiteral,
+        },
+        _ => V::NotLiteral,
+    };
+    Node { line, v }
+}
+
+impl Node {
+    fn not_literal(line: Option<usize>) -> Self {
+        Node {
+            line,
+            v: V::NotLiteral,
+        }
+    }
+}
+
+fn number(n: &hcl::Number) -> Option<serde_json::Number> {
+    if let Some(u) = n.as_u64() {
+        Some(u.into())
+    } else if let Some(i) = n.as_i64() {
+        Some(i.into())
+    } else {
+        serde_json::Number::from_f64(n.as_f64()?)
+    }
+}
+
+/// The text of a template with literal parts only (escapes such as `$${` applied, heredoc
+/// indentation stripped); `None` when it interpolates or has directives.
+fn literal_template(e: &Expression) -> Option<String> {
+    let hcl::Expression::TemplateExpr(t) = hcl::Expression::from(e.clone()) else {
+        return None;
+    };
+    let template = hcl::Template::from_expr(&t).ok()?;
+    let mut s = String::new();
+    for el in template.elements() {
+        match el {
+            hcl::template::Element::Literal(l) => s.push_str(l),
+            _ => return None,
+        }
+    }
+    Some(s)
+}
+
+/// Parses JSON text into a tree (no lines). Only a syntax error fails here; serde_json's
+/// message names the line and column and never repeats the text.
+pub(crate) fn from_json(file: &Path, text: &str) -> Result<Node, SpecError> {
+    serde_json::from_str::<Node>(text).map_err(|e| SpecError {
+        file: file.to_path_buf(),
+        line: Some(e.line()).filter(|l| *l > 0),
+        field: String::new(),
+        message: e.to_string(),
+    })
+}
+
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(NodeVisitor)
+    }
+}
+
+struct NodeVisitor;
+
+fn node(v: V) -> Node {
+    Node { line: None, v }
+}
+
+impl<'de> Visitor<'de> for NodeVisitor {
+    type Value = Node;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Node, E> {
+        Ok(node(V::Null))
+    }
+
+    fn visit_bool<E: de::Error>(self, b: bool) -> Result<Node, E> {
+        Ok(node(V::Bool(b)))
+    }
+
+    fn visit_u64<E: de::Error>(self, n: u64) -> Result<Node, E> {
+        Ok(node(V::Num(n.into())))
+    }
+
+    fn visit_i64<E: de::Error>(self, n: i64) -> Result<Node, E> {
+        Ok(node(V::Num(n.into())))
+    }
+
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Node, E> {
+        Ok(node(
+            serde_json::Number::from_f64(n).map_or(V::Null, V::Num),
+        ))
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Node, E> {
+        Ok(node(V::Str(s.to_string())))
+    }
+
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Node, E> {
+        Ok(node(V::Str(s)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+        let mut out = Vec::new();
+        while let Some(x) = seq.next_element()? {
+            out.push(x);
+        }
+        Ok(node(V::List(out)))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+        let mut out = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, Node>()? {
+            out.push((k, v));
+        }
+        Ok(node(V::Obj(out)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hcl(text: &str) -> Node {
+        from_hcl(Path::new("t.hcl"), text).unwrap()
+    }
+
+    fn obj(n: &Node) -> &[(String, Node)] {
+        match &n.v {
+            V::Obj(o) => o,
+            other => panic!("not an object: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hcl_keeps_order_repeats_and_lines() {
+        let n = hcl("a = 1\n\nb \"x\" {\n  c = [\n    \"p\",\n    \"q\",\n  ]\n}\nb {}\nd = 2\n");
+        let top = obj(&n);
+        let keys: Vec<&str> = top.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "b", "d"]);
+        assert_eq!(top[0].1.line, Some(1));
+        assert_eq!(top[3].1.line, Some(10));
+        let V::Block { labels, body } = &top[1].1.v else {
+            panic!("{:?}", top[1].1)
+        };
+        assert_eq!(labels, &["x"]);
+        assert_eq!(body.line, Some(3));
+        let c = &obj(body)[0].1;
+        assert_eq!(c.line, Some(4));
+        let V::List(items) = &c.v else { panic!() };
+        assert_eq!(
+            items.iter().map(|i| i.line).collect::<Vec<_>>(),
+            [Some(5), Some(6)]
+        );
+        let V::Block { labels, body } = &top[2].1.v else {
+            panic!("{:?}", top[2].1)
+        };
+        assert!(labels.is_empty());
+        assert_eq!(
+            **body,
+            Node {
+                line: Some(9),
+                v: V::Obj(vec![])
+            }
+        );
+    }
+
+    #[test]
+    fn hcl_literals_only() {
+        let n = hcl(concat!(
+            "a = \"$${X} and %%{y}\"\n",
+            "b = \"${X}\"\n",
+            "c = var.x\n",
+            "d = upper(\"x\")\n",
+            "e = (\"p\")\n",
+            "f = { \"k.1\" = \"v\", k2 = 2 }\n",
+            "g = <<-EOT\n    one\n      two\n    EOT\n",
+            "h = 1.5\n",
+            "i = -3\n",
+            "j = \"a\\tb\"\n",
+            "k = { (x) = 1 }\n",
+        ));
+        let top = obj(&n);
+        let get = |k: &str| &top.iter().find(|(key, _)| key == k).unwrap().1.v;
+        assert_eq!(get("a"), &V::Str("${X} and %{y}".into()));
+        assert_eq!(get("b"), &V::NotLiteral);
+        assert_eq!(get("c"), &V::NotLiteral);
+        assert_eq!(get("d"), &V::NotLiteral);
+        assert_eq!(get("e"), &V::Str("p".into()));
+        let V::Obj(f) = get("f") else { panic!() };
+        assert_eq!(f[0].0, "k.1");
+        assert_eq!(f[1].1.v, V::Num(2.into()));
+        assert_eq!(get("g"), &V::Str("one\n  two\n".into()));
+        assert!(matches!(get("h"), V::Num(n) if n.as_f64() == Some(1.5)));
+        assert_eq!(get("i"), &V::Num((-3).into()));
+        assert_eq!(get("j"), &V::Str("a\tb".into()));
+        assert_eq!(get("k"), &V::NotLiteral);
+    }
+
+    #[test]
+    fn hcl_syntax_errors_name_line_and_column_only() {
+        let e = from_hcl(Path::new("/j.hcl"), "a = 1\nb = [\"SECRETFLAG\" ]]\n").unwrap_err();
+        assert_eq!((e.line, e.field.as_str()), (Some(2), ""));
+        assert!(e.message.starts_with("column "), "{e}");
+        assert!(!e.to_string().contains("SECRETFLAG"), "{e}");
+    }
+
+    #[test]
+    fn json_keeps_order_and_repeats() {
+        let n = from_json(
+            Path::new("j.json"),
+            r#"{"b": 1, "a": [true, null], "b": 2.5}"#,
+        )
+        .unwrap();
+        let top = obj(&n);
+        let keys: Vec<&str> = top.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["b", "a", "b"]);
+        assert!(top.iter().all(|(_, n)| n.line.is_none()));
+        let e = from_json(Path::new("j.json"), "{\n\"a\": [\"SECRETFLAG\" }").unwrap_err();
+        assert_eq!(e.line, Some(2));
+        assert!(!e.to_string().contains("SECRETFLAG"), "{e}");
+    }
+}

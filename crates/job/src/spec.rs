@@ -1,0 +1,392 @@
+//! The checked job spec, and its canonical JSON form (serde).
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use berth_csi::model::{AccessMode, AttachmentMode, MountOptions};
+use berth_volume::{PluginDir, SpecError, StoredMountOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::{check, duration::go_form, input};
+
+/// Fewest and most allocs a group may ask for.
+pub const COUNT_RANGE: std::ops::RangeInclusive<u32> = 1..=100;
+/// `kill_timeout` when not given.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
+/// `resources.cpu` (MHz) when not given, as in Nomad.
+pub const DEFAULT_CPU_MHZ: u32 = 100;
+/// `resources.memory` (MB) when not given, as in Nomad.
+pub const DEFAULT_MEMORY_MB: u32 = 300;
+/// Least `resources.cpu` (MHz), as in Nomad.
+pub const MIN_CPU_MHZ: u32 = 1;
+/// Least `resources.memory` (MB), as in Nomad.
+pub const MIN_MEMORY_MB: u32 = 10;
+/// `csi_plugin.mount_dir` when not given.
+pub const DEFAULT_PLUGIN_MOUNT_DIR: &str = "/csi";
+/// `csi_plugin.stage_publish_base_dir` when not given.
+pub const DEFAULT_STAGE_PUBLISH_BASE_DIR: &str = "/local/csi";
+/// `csi_plugin.health_timeout` when not given.
+pub const DEFAULT_PLUGIN_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What kind of job: it decides the default restart policy (and, at placement, whether a task
+/// that exits is done or restarted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobType {
+    /// Long-running tasks (the default).
+    #[default]
+    Service,
+    /// Tasks that run to completion.
+    Batch,
+}
+
+impl JobType {
+    /// `service` or `batch`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Service => "service",
+            Self::Batch => "batch",
+        }
+    }
+}
+
+impl fmt::Display for JobType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "service" => Ok(Self::Service),
+            "batch" => Ok(Self::Batch),
+            "system" | "sysbatch" => Err(format!(
+                "{s:?}: berth runs service and batch jobs only (it places each group itself)"
+            )),
+            _ => Err(format!(
+                "unknown job type {s:?} (expected service or batch)"
+            )),
+        }
+    }
+}
+
+/// A checked job spec.
+///
+/// Guarantees (for one returned by [`JobSpec::parse`] and its siblings): `id`, every group name,
+/// task name, volume name and source, and every plugin id is a valid path segment; group names
+/// are unique in the job, task names unique in their group; every group has at least one task
+/// and a count in [`COUNT_RANGE`]; every `volume_mount` names a volume of its group and has an
+/// absolute destination without `..`; restart policies are consistent; mount flags take at
+/// most 4 KiB. Deserializing the canonical form does not check again: it is meant for what
+/// this crate wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The job's id: the label of the `job` block.
+    pub id: String,
+    /// `type`; `service` when not given.
+    pub job_type: JobType,
+    /// `group` blocks, in file order.
+    pub groups: Vec<GroupSpec>,
+}
+
+/// A group: `count` allocs of its tasks, placed together, sharing its volumes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// The block's label.
+    pub name: String,
+    /// How many allocs; 1 when not given.
+    pub count: u32,
+    /// `volume` blocks by name (the block's label).
+    pub volumes: BTreeMap<String, VolumeRequest>,
+    /// The group's restart policy: the job type's defaults with the group's `restart` block
+    /// applied. Tasks start from it.
+    pub restart: RestartPolicy,
+    /// `task` blocks, in file order (at least one).
+    pub tasks: Vec<TaskSpec>,
+}
+
+/// A group's `volume` block: a CSI volume its allocs claim.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRequest {
+    /// The block's label; `volume_mount.volume` refers to it.
+    pub name: String,
+    /// berth's id of the volume (with `per_alloc`, the prefix of one; see
+    /// [`VolumeRequest::source_for`]).
+    pub source: String,
+    /// How the volume is shared; it must match one of the volume's capabilities.
+    pub access_mode: AccessMode,
+    /// `file-system` when not given.
+    pub attachment_mode: AttachmentMode,
+    /// Claim for reading only. Always true with a reader-only access mode.
+    pub read_only: bool,
+    /// Each alloc claims its own volume, `<source>[<alloc index>]`.
+    pub per_alloc: bool,
+    /// The request's mount options (file-system only); they take precedence over the
+    /// volume's. Stored with the flags in the clear; `Debug` hides the flags.
+    pub mount_options: StoredMountOptions,
+}
+
+impl VolumeRequest {
+    /// The id of the volume that the alloc with `index` (0-based, below the group's count)
+    /// claims: `source`, or `source[index]` with `per_alloc`, as in Nomad.
+    pub fn source_for(&self, index: u32) -> String {
+        if self.per_alloc {
+            format!("{}[{index}]", self.source)
+        } else {
+            self.source.clone()
+        }
+    }
+
+    /// The mount options as the CSI model holds them.
+    pub fn csi_mount_options(&self) -> MountOptions {
+        MountOptions::from(&self.mount_options)
+    }
+}
+
+/// What happens when a task fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    /// Restarts allowed within `interval`.
+    pub attempts: u32,
+    /// The window that `attempts` counts in.
+    #[serde(with = "go_form")]
+    pub interval: Duration,
+    /// Wait before each restart.
+    #[serde(with = "go_form")]
+    pub delay: Duration,
+    /// What happens when the attempts are used up.
+    pub mode: RestartMode,
+}
+
+impl RestartPolicy {
+    /// Nomad's defaults: service jobs 2 attempts in 30m, batch jobs 3 in 24h; both with a 15s
+    /// delay and mode `fail`.
+    pub fn default_for(job_type: JobType) -> Self {
+        let (attempts, interval) = match job_type {
+            JobType::Service => (2, Duration::from_secs(30 * 60)),
+            JobType::Batch => (3, Duration::from_secs(24 * 3600)),
+        };
+        Self {
+            attempts,
+            interval,
+            delay: Duration::from_secs(15),
+            mode: RestartMode::Fail,
+        }
+    }
+}
+
+/// `restart.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartMode {
+    /// The task (and its alloc) fails.
+    Fail,
+    /// Wait until the interval is over, then start counting again.
+    Delay,
+}
+
+impl RestartMode {
+    /// `fail` or `delay`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fail => "fail",
+            Self::Delay => "delay",
+        }
+    }
+}
+
+impl fmt::Display for RestartMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A task: one process, run by a driver.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// The block's label.
+    pub name: String,
+    /// Task driver (`exec`, `raw_exec`…). Non-empty; whether this node has it is decided at
+    /// placement.
+    pub driver: String,
+    /// `config.command`, taken literally.
+    pub command: String,
+    /// `config.args`, taken literally (no `${…}` interpolation).
+    pub args: Vec<String>,
+    /// `env`, taken literally.
+    pub env: BTreeMap<String, String>,
+    /// `volume_mount` blocks, in file order.
+    pub volume_mounts: Vec<VolumeMount>,
+    /// `resources`.
+    pub resources: Resources,
+    /// How long the task has to exit after the stop signal; 5s when not given.
+    #[serde(with = "go_form")]
+    pub kill_timeout: Duration,
+    /// The group's policy with the task's `restart` block applied field by field.
+    pub restart: RestartPolicy,
+    /// Set when the task runs a CSI plugin.
+    pub csi_plugin: Option<CsiPluginSpec>,
+}
+
+/// A `volume_mount` block: where a group volume appears in the task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The name of one of the group's volumes.
+    pub volume: String,
+    /// Absolute path in the task, without `..` (normalized: no `.`, no repeated or trailing
+    /// `/`).
+    pub destination: PathBuf,
+    /// Mount read-only (also the case when the group's volume is read-only).
+    pub read_only: bool,
+}
+
+/// `resources`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// `cpu`, in MHz; [`DEFAULT_CPU_MHZ`] when not given.
+    pub cpu_mhz: u32,
+    /// `memory`, in MB; [`DEFAULT_MEMORY_MB`] when not given.
+    pub memory_mb: u32,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self {
+            cpu_mhz: DEFAULT_CPU_MHZ,
+            memory_mb: DEFAULT_MEMORY_MB,
+        }
+    }
+}
+
+/// A `csi_plugin` block: the task is a CSI plugin, and berth registers and supervises it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiPluginSpec {
+    /// The plugin's id (volumes name it as `plugin_id`).
+    pub id: String,
+    /// Which services it serves.
+    pub plugin_type: CsiPluginType,
+    /// Where, inside the task, the plugin expects its socket directory (`csi.sock` in it).
+    pub mount_dir: PathBuf,
+    /// Where, inside the task, the plugin is told to stage and publish volumes. Neither of
+    /// `mount_dir` and this lies inside the other.
+    pub stage_publish_base_dir: PathBuf,
+    /// How long the plugin has to answer its first probe before it counts as unhealthy.
+    #[serde(with = "go_form")]
+    pub health_timeout: Duration,
+}
+
+/// `csi_plugin.type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CsiPluginType {
+    /// Node service only.
+    Node,
+    /// Controller service only.
+    Controller,
+    /// Both.
+    Monolith,
+}
+
+impl CsiPluginType {
+    /// `node`, `controller` or `monolith`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Node => "node",
+            Self::Controller => "controller",
+            Self::Monolith => "monolith",
+        }
+    }
+
+    /// Whether it serves the Node service.
+    pub fn is_node(self) -> bool {
+        matches!(self, Self::Node | Self::Monolith)
+    }
+
+    /// Whether it serves the Controller service.
+    pub fn is_controller(self) -> bool {
+        matches!(self, Self::Controller | Self::Monolith)
+    }
+}
+
+impl fmt::Display for CsiPluginType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for CsiPluginType {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "node" => Ok(Self::Node),
+            "controller" => Ok(Self::Controller),
+            "monolith" => Ok(Self::Monolith),
+            _ => Err(format!(
+                "unknown plugin type {s:?} (expected node, controller or monolith)"
+            )),
+        }
+    }
+}
+
+impl From<CsiPluginType> for PluginDir {
+    fn from(t: CsiPluginType) -> Self {
+        match t {
+            CsiPluginType::Node => PluginDir::Node,
+            CsiPluginType::Controller => PluginDir::Controller,
+            CsiPluginType::Monolith => PluginDir::Monolith,
+        }
+    }
+}
+
+impl JobSpec {
+    /// Reads and checks `file`: JSON when its name ends in `.json`, HCL otherwise.
+    pub fn load(file: &Path) -> Result<Self, SpecError> {
+        let text = std::fs::read_to_string(file).map_err(|e| SpecError {
+            file: file.to_path_buf(),
+            line: None,
+            field: String::new(),
+            message: format!("cannot read: {e}"),
+        })?;
+        Self::parse(file, &text)
+    }
+
+    /// Checks `text` as the contents of `file`: JSON when `file` ends in `.json`, HCL
+    /// otherwise.
+    pub fn parse(file: &Path, text: &str) -> Result<Self, SpecError> {
+        if file.extension().is_some_and(|e| e == "json") {
+            Self::parse_json(file, text)
+        } else {
+            Self::parse_hcl(file, text)
+        }
+    }
+
+    /// Checks `text` as HCL; `file` only names it in errors.
+    pub fn parse_hcl(file: &Path, text: &str) -> Result<Self, SpecError> {
+        check::job(file, input::from_hcl(file, text)?)
+    }
+
+    /// Checks `text` as JSON in HCL's JSON form (e.g. an API body); `file` only names it in
+    /// errors.
+    pub fn parse_json(file: &Path, text: &str) -> Result<Self, SpecError> {
+        check::job(file, input::from_json(file, text)?)
+    }
+
+    /// The group called `name`.
+    pub fn group(&self, name: &str) -> Option<&GroupSpec> {
+        self.groups.iter().find(|g| g.name == name)
+    }
+}
+
+impl GroupSpec {
+    /// The task called `name`.
+    pub fn task(&self, name: &str) -> Option<&TaskSpec> {
+        self.tasks.iter().find(|t| t.name == name)
+    }
+}
