@@ -45,6 +45,10 @@ impl Table {
     /// volume id, with its claims and controller publications inside (one write changes a
     /// volume and its claims together).
     pub const VOLUMES: Table = Table("volumes");
+    /// Jobs the control plane placed, keyed by job id.
+    pub const JOBS: Table = Table("jobs");
+    /// Allocs on this node (the alloc runners' records), keyed by alloc id.
+    pub const ALLOCS: Table = Table("allocs");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)
