@@ -7,6 +7,7 @@
 pub mod catalog;
 pub mod claims;
 mod embedded;
+pub mod placement;
 
 pub use catalog::{
     ClaimRecord, ClaimState, Origin, Publication, PublicationState, StoredCapability,
