@@ -1,1 +1,45 @@
-//! Task drivers: run a task's process and report on it.
+//! Task drivers: run a task's process and report on it (Nomad's `drivers` and
+//! `drivermanager`, rebuilt).
+//!
+//! - [`Driver`]: the one trait every driver implements; async methods return boxed futures
+//!   ([`DriverFuture`]) so drivers live as `Arc<dyn Driver>`.
+//! - [`RawExecDriver`] (`raw_exec`): a plain host process in its own process group.
+//! - [`ExecDriver`] (`exec`): the same in its own mount namespace with bind mounts, and in its
+//!   own cgroup v2 when the host allows.
+//! - [`DriverManager`]: fingerprints and health of the drivers, and task events routed to
+//!   per-task handlers (held back until a handler registers).
+//!
+//! Tasks survive the agent: a [`TaskHandle`] (pid, process start time, boot id) is what the
+//! agent persists, and [`Driver::recover`] re-attaches a new driver instance to the running
+//! process. A recovered process is not the agent's child, so its exit is seen (through a
+//! pidfd, or by polling `/proc`) but its exit status is unknown.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod cgroup;
+mod driver;
+mod error;
+mod event;
+mod exec;
+mod manager;
+mod procfs;
+mod raw_exec;
+mod router;
+mod supervisor;
+mod task;
+
+pub use cgroup::CgroupSetting;
+pub use driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health};
+pub use error::DriverError;
+pub use event::{EventSink, TaskEvent, TaskEventKind};
+pub use exec::{EXEC, ExecConfig, ExecDriver};
+pub use manager::{DriverManager, DriverManagerBuilder, DuplicateDriver, ManagerConfig};
+/// Signals, as taken by [`Driver::stop`] and [`Driver::signal`].
+pub use nix::sys::signal::Signal;
+pub use raw_exec::{RAW_EXEC, RawExecDriver};
+pub use supervisor::ProcessConfig;
+pub use task::{
+    BindMount, ExitResult, HANDLE_VERSION, Resources, TaskConfig, TaskHandle, TaskId, TaskState,
+    TaskStats, TaskStatus,
+};

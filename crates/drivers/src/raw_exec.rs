@@ -1,0 +1,141 @@
+//! `raw_exec`: a plain process on the host, without isolation.
+
+use std::{process::Stdio, time::Duration};
+
+use nix::sys::signal::Signal;
+use tokio::process::Command;
+
+use crate::{
+    driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
+    error::DriverError,
+    event::EventSink,
+    supervisor::{ProcessConfig, Supervisor, prepare_files, task_env},
+    task::{ExitResult, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
+};
+
+/// The driver's name.
+pub const RAW_EXEC: &str = "raw_exec";
+
+/// Runs a task as a plain process of the host, as the agent's user, in its own process group
+/// (so signals to the agent's group never reach it, and stop reaches all of the task's
+/// processes), with stdin from `/dev/null` and stdout/stderr appended to the task's log files.
+///
+/// The environment is exactly the task's `env` plus the agent's `PATH` if `env` has none:
+/// unlike Nomad, the agent's own environment (which may hold credentials) is not passed on.
+///
+/// The process does not die with the agent (no parent-death signal): it is recovered by the
+/// next agent from its [`TaskHandle`].
+#[derive(Debug)]
+pub struct RawExecDriver {
+    sup: Supervisor,
+}
+
+impl RawExecDriver {
+    /// A driver sending its task events to `events`.
+    pub fn new(events: EventSink, config: ProcessConfig) -> Self {
+        Self {
+            sup: Supervisor::new(RAW_EXEC, events, config),
+        }
+    }
+
+    async fn start_task(&self, config: TaskConfig) -> Result<TaskHandle, DriverError> {
+        config.validate()?;
+        if !config.mounts.is_empty() {
+            return Err(DriverError::Unsupported {
+                task_id: config.id,
+                driver: RAW_EXEC.into(),
+                what: "bind mounts",
+            });
+        }
+        let reservation = self.sup.reserve(&config.id)?;
+        let (stdout, stderr) = prepare_files(&config)?;
+        let mut cmd = Command::new(&config.command);
+        cmd.args(&config.args)
+            .env_clear()
+            .envs(task_env(&config))
+            .current_dir(&config.dir)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .process_group(0)
+            .kill_on_drop(false);
+        let child = cmd.spawn().map_err(|source| DriverError::Spawn {
+            task_id: config.id.clone(),
+            program: config.command.clone(),
+            source,
+        })?;
+        reservation.commit_child(child, None, None).await
+    }
+}
+
+impl Driver for RawExecDriver {
+    fn name(&self) -> &str {
+        RAW_EXEC
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            fs_isolation: FsIsolation::None,
+            send_signals: true,
+            exec: false,
+            bind_mounts: false,
+            resource_limits: false,
+        }
+    }
+
+    fn fingerprint(&self) -> DriverFuture<'_, Fingerprint> {
+        Box::pin(async {
+            let mut fp = Fingerprint::new(Health::Healthy, "runs plain processes");
+            fp.attributes
+                .insert(format!("driver.{RAW_EXEC}"), "1".into());
+            fp
+        })
+    }
+
+    fn start(&self, config: TaskConfig) -> DriverFuture<'_, Result<TaskHandle, DriverError>> {
+        Box::pin(self.start_task(config))
+    }
+
+    fn wait<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+    ) -> DriverFuture<'a, Result<ExitResult, DriverError>> {
+        Box::pin(self.sup.wait(task_id))
+    }
+
+    fn stop<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        timeout: Duration,
+        signal: Signal,
+    ) -> DriverFuture<'a, Result<(), DriverError>> {
+        Box::pin(self.sup.stop(task_id, timeout, signal))
+    }
+
+    fn destroy<'a>(&'a self, task_id: &'a TaskId) -> DriverFuture<'a, Result<(), DriverError>> {
+        Box::pin(self.sup.destroy(task_id))
+    }
+
+    fn inspect(&self, task_id: &TaskId) -> Result<TaskStatus, DriverError> {
+        self.sup.inspect(task_id)
+    }
+
+    fn signal(&self, task_id: &TaskId, signal: Signal) -> Result<(), DriverError> {
+        self.sup.signal(task_id, signal)
+    }
+
+    fn stats<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+    ) -> DriverFuture<'a, Result<TaskStats, DriverError>> {
+        Box::pin(async move { self.sup.stats(task_id) })
+    }
+
+    fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>> {
+        Box::pin(async move { self.sup.recover(handle) })
+    }
+
+    fn shutdown(&self) -> DriverFuture<'_, ()> {
+        Box::pin(self.sup.shutdown())
+    }
+}

@@ -1,0 +1,531 @@
+//! What a driver is asked to run and what it reports back: task ids, configs, handles, exit
+//! results, status and statistics.
+
+use std::{
+    collections::BTreeMap,
+    fmt,
+    path::{Component, Path, PathBuf},
+    time::{Duration, SystemTime},
+};
+
+use berth_sys::{InvalidId, validate_path_segment};
+use serde::{Deserialize, Serialize};
+
+use crate::error::DriverError;
+
+/// The version of [`TaskHandle`] records written by this build.
+pub const HANDLE_VERSION: u32 = 1;
+
+/// Separates the alloc id from the task name in a [`TaskId`] made by [`TaskId::for_alloc`].
+const ALLOC_TASK_SEPARATOR: char = '.';
+
+/// The id of a task inside a driver: one path segment (it names the task's cgroup), validated
+/// by [`berth_sys::validate_path_segment`].
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TaskId(String);
+
+impl TaskId {
+    /// A task id used as is; it must be a valid path segment.
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidId> {
+        let id = id.into();
+        validate_path_segment("task id", &id)?;
+        Ok(Self(id))
+    }
+
+    /// The id of task `task` of alloc `alloc_id`: `<alloc_id>.<task>`, where `%` and `.` inside
+    /// either part are written `%25` and `%2E`, so two different pairs never give the same id.
+    /// Each part must be a valid path segment, and so must the result (at most 128 bytes).
+    pub fn for_alloc(alloc_id: &str, task: &str) -> Result<Self, InvalidId> {
+        validate_path_segment("alloc id", alloc_id)?;
+        validate_path_segment("task name", task)?;
+        Self::new(format!(
+            "{}{ALLOC_TASK_SEPARATOR}{}",
+            escape_part(alloc_id),
+            escape_part(task)
+        ))
+    }
+
+    /// The `(alloc id, task name)` this id was made from by [`TaskId::for_alloc`], if it was.
+    pub fn alloc_and_task(&self) -> Option<(String, String)> {
+        let (alloc, task) = self.0.split_once(ALLOC_TASK_SEPARATOR)?;
+        if task.contains(ALLOC_TASK_SEPARATOR) {
+            return None;
+        }
+        Some((unescape_part(alloc)?, unescape_part(task)?))
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+fn escape_part(part: &str) -> String {
+    part.replace('%', "%25").replace('.', "%2E")
+}
+
+fn unescape_part(part: &str) -> Option<String> {
+    let mut out = String::with_capacity(part.len());
+    let mut rest = part;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 3)?;
+        out.push(match code {
+            "25" => '%',
+            "2E" => '.',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for TaskId {
+    type Error = InvalidId;
+
+    fn try_from(id: String) -> Result<Self, Self::Error> {
+        Self::new(id)
+    }
+}
+
+impl From<TaskId> for String {
+    fn from(id: TaskId) -> Self {
+        id.0
+    }
+}
+
+/// A host path bind-mounted into an `exec` task's mount namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindMount {
+    /// Absolute host path of a directory or file; it must exist.
+    pub source: PathBuf,
+    /// Absolute path where the task sees it; created (as a directory, or an empty file when
+    /// `source` is a file) if missing. Without `..` components.
+    pub destination: PathBuf,
+    /// Mount it read-only: writes fail with `EROFS`.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Resource limits of a task. Only drivers that put tasks in cgroups apply them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    /// Hard memory limit (`memory.max`), in bytes.
+    #[serde(default)]
+    pub memory_max_bytes: Option<u64>,
+}
+
+/// What to run. Checked by [`TaskConfig::validate`] before anything is created.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskConfig {
+    /// The task's id; unique among the driver's tasks until the task is destroyed.
+    pub id: TaskId,
+    /// Program to run: an absolute path, a path relative to `dir`, or a name looked up in the
+    /// task's `PATH`.
+    pub command: String,
+    /// Its arguments (without the program name).
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// The task's whole environment. The agent's environment is not inherited, except `PATH`
+    /// when `env` has none (so bare command names resolve as they do for the operator).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory (absolute); created if missing.
+    pub dir: PathBuf,
+    /// File the task's stdout is appended to (absolute); created, with its directory, if
+    /// missing.
+    pub stdout_path: PathBuf,
+    /// File the task's stderr is appended to (absolute); created, with its directory, if
+    /// missing.
+    pub stderr_path: PathBuf,
+    /// Bind mounts, made in this order (only drivers with a mount namespace accept them).
+    #[serde(default)]
+    pub mounts: Vec<BindMount>,
+    /// Resource limits.
+    #[serde(default)]
+    pub resources: Resources,
+}
+
+impl TaskConfig {
+    /// A config with no arguments, environment, mounts or limits.
+    pub fn new(
+        id: TaskId,
+        command: impl Into<String>,
+        dir: impl Into<PathBuf>,
+        stdout_path: impl Into<PathBuf>,
+        stderr_path: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            id,
+            command: command.into(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            dir: dir.into(),
+            stdout_path: stdout_path.into(),
+            stderr_path: stderr_path.into(),
+            mounts: Vec::new(),
+            resources: Resources::default(),
+        }
+    }
+
+    /// Checks every field; the error names the first bad one. Changes nothing.
+    pub fn validate(&self) -> Result<(), DriverError> {
+        let bad = |field: String, reason: String| DriverError::InvalidConfig {
+            task_id: self.id.clone(),
+            field,
+            reason,
+        };
+        if self.command.is_empty() {
+            return Err(bad("command".into(), "must not be empty".into()));
+        }
+        if self.command.contains('\0') {
+            return Err(bad("command".into(), "must not contain a NUL byte".into()));
+        }
+        if let Some(i) = self.args.iter().position(|a| a.contains('\0')) {
+            return Err(bad(
+                format!("args[{i}]"),
+                "must not contain a NUL byte".into(),
+            ));
+        }
+        for (key, value) in &self.env {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(bad(
+                    format!("env[{key:?}]"),
+                    "a name must be non-empty, without '=' or NUL".into(),
+                ));
+            }
+            if value.contains('\0') {
+                return Err(bad(
+                    format!("env[{key:?}]"),
+                    "must not contain a NUL byte".into(),
+                ));
+            }
+        }
+        for (field, path) in [
+            ("dir", &self.dir),
+            ("stdout_path", &self.stdout_path),
+            ("stderr_path", &self.stderr_path),
+        ] {
+            check_absolute(path).map_err(|reason| bad(field.into(), reason))?;
+        }
+        for (field, path) in [
+            ("stdout_path", &self.stdout_path),
+            ("stderr_path", &self.stderr_path),
+        ] {
+            if path.file_name().is_none() {
+                return Err(bad(field.into(), "must name a file".into()));
+            }
+        }
+        for (i, mount) in self.mounts.iter().enumerate() {
+            check_absolute(&mount.source)
+                .map_err(|reason| bad(format!("mounts[{i}].source"), reason))?;
+            check_absolute(&mount.destination)
+                .map_err(|reason| bad(format!("mounts[{i}].destination"), reason))?;
+            if mount.destination == Path::new("/") {
+                return Err(bad(
+                    format!("mounts[{i}].destination"),
+                    "must not be /".into(),
+                ));
+            }
+        }
+        if self.resources.memory_max_bytes == Some(0) {
+            return Err(bad(
+                "resources.memory_max_bytes".into(),
+                "must be more than 0".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An absolute path without `..`, NUL or newline (the path is passed through a shell script's
+/// arguments and `/proc` files; a newline would make either ambiguous).
+fn check_absolute(path: &Path) -> Result<(), String> {
+    if !path.is_absolute() {
+        return Err(format!("{} is not an absolute path", path.display()));
+    }
+    if path.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{} contains '..'", path.display()));
+    }
+    let text = path.as_os_str().as_encoded_bytes();
+    if text.contains(&0) || text.contains(&b'\n') {
+        return Err(format!(
+            "{} contains a NUL byte or a newline",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// A serializable record of a running task: what the agent persists so that a new driver
+/// instance can [`recover`](crate::Driver::recover) the task after an agent restart.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskHandle {
+    /// Record version ([`HANDLE_VERSION`]).
+    pub version: u32,
+    /// Name of the driver that started the task.
+    pub driver: String,
+    /// The task's id.
+    pub task_id: TaskId,
+    /// Pid of the task's main process; also its process group id.
+    pub pid: u32,
+    /// Start time of `pid` in clock ticks after boot (`/proc/<pid>/stat` field 22): a pid
+    /// that was recycled by another process has another start time.
+    pub start_ticks: u64,
+    /// `/proc/sys/kernel/random/boot_id` when the task started: start times only compare
+    /// within one boot.
+    pub boot_id: String,
+    /// Wall-clock time the task started.
+    pub started_at: SystemTime,
+    /// The task's cgroup directory, when it has one.
+    #[serde(default)]
+    pub cgroup: Option<PathBuf>,
+}
+
+/// How a task's main process ended.
+///
+/// A task recovered after an agent restart is no longer the agent's child, and the kernel only
+/// tells a process's parent how it ended: then both `exit_code` and `signal` are `None`
+/// ([`ExitResult::is_unknown`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitResult {
+    /// Exit code, if it exited.
+    pub exit_code: Option<i32>,
+    /// Number of the signal that killed it, if one did.
+    pub signal: Option<i32>,
+    /// Whether the kernel's OOM killer killed a process of the task's cgroup (always false
+    /// without a cgroup with the memory controller).
+    pub oom_killed: bool,
+}
+
+impl ExitResult {
+    /// The result of a task whose end could not be observed (a recovered task).
+    pub const UNKNOWN: Self = Self {
+        exit_code: None,
+        signal: None,
+        oom_killed: false,
+    };
+
+    /// Whether how the task ended is unknown.
+    pub fn is_unknown(&self) -> bool {
+        self.exit_code.is_none() && self.signal.is_none()
+    }
+
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+impl fmt::Display for ExitResult {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.exit_code, self.signal) {
+            (Some(code), _) => write!(f, "exited with code {code}")?,
+            (None, Some(sig)) => write!(f, "killed by {}", signal_name(sig))?,
+            (None, None) => f.write_str("exited (status unknown: not the agent's child)")?,
+        }
+        if self.oom_killed {
+            f.write_str(" (OOM killed)")?;
+        }
+        Ok(())
+    }
+}
+
+/// `SIGTERM`-style name of a signal number, or the number.
+pub(crate) fn signal_name(sig: i32) -> String {
+    nix::sys::signal::Signal::try_from(sig)
+        .map(|s| s.as_str().to_owned())
+        .unwrap_or_else(|_| format!("signal {sig}"))
+}
+
+/// Whether a task's main process is still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskState {
+    /// Running (or not yet seen to exit).
+    Running,
+    /// Exited; the driver keeps the task until it is destroyed.
+    Exited,
+}
+
+/// A task's status ([`Driver::inspect`](crate::Driver::inspect)).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskStatus {
+    /// The task.
+    pub task_id: TaskId,
+    /// Running or exited.
+    pub state: TaskState,
+    /// Pid of its main process.
+    pub pid: u32,
+    /// When it started.
+    pub started_at: SystemTime,
+    /// How it ended, once it has.
+    pub exit: Option<ExitResult>,
+}
+
+/// Resource usage of a task's processes, read from `/proc` (`Driver::stats`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskStats {
+    /// Pids counted: the task's cgroup, or else its process group.
+    pub pids: Vec<u32>,
+    /// User CPU time of those processes, in clock ticks.
+    pub cpu_user_ticks: u64,
+    /// System CPU time of those processes, in clock ticks.
+    pub cpu_system_ticks: u64,
+    /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
+    pub ticks_per_second: u64,
+    /// Resident memory of those processes, in bytes (shared pages count once per process).
+    pub rss_bytes: u64,
+    /// When the numbers were read.
+    pub timestamp: SystemTime,
+}
+
+impl TaskStats {
+    /// User plus system CPU time.
+    pub fn cpu_time(&self) -> Duration {
+        let ticks = self.cpu_user_ticks + self.cpu_system_ticks;
+        let per_second = self.ticks_per_second.max(1);
+        Duration::from_secs(ticks / per_second)
+            + Duration::from_nanos((ticks % per_second) * 1_000_000_000 / per_second)
+    }
+
+    /// CPU use between `earlier` and `self`, in percent of one core (0 when no time passed).
+    pub fn cpu_percent_since(&self, earlier: &TaskStats) -> f64 {
+        let wall = self
+            .timestamp
+            .duration_since(earlier.timestamp)
+            .unwrap_or_default();
+        if wall.is_zero() {
+            return 0.0;
+        }
+        let cpu = self.cpu_time().saturating_sub(earlier.cpu_time());
+        cpu.as_secs_f64() / wall.as_secs_f64() * 100.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> TaskConfig {
+        TaskConfig::new(
+            TaskId::new("t").unwrap(),
+            "true",
+            "/tmp/t",
+            "/tmp/t/out",
+            "/tmp/t/err",
+        )
+    }
+
+    #[test]
+    fn task_ids_are_path_segments() {
+        assert!(TaskId::new("web").is_ok());
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(TaskId::new(bad).is_err(), "{bad:?}");
+        }
+        let err = serde_json::from_str::<TaskId>("\"../x\"").unwrap_err();
+        assert!(err.to_string().contains("task id"), "{err}");
+    }
+
+    #[test]
+    fn alloc_task_ids_are_unambiguous() {
+        let a = TaskId::for_alloc("a.b", "c").unwrap();
+        let b = TaskId::for_alloc("a", "b.c").unwrap();
+        assert_ne!(a, b);
+        assert_eq!(a.as_str(), "a%2Eb.c");
+        assert_eq!(a.alloc_and_task(), Some(("a.b".into(), "c".into())));
+        assert_eq!(b.alloc_and_task(), Some(("a".into(), "b.c".into())));
+        let odd = TaskId::for_alloc("50%", "..x").unwrap();
+        assert_eq!(odd.alloc_and_task(), Some(("50%".into(), "..x".into())));
+        assert!(TaskId::for_alloc("a/b", "c").is_err());
+        assert!(TaskId::for_alloc("a", "..").is_err());
+        assert!(TaskId::for_alloc(&"a".repeat(100), &"b".repeat(40)).is_err());
+        assert_eq!(TaskId::new("plain").unwrap().alloc_and_task(), None);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let field = |c: TaskConfig| match c.validate() {
+            Err(DriverError::InvalidConfig { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert!(config().validate().is_ok());
+        let mut c = config();
+        c.command.clear();
+        assert_eq!(field(c), "command");
+        let mut c = config();
+        c.dir = "rel".into();
+        assert_eq!(field(c), "dir");
+        let mut c = config();
+        c.env.insert("A=B".into(), "x".into());
+        assert_eq!(field(c), "env[\"A=B\"]");
+        let mut c = config();
+        c.args = vec!["ok".into(), "no\0".into()];
+        assert_eq!(field(c), "args[1]");
+        let mut c = config();
+        c.mounts.push(BindMount {
+            source: "/src".into(),
+            destination: "/a/../etc".into(),
+            read_only: false,
+        });
+        assert_eq!(field(c), "mounts[0].destination");
+        let mut c = config();
+        c.mounts.push(BindMount {
+            source: "/src\nx".into(),
+            destination: "/d".into(),
+            read_only: false,
+        });
+        assert_eq!(field(c), "mounts[0].source");
+        let mut c = config();
+        c.stdout_path = "/".into();
+        assert_eq!(field(c), "stdout_path");
+    }
+
+    #[test]
+    fn exit_results_print_what_is_known() {
+        let code = ExitResult {
+            exit_code: Some(3),
+            signal: None,
+            oom_killed: false,
+        };
+        assert_eq!(code.to_string(), "exited with code 3");
+        let sig = ExitResult {
+            exit_code: None,
+            signal: Some(9),
+            oom_killed: true,
+        };
+        assert_eq!(sig.to_string(), "killed by SIGKILL (OOM killed)");
+        assert!(ExitResult::UNKNOWN.is_unknown());
+        assert!(ExitResult::UNKNOWN.to_string().contains("unknown"));
+    }
+
+    #[test]
+    fn cpu_percent_from_two_samples() {
+        let at = SystemTime::UNIX_EPOCH + Duration::from_secs(100);
+        let a = TaskStats {
+            pids: vec![1],
+            cpu_user_ticks: 100,
+            cpu_system_ticks: 0,
+            ticks_per_second: 100,
+            rss_bytes: 0,
+            timestamp: at,
+        };
+        let b = TaskStats {
+            cpu_user_ticks: 150,
+            cpu_system_ticks: 50,
+            timestamp: at + Duration::from_secs(2),
+            ..a.clone()
+        };
+        assert_eq!(b.cpu_time(), Duration::from_secs(2));
+        assert!((b.cpu_percent_since(&a) - 50.0).abs() < 1e-9);
+        assert_eq!(a.cpu_percent_since(&a), 0.0);
+    }
+}

@@ -1,0 +1,418 @@
+//! `exec` with real processes and real mounts. Every mount is made inside the task's own
+//! private mount namespace (the driver starts it with `unshare --mount --propagation
+//! private`); the tests check that none shows in the test's namespace. Needs root.
+
+mod common;
+
+use std::{fs, path::Path, time::Duration};
+
+use berth_drivers::{
+    BindMount, CgroupSetting, Driver, DriverError, EventSink, ExecConfig, ExecDriver, Health,
+    ProcessConfig, Signal, TaskEventKind, TaskState,
+};
+use berth_testkit::assert_eventually;
+use common::{Reaper, TIMEOUT, alive, read, sh, task};
+
+fn config(cgroup: CgroupSetting) -> ExecConfig {
+    ExecConfig {
+        cgroup,
+        setup_timeout: Duration::from_secs(30),
+        process: ProcessConfig {
+            poll_interval: Duration::from_millis(20),
+            kill_timeout: Duration::from_secs(10),
+        },
+    }
+}
+
+fn is_root() -> bool {
+    nix::unistd::geteuid().is_root()
+}
+
+/// Skips (with the reason printed) when not root.
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("SKIPPED: the exec driver needs root");
+            return;
+        }
+    };
+}
+
+fn mounted_at(mountinfo: &Path, path: &Path) -> bool {
+    let mounts = berth_sys::read_mountinfo(mountinfo).expect("mountinfo");
+    berth_sys::top_mount_at(&mounts, path).is_some()
+}
+
+fn bind(source: &Path, destination: &Path, read_only: bool) -> BindMount {
+    BindMount {
+        source: source.to_path_buf(),
+        destination: destination.to_path_buf(),
+        read_only,
+    }
+}
+
+#[tokio::test]
+async fn fingerprint_is_healthy_as_root() {
+    require_root!();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let fp = driver.fingerprint().await;
+    assert_eq!(fp.health, Health::Healthy, "{fp:?}");
+    assert_eq!(fp.attributes["driver.exec"], "1");
+    assert_eq!(fp.attributes["driver.exec.fs_isolation"], "mount-namespace");
+    assert!(fp.attributes["driver.exec.unshare"].ends_with("/unshare"));
+    assert_eq!(fp.attributes["driver.exec.cgroup"], "disabled");
+}
+
+#[tokio::test]
+async fn a_task_writes_through_its_bind_mount_and_the_mount_stays_private() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let (sink, _events) = EventSink::channel();
+    let driver = ExecDriver::new(sink, config(CgroupSetting::Disabled));
+
+    let source = tmp.path().join("volume");
+    fs::create_dir(&source).unwrap();
+    fs::write(source.join("hello"), "from the host\n").unwrap();
+    // The mount point does not exist yet: the driver creates it.
+    let destination = tmp.path().join("task-view/data");
+    let mut config = sh(
+        tmp.path(),
+        "writer",
+        r#"cat "$1/hello" && echo "written by the task" > "$1/out" && echo ready && exec sleep 1000"#,
+    );
+    config
+        .args
+        .extend(["sh".into(), destination.display().to_string()]);
+    config.mounts.push(bind(&source, &destination, false));
+
+    let handle = driver.start(config.clone()).await.expect("start");
+    reaper.track(&handle);
+    common::wait_for_text(config.stdout_path.clone(), "ready").await;
+    assert_eq!(
+        read(&config.stdout_path),
+        "from the host\nready\n",
+        "stderr: {}",
+        read(&config.stderr_path)
+    );
+    assert_eq!(read(source.join("out")), "written by the task\n");
+
+    // The pid is the command's, in a mount namespace of its own that has the bind mount;
+    // the test's namespace has neither.
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{}/comm", handle.pid))
+            .unwrap()
+            .trim(),
+        "sleep"
+    );
+    assert_ne!(
+        fs::read_link(format!("/proc/{}/ns/mnt", handle.pid)).unwrap(),
+        fs::read_link("/proc/self/ns/mnt").unwrap()
+    );
+    let task_mountinfo = Path::new("/proc")
+        .join(handle.pid.to_string())
+        .join("mountinfo");
+    assert!(mounted_at(&task_mountinfo, &destination));
+    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &destination));
+    assert!(
+        fs::read_dir(&destination).unwrap().next().is_none(),
+        "the host sees the empty mount point"
+    );
+
+    driver.destroy(&config.id).await.unwrap();
+    assert!(!alive(handle.pid));
+    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &destination));
+}
+
+#[tokio::test]
+async fn a_read_only_mount_refuses_writes() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let source = tmp.path().join("ro-src");
+    fs::create_dir(&source).unwrap();
+    fs::write(source.join("existing"), "keep\n").unwrap();
+    let file_source = tmp.path().join("single-file");
+    fs::write(&file_source, "one file\n").unwrap();
+    let destination = tmp.path().join("ro-dst");
+    let file_destination = tmp.path().join("files/mounted-file");
+
+    let mut config = sh(
+        tmp.path(),
+        "reader",
+        r#"cat "$1/existing" "$2"; echo new > "$1/new"; echo "status $?""#,
+    );
+    config.args.extend([
+        "sh".into(),
+        destination.display().to_string(),
+        file_destination.display().to_string(),
+    ]);
+    config.mounts.push(bind(&source, &destination, true));
+    config
+        .mounts
+        .push(bind(&file_source, &file_destination, false));
+    reaper.track(&driver.start(config.clone()).await.expect("start"));
+    assert!(driver.wait(&config.id).await.unwrap().success());
+    assert_eq!(read(&config.stdout_path), "keep\none file\nstatus 2\n");
+    assert!(
+        read(&config.stderr_path).contains("Read-only file system"),
+        "EROFS expected, stderr: {}",
+        read(&config.stderr_path)
+    );
+    assert!(!source.join("new").exists());
+    assert_eq!(
+        read(&file_destination),
+        "",
+        "the host sees the empty file mount point"
+    );
+}
+
+#[tokio::test]
+async fn set_up_failures_fail_start_and_leave_nothing_running() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+
+    let missing = task(tmp.path(), "nocmd", "berth-no-such-command", &[]);
+    let err = driver.start(missing.clone()).await.unwrap_err();
+    match &err {
+        DriverError::Setup { message, .. } => {
+            assert!(
+                message.contains("command not found: berth-no-such-command"),
+                "{message}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        driver.inspect(&missing.id),
+        Err(DriverError::NotFound { .. })
+    ));
+
+    // A directory cannot be bind-mounted over a file.
+    let source = tmp.path().join("dir");
+    fs::create_dir(&source).unwrap();
+    let file = tmp.path().join("a-file");
+    fs::write(&file, "").unwrap();
+    let mut config = task(tmp.path(), "badmount", "true", &[]);
+    config.mounts.push(bind(&source, &file, false));
+    let err = driver.start(config.clone()).await.unwrap_err();
+    match &err {
+        DriverError::Setup { message, .. } => assert!(
+            message.contains(&format!("cannot create the mount point {}", file.display())),
+            "{message}"
+        ),
+        other => panic!("{other:?}"),
+    }
+
+    let mut config = task(tmp.path(), "nosource", "true", &[]);
+    config.mounts.push(bind(
+        &tmp.path().join("absent"),
+        &tmp.path().join("x"),
+        false,
+    ));
+    assert!(matches!(
+        driver.start(config).await,
+        Err(DriverError::InvalidConfig { field, .. }) if field == "mounts[0].source"
+    ));
+}
+
+#[tokio::test]
+async fn stop_and_signal_work_as_for_raw_exec() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let (sink, mut events) = EventSink::channel();
+    let driver = ExecDriver::new(sink, config(CgroupSetting::Disabled));
+    let config = sh(
+        tmp.path(),
+        "stubborn",
+        r#"trap "" TERM; echo ready; sleep 1000 & wait"#,
+    );
+    let handle = driver.start(config.clone()).await.unwrap();
+    reaper.track(&handle);
+    common::wait_for_text(config.stdout_path.clone(), "ready").await;
+    driver
+        .stop(&config.id, Duration::from_millis(200), Signal::SIGTERM)
+        .await
+        .unwrap();
+    assert_eq!(
+        driver.wait(&config.id).await.unwrap().signal,
+        Some(Signal::SIGKILL as i32)
+    );
+    let kinds =
+        common::events_until(&mut events, |k| matches!(k, TaskEventKind::Exited { .. })).await;
+    assert_eq!(kinds.len(), 4, "{kinds:?}");
+    assert_eq!(kinds[2], TaskEventKind::Killed);
+}
+
+/// A cgroup parent name of this test process and test, so that tests running in parallel
+/// never share one.
+fn cgroup_name(test: &str) -> String {
+    format!("berth-test-{}-{test}", std::process::id())
+}
+
+/// Removes the test's cgroup parent (after its task cgroups are gone).
+struct CgroupParentGuard(Option<std::path::PathBuf>);
+
+impl Drop for CgroupParentGuard {
+    fn drop(&mut self) {
+        if let Some(dir) = &self.0 {
+            if let Ok(entries) = fs::read_dir(dir) {
+                for entry in entries.flatten() {
+                    if entry.path().is_dir() {
+                        let _ = fs::write(entry.path().join("cgroup.kill"), "1");
+                        let _ = fs::remove_dir(entry.path());
+                    }
+                }
+            }
+            let _ = fs::remove_dir(dir);
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let name = cgroup_name("grouped");
+    let driver = ExecDriver::new(
+        EventSink::discard(),
+        config(CgroupSetting::Auto { name: name.clone() }),
+    );
+    let fp = driver.fingerprint().await;
+    assert_eq!(fp.health, Health::Healthy, "{fp:?}");
+    let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
+    if let Some(reason) = cgroup_attr.strip_prefix("unavailable: ") {
+        eprintln!("SKIPPED: no cgroup v2 for tasks on this host: {reason}");
+        return;
+    }
+    let parent = std::path::PathBuf::from(&cgroup_attr);
+    let _guard = CgroupParentGuard(Some(parent.clone()));
+    assert!(parent.ends_with(&name));
+    let memory = fp.attributes["driver.exec.cgroup.memory"].clone();
+
+    let mut config = sh(tmp.path(), "grouped", "echo ready; exec sleep 1000");
+    config.resources.memory_max_bytes = Some(64 << 20);
+    let handle = driver.start(config.clone()).await.expect("start");
+    reaper.track(&handle);
+    let dir = handle.cgroup.clone().expect("a cgroup");
+    assert_eq!(dir, parent.join("grouped"));
+    let procs = read(dir.join("cgroup.procs"));
+    assert_eq!(
+        procs.trim(),
+        handle.pid.to_string(),
+        "the task joined before exec"
+    );
+    let own = read(format!("/proc/{}/cgroup", handle.pid));
+    assert!(
+        own.lines()
+            .any(|l| l.starts_with("0::/") && l.ends_with(&format!("/{name}/grouped"))),
+        "{own}"
+    );
+    if memory == "enabled" {
+        assert_eq!(
+            read(dir.join("memory.max")).trim(),
+            (64u64 << 20).to_string()
+        );
+    } else {
+        eprintln!("SKIPPED (memory.max part): {memory}");
+    }
+    let stats = driver.stats(&config.id).await.unwrap();
+    assert_eq!(stats.pids, vec![handle.pid]);
+
+    driver.destroy(&config.id).await.expect("destroy");
+    assert!(!dir.exists(), "destroy removes the cgroup");
+    assert!(!alive(handle.pid));
+}
+
+#[tokio::test]
+async fn destroy_kills_processes_that_left_the_group_through_the_cgroup() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let name = cgroup_name("escaper");
+    let driver = ExecDriver::new(
+        EventSink::discard(),
+        config(CgroupSetting::Auto { name: name.clone() }),
+    );
+    let fp = driver.fingerprint().await;
+    let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
+    if let Some(reason) = cgroup_attr.strip_prefix("unavailable: ") {
+        eprintln!("SKIPPED: no cgroup v2 for tasks on this host: {reason}");
+        return;
+    }
+    let _guard = CgroupParentGuard(Some(cgroup_attr.into()));
+    // setsid puts the sleep in a session (and group) of its own: only the cgroup finds it.
+    let config = sh(
+        tmp.path(),
+        "escaper",
+        r#"setsid sleep 1000 & echo "escaped $!"; wait"#,
+    );
+    let handle = driver.start(config.clone()).await.unwrap();
+    reaper.track(&handle);
+    common::wait_for_text(config.stdout_path.clone(), "escaped ").await;
+    let dir = handle.cgroup.clone().unwrap();
+    assert_eventually!(
+        TIMEOUT,
+        || async { read(dir.join("cgroup.procs")).lines().count() == 2 },
+        "both processes are in the cgroup"
+    );
+    let escaped: Vec<u32> = read(dir.join("cgroup.procs"))
+        .lines()
+        .map(|l| l.parse().unwrap())
+        .filter(|&p| p != handle.pid)
+        .collect();
+    driver.destroy(&config.id).await.unwrap();
+    assert!(!dir.exists());
+    for pid in escaped {
+        assert!(!alive(pid), "pid {pid} was killed through the cgroup");
+    }
+    assert_eq!(
+        driver.inspect(&config.id).map(|s| s.state).ok(),
+        None::<TaskState>
+    );
+}
+
+#[tokio::test]
+async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let name = cgroup_name("recover");
+    let setting = CgroupSetting::Auto { name: name.clone() };
+    let first = ExecDriver::new(EventSink::discard(), config(setting.clone()));
+    let fp = first.fingerprint().await;
+    let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
+    let _guard = CgroupParentGuard(
+        (!cgroup_attr.starts_with("unavailable")).then(|| cgroup_attr.clone().into()),
+    );
+    let source = tmp.path().join("src");
+    fs::create_dir(&source).unwrap();
+    let mut config = sh(tmp.path(), "kept", "echo ready; exec sleep 1000");
+    config
+        .mounts
+        .push(bind(&source, &tmp.path().join("dst"), false));
+    let handle = first.start(config.clone()).await.unwrap();
+    reaper.track(&handle);
+    first.shutdown().await;
+    drop(first);
+
+    let second = ExecDriver::new(EventSink::discard(), self::config(setting));
+    second.recover(handle.clone()).await.expect("recover");
+    assert!(mounted_at(
+        &Path::new("/proc")
+            .join(handle.pid.to_string())
+            .join("mountinfo"),
+        &tmp.path().join("dst")
+    ));
+    second.destroy(&config.id).await.unwrap();
+    assert!(!alive(handle.pid));
+    if let Some(dir) = &handle.cgroup {
+        assert!(!dir.exists(), "the recovered task's cgroup is removed");
+    } else {
+        eprintln!("SKIPPED (cgroup part): {cgroup_attr}");
+    }
+}
