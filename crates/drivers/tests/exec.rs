@@ -99,11 +99,12 @@ async fn a_task_writes_through_its_bind_mount_and_the_mount_stays_private() {
 
     // The pid is the command's, in a mount namespace of its own that has the bind mount;
     // the test's namespace has neither.
-    assert_eq!(
-        fs::read_to_string(format!("/proc/{}/comm", handle.pid))
-            .unwrap()
-            .trim(),
-        "sleep"
+    let comm = format!("/proc/{}/comm", handle.pid);
+    assert_eventually!(
+        TIMEOUT,
+        || async { read(&comm).trim() == "sleep" },
+        "the shell execs sleep; comm is {:?}",
+        read(&comm)
     );
     assert_ne!(
         fs::read_link(format!("/proc/{}/ns/mnt", handle.pid)).unwrap(),

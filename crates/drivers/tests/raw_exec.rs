@@ -229,7 +229,7 @@ async fn signal_reaches_the_main_process() {
     let config = sh(
         tmp.path(),
         "sig",
-        r#"trap 'echo got-usr1; exit 7' USR1; echo ready; sleep 1000 & wait"#,
+        r#"trap 'echo got-usr1; exit 7' USR1; echo ready; while :; do sleep 0.05; done"#,
     );
     let handle = driver.start(config.clone()).await.unwrap();
     reaper.track(&handle);
@@ -249,7 +249,6 @@ async fn signal_reaches_the_main_process() {
             signal: Signal::SIGUSR1 as i32
         }
     );
-    // The background sleep is left over; destroy kills it.
     driver.destroy(&config.id).await.unwrap();
 }
 
