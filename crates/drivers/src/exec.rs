@@ -137,20 +137,13 @@ impl ExecDriver {
 
     /// Looks at the host; `Err(reason)` when tasks cannot run.
     async fn detect(&self) -> Result<Host, String> {
-        if !geteuid().is_root() {
-            return Err(format!(
-                "must run as root to make mount namespaces (euid is {})",
-                geteuid()
-            ));
-        }
-        let find = |name: &str| {
-            procfs::find_program(name).ok_or_else(|| format!("{name} not found in PATH"))
-        };
+        let euid = geteuid();
+        let tools = find_tools(euid.is_root(), euid.as_raw(), procfs::find_program)?;
         let host = Host {
-            unshare: find("unshare")?,
-            mount: find("mount")?,
-            mkdir: find("mkdir")?,
-            sh: find("sh")?,
+            unshare: tools.unshare,
+            mount: tools.mount,
+            mkdir: tools.mkdir,
+            sh: tools.sh,
             cgroups: cgroup::prepare(&self.config.cgroup),
         };
         probe_unshare(&host).await?;
@@ -377,6 +370,35 @@ impl ExecDriver {
     }
 }
 
+/// The programs the driver runs.
+#[derive(Debug, PartialEq, Eq)]
+struct Tools {
+    unshare: PathBuf,
+    mount: PathBuf,
+    mkdir: PathBuf,
+    sh: PathBuf,
+}
+
+/// Checks the privileges and finds the programs; the error is the reason tasks cannot run.
+fn find_tools(
+    root: bool,
+    euid: u32,
+    find: impl Fn(&str) -> Option<PathBuf>,
+) -> Result<Tools, String> {
+    if !root {
+        return Err(format!(
+            "must run as root to make mount namespaces (euid is {euid})"
+        ));
+    }
+    let find = |name: &str| find(name).ok_or_else(|| format!("{name} not found in PATH"));
+    Ok(Tools {
+        unshare: find("unshare")?,
+        mount: find("mount")?,
+        mkdir: find("mkdir")?,
+        sh: find("sh")?,
+    })
+}
+
 /// `path` without trailing `/` or `.` components.
 fn normalized(path: &Path) -> PathBuf {
     path.components().collect()
@@ -471,5 +493,32 @@ impl Driver for ExecDriver {
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {
         Box::pin(self.sup.shutdown())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unhealthy_reasons_name_what_is_missing() {
+        let all = |name: &str| Some(PathBuf::from(format!("/bin/{name}")));
+        assert_eq!(
+            find_tools(false, 1000, all).unwrap_err(),
+            "must run as root to make mount namespaces (euid is 1000)"
+        );
+        let no_mount = |name: &str| (name != "mount").then(|| PathBuf::from(name));
+        assert_eq!(
+            find_tools(true, 0, no_mount).unwrap_err(),
+            "mount not found in PATH"
+        );
+        let tools = find_tools(true, 0, all).unwrap();
+        assert_eq!(tools.unshare, PathBuf::from("/bin/unshare"));
+        assert_eq!(tools.sh, PathBuf::from("/bin/sh"));
+    }
+
+    #[test]
+    fn destinations_are_normalized() {
+        assert_eq!(normalized(Path::new("/a/./b/")), PathBuf::from("/a/b"));
     }
 }

@@ -126,6 +126,34 @@ async fn a_task_writes_through_its_bind_mount_and_the_mount_stays_private() {
 }
 
 #[tokio::test]
+async fn paths_with_shell_syntax_are_passed_as_data() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let odd = r#"sp ace 'q" $(touch pwned) ;x `id` *"#;
+    let source = tmp.path().join(format!("src {odd}"));
+    fs::create_dir(&source).unwrap();
+    let destination = tmp.path().join(format!("dst {odd}/-rf"));
+    let mut config = sh(tmp.path(), "odd", r#"echo ok > "$1/written""#);
+    config.dir = tmp.path().join(format!("cwd {odd}"));
+    config
+        .args
+        .extend(["sh".into(), destination.display().to_string()]);
+    config.mounts.push(bind(&source, &destination, false));
+    reaper.track(&driver.start(config.clone()).await.expect("start"));
+    assert!(
+        driver.wait(&config.id).await.unwrap().success(),
+        "stderr: {}",
+        read(&config.stderr_path)
+    );
+    assert_eq!(read(source.join("written")), "ok\n");
+    for dir in [Path::new("/"), tmp.path(), config.dir.as_path()] {
+        assert!(!dir.join("pwned").exists(), "nothing was run from a path");
+    }
+}
+
+#[tokio::test]
 async fn a_read_only_mount_refuses_writes() {
     require_root!();
     let tmp = tempfile::tempdir().unwrap();
@@ -279,10 +307,8 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
     let tmp = tempfile::tempdir().unwrap();
     let reaper = Reaper::default();
     let name = cgroup_name("grouped");
-    let driver = ExecDriver::new(
-        EventSink::discard(),
-        config(CgroupSetting::Auto { name: name.clone() }),
-    );
+    let (sink, mut events) = EventSink::channel();
+    let driver = ExecDriver::new(sink, config(CgroupSetting::Auto { name: name.clone() }));
     let fp = driver.fingerprint().await;
     assert_eq!(fp.health, Health::Healthy, "{fp:?}");
     let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
@@ -298,6 +324,8 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
     let mut config = sh(tmp.path(), "grouped", "echo ready; exec sleep 1000");
     config.resources.memory_max_bytes = Some(64 << 20);
     let handle = driver.start(config.clone()).await.expect("start");
+    let started = common::next_event(&mut events).await;
+    assert_eq!(started.kind, TaskEventKind::Started { pid: handle.pid });
     reaper.track(&handle);
     let dir = handle.cgroup.clone().expect("a cgroup");
     assert_eq!(dir, parent.join("grouped"));
@@ -319,6 +347,12 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
             (64u64 << 20).to_string()
         );
     } else {
+        // The task runs without the limit, and says so.
+        assert!(
+            started.message.contains("memory limit not applied"),
+            "{}",
+            started.message
+        );
         eprintln!("SKIPPED (memory.max part): {memory}");
     }
     let stats = driver.stats(&config.id).await.unwrap();
