@@ -301,23 +301,13 @@ impl ExecDriver {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        let remove_cgroup = |cg: &Option<TaskCgroup>| {
-            if let Some(cg) = cg {
-                let _ = cg.kill_all();
-                let _ = cg.remove();
-            }
-        };
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(source) => {
-                remove_cgroup(&cgroup);
-                return Err(DriverError::Spawn {
-                    task_id: config.id.clone(),
-                    program: host.unshare.display().to_string(),
-                    source,
-                });
-            }
-        };
+        let mut abandon = Abandon { pgid: None, cgroup };
+        let mut child = cmd.spawn().map_err(|source| DriverError::Spawn {
+            task_id: config.id.clone(),
+            program: host.unshare.display().to_string(),
+            source,
+        })?;
+        abandon.pgid = child.id();
 
         let pipes = (child.stdout.take(), child.stderr.take());
         let setup = async {
@@ -352,21 +342,56 @@ impl ExecDriver {
             )),
         };
         if let Some(mut message) = failure {
-            if let Some(pid) = child.id() {
-                let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
-            }
+            abandon.kill_group();
             match child.wait().await {
                 Ok(status) if message.is_empty() => message = format!("set-up {status}"),
                 _ => {}
             }
-            remove_cgroup(&cgroup);
+            // Reaped: the group id may be reused from now on.
+            abandon.pgid = None;
+            drop(abandon);
             return Err(DriverError::Setup {
                 task_id: config.id.clone(),
                 message,
             });
         }
         let note = (!notes.is_empty()).then(|| notes.join("; "));
+        let cgroup = abandon.disarm();
         reservation.commit_child(child, cgroup, note).await
+    }
+}
+
+/// Kills the process group and cgroup of a task whose start is abandoned (an error, or the
+/// `start` future dropped during set-up) before the supervisor owns it, and removes the
+/// cgroup (best effort: a cgroup still emptying stays, and is reused by the next start of
+/// the id).
+#[derive(Debug)]
+struct Abandon {
+    pgid: Option<u32>,
+    cgroup: Option<TaskCgroup>,
+}
+
+impl Abandon {
+    fn kill_group(&self) {
+        if let Some(pgid) = self.pgid {
+            let _ = killpg(Pid::from_raw(pgid as i32), Signal::SIGKILL);
+        }
+    }
+
+    /// The task is handed over: nothing to kill.
+    fn disarm(mut self) -> Option<TaskCgroup> {
+        self.pgid = None;
+        self.cgroup.take()
+    }
+}
+
+impl Drop for Abandon {
+    fn drop(&mut self) {
+        self.kill_group();
+        if let Some(cg) = self.cgroup.take() {
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+        }
     }
 }
 
