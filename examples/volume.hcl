@@ -8,6 +8,12 @@ plugin_id = "hostpath"
 capacity_min = "64MiB"
 capacity_max = "1GiB"
 
+# One writer (and readers) on this node.
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+
 # Several allocs of this node may mount it read-write at once.
 capability {
   access_mode     = "single-node-multi-writer"
