@@ -1,0 +1,147 @@
+//! What an alloc runner is made with: the node's drivers and volumes, the store, and options.
+
+use std::{fmt, path::PathBuf, sync::Arc, time::Duration};
+
+use rand::Rng as _;
+use tokio::sync::watch;
+
+use crate::{
+    drivers::TaskDrivers,
+    record::DEFAULT_MAX_EVENTS,
+    store::AllocStore,
+    upstream::{NoUpstream, UpstreamWatcher},
+    volume_host::VolumeHost,
+};
+
+/// Bounded, jittered exponential backoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    /// Most attempts (at least 1).
+    pub attempts: u32,
+    /// Wait after the first failure.
+    pub initial: Duration,
+    /// Longest wait.
+    pub max: Duration,
+}
+
+impl Backoff {
+    /// The wait after failed attempt `attempt` (1-based): `initial × 2^(attempt-1)`, at most
+    /// `max`, then a random part of it taken off (up to half) so that runners retrying
+    /// together spread out.
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let factor = 2u32.saturating_pow(attempt.saturating_sub(1));
+        let full = self.initial.saturating_mul(factor).min(self.max);
+        let half = full / 2;
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        full - Duration::from_nanos(rand::rng().random_range(0..=nanos))
+    }
+}
+
+/// Options of the alloc runner.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Retries of a volume claim that failed retryably.
+    pub claim_retry: Backoff,
+    /// Retries of a volume release that failed retryably.
+    pub release_retry: Backoff,
+    /// How long to wait for upstream allocs before going on without them.
+    pub upstream_timeout: Duration,
+    /// Most events an alloc keeps.
+    pub max_events: usize,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            claim_retry: Backoff {
+                attempts: 6,
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+            },
+            release_retry: Backoff {
+                attempts: 6,
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+            },
+            upstream_timeout: Duration::from_secs(5 * 60),
+            max_events: DEFAULT_MAX_EVENTS,
+        }
+    }
+}
+
+/// What an alloc runner uses. Cheap to clone; one set serves every alloc of the node.
+#[derive(Clone)]
+pub struct AllocDeps {
+    /// Task drivers by name.
+    pub drivers: Arc<dyn TaskDrivers>,
+    /// The node's volume side.
+    pub volumes: Arc<dyn VolumeHost>,
+    /// Where records are persisted.
+    pub store: Arc<dyn AllocStore>,
+    /// Who knows the allocs an alloc waits for.
+    pub upstream: Arc<dyn UpstreamWatcher>,
+    /// Directory of the allocs' directories: an alloc's is `<allocs_dir>/<alloc id>`.
+    pub allocs_dir: PathBuf,
+    /// Opened (`true`) by the agent once it has synced with the control plane. A recovered
+    /// task whose process is gone is restarted only after that.
+    pub servers_contacted: watch::Receiver<bool>,
+    /// Options.
+    pub config: RunnerConfig,
+}
+
+impl fmt::Debug for AllocDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AllocDeps")
+            .field("drivers", &self.drivers)
+            .field("volumes", &self.volumes)
+            .field("store", &self.store)
+            .field("upstream", &self.upstream)
+            .field("allocs_dir", &self.allocs_dir)
+            .field("servers_contacted", &*self.servers_contacted.borrow())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl AllocDeps {
+    /// Dependencies with no upstream allocs, the servers-contacted gate open, and default
+    /// options.
+    pub fn new(
+        drivers: Arc<dyn TaskDrivers>,
+        volumes: Arc<dyn VolumeHost>,
+        store: Arc<dyn AllocStore>,
+        allocs_dir: impl Into<PathBuf>,
+    ) -> Self {
+        let (_, servers_contacted) = watch::channel(true);
+        Self {
+            drivers,
+            volumes,
+            store,
+            upstream: Arc::new(NoUpstream),
+            allocs_dir: allocs_dir.into(),
+            servers_contacted,
+            config: RunnerConfig::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_max_with_at_most_half_off() {
+        let b = Backoff {
+            attempts: 10,
+            initial: Duration::from_millis(100),
+            max: Duration::from_millis(500),
+        };
+        for (attempt, full) in [(1, 100), (2, 200), (3, 400), (4, 500), (30, 500)] {
+            let full = Duration::from_millis(full);
+            for _ in 0..20 {
+                let d = b.delay(attempt);
+                assert!(d <= full && d >= full / 2, "attempt {attempt}: {d:?}");
+            }
+        }
+    }
+}

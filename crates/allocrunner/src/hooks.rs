@@ -1,0 +1,89 @@
+//! Task hooks the agent adds per task (e.g. the CSI plugin supervisor of a task with a
+//! `csi_plugin` block), run around the built-in ones.
+
+use std::{fmt, path::PathBuf};
+
+use berth_drivers::{ExitResult, TaskConfig, TaskHandle, TaskId};
+use berth_job::TaskSpec;
+
+use crate::BoxFuture;
+
+/// What a task hook knows of its task.
+#[derive(Debug, Clone)]
+pub struct TaskContext {
+    /// The alloc.
+    pub alloc_id: String,
+    /// The job.
+    pub job_id: String,
+    /// The group.
+    pub group: String,
+    /// The task's spec.
+    pub task: TaskSpec,
+    /// The task's id in its driver.
+    pub task_id: TaskId,
+    /// The alloc's directory.
+    pub alloc_dir: PathBuf,
+    /// The task's working directory (`<alloc dir>/<task>`).
+    pub task_dir: PathBuf,
+}
+
+/// A task hook failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct HookError {
+    /// What went wrong; shown in the task's events, so without secrets or mount flags.
+    pub message: String,
+}
+
+impl HookError {
+    /// An error saying `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+        }
+    }
+}
+
+/// A hook around one task's life. Every method has a default that does nothing.
+///
+/// Hooks of a task run in the order they were added, after the built-in ones (task
+/// directory, volume mounts). Which prestart and poststart hooks are done is persisted by
+/// [`name`](Self::name): a task recovered after an agent restart runs only the poststart hooks
+/// it had not finished.
+pub trait TaskHook: Send + Sync + fmt::Debug {
+    /// The hook's name, unique among the task's hooks.
+    fn name(&self) -> &str;
+
+    /// Before each start of the task's process; may change its config (add bind mounts,
+    /// environment). An error fails this start, and the restart policy decides what follows.
+    fn prestart<'a>(
+        &'a self,
+        ctx: &'a TaskContext,
+        config: &'a mut TaskConfig,
+    ) -> BoxFuture<'a, Result<(), HookError>> {
+        let _ = (ctx, config);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// After the process started. An error becomes an event; the task keeps running.
+    fn poststart<'a>(
+        &'a self,
+        ctx: &'a TaskContext,
+        handle: &'a TaskHandle,
+    ) -> BoxFuture<'a, Result<(), HookError>> {
+        let _ = (ctx, handle);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// After the process exited, on its own or stopped.
+    fn exited<'a>(&'a self, ctx: &'a TaskContext, exit: &'a ExitResult) -> BoxFuture<'a, ()> {
+        let _ = (ctx, exit);
+        Box::pin(async {})
+    }
+
+    /// Before a running task is stopped (the alloc stops, or another of its tasks failed).
+    fn stop<'a>(&'a self, ctx: &'a TaskContext) -> BoxFuture<'a, ()> {
+        let _ = ctx;
+        Box::pin(async {})
+    }
+}

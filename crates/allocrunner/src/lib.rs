@@ -1,0 +1,82 @@
+//! Alloc runners and task runners (Nomad's `allocrunner` and `taskrunner`, rebuilt): what
+//! runs one placed group on this node, through ordered hooks, with every step persisted.
+//!
+//! # Order
+//!
+//! An [`AllocRunner`] runs, in order:
+//!
+//! 1. prerun hooks: `upstream_allocs` (wait, bounded, for the allocs this one replaces:
+//!    [`UpstreamWatcher`]), then `csi` (claim every group volume through the [`VolumeHost`];
+//!    `per_alloc` volumes as `source[index]`; retryable failures retried with a bounded,
+//!    jittered backoff; a failure fails the alloc);
+//! 2. a task runner per task: prestart hooks (`task_dir`: `<alloc dir>/<task>/` and
+//!    `<alloc dir>/logs/<task>.stdout|stderr`; `volume_mounts`: each `volume_mount` as a bind
+//!    mount of the volume's target, read-only when the mount or the volume is; then the
+//!    [`TaskHook`]s added for the task), start through the task's driver (its handle
+//!    persisted before anything else), poststart hooks, then supervision: an exit goes to the
+//!    restart policy (attempts within an interval, a delay, then `fail` or `delay`), a batch
+//!    task that exits 0 is done;
+//! 3. when a stop is asked for ([`AllocRunner::stop`]), a task fails for good, or every task
+//!    is dead: stop (each running task gets `SIGTERM`, then `SIGKILL` after its
+//!    `kill_timeout`), postrun (`csi`: release the volumes, once every task is dead), destroy
+//!    (forget every task in its driver).
+//!
+//! # Persistence and recovery
+//!
+//! The [`AllocRecord`] (spec, desired state, volume claims and targets, task states and
+//! handles, restart counts, which hooks are done, the latest events) is written through an
+//! [`AllocStore`] at every step: [`StateAllocStore`] keeps it in the agent's store
+//! (`Table::ALLOCS`, keyed by alloc id). After an agent restart, [`AllocRunner::recover`]
+//! re-attaches every running task with its driver's `recover`, without restarting it, and
+//! does not claim volumes again. A task whose process is gone is restarted under its restart
+//! policy only once the agent opens its "servers contacted" gate
+//! ([`AllocDeps::servers_contacted`]).
+//!
+//! # Events
+//!
+//! Events of the alloc and its tasks ([`AllocEvent`]) are kept in the record, bounded, oldest
+//! dropped first; the driver's signal and kill events are copied in when the drivers come from
+//! a [`DriverManager`](berth_drivers::DriverManager). They never hold mount flags or secrets:
+//! volume errors are shown as the [`VolumeHost`] words them, which must keep those out.
+//!
+//! Tasks get `BERTH_ALLOC_ID`, `BERTH_ALLOC_INDEX`, `BERTH_JOB_ID`, `BERTH_GROUP_NAME`,
+//! `BERTH_TASK_NAME`, `BERTH_ALLOC_DIR` and `BERTH_TASK_DIR` in their environment, unless
+//! their `env` sets them.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod alloc_runner;
+mod config;
+mod csi_hook;
+mod drivers;
+mod error;
+mod hooks;
+mod record;
+mod restart;
+mod shared;
+mod status;
+mod store;
+mod task_runner;
+mod upstream;
+mod volume_host;
+
+use std::{future::Future, pin::Pin};
+
+pub use alloc_runner::AllocRunner;
+pub use config::{AllocDeps, Backoff, RunnerConfig};
+pub use drivers::TaskDrivers;
+pub use error::AllocError;
+pub use hooks::{HookError, TaskContext, TaskHook};
+pub use record::{
+    AllocEvent, AllocRecord, AllocSpec, ClientStatus, DEFAULT_MAX_EVENTS, DesiredState, EventKind,
+    HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,
+};
+pub use status::{AllocStatus, TaskSummary, VolumeSummary};
+pub use store::{AllocStore, AllocStoreError, MemoryAllocStore, StateAllocStore};
+pub use upstream::{NoUpstream, UpstreamError, UpstreamWatcher};
+pub use volume_host::{FakeVolumeHost, VolumeCall, VolumeHost, VolumeHostError, VolumeUse};
+
+/// The future returned by the async methods of this crate's traits: boxed so the traits are
+/// dyn-compatible, `Send` so it runs on any runtime thread.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,0 +1,137 @@
+//! What the API shows of an alloc: its tasks, volumes and events, without its spec (and so
+//! without mount flags).
+
+use std::{collections::BTreeMap, path::PathBuf, time::SystemTime};
+
+use berth_drivers::ExitResult;
+use serde::{Deserialize, Serialize};
+
+use crate::record::{AllocEvent, AllocRecord, ClientStatus, DesiredState, TaskRunState};
+
+/// An alloc's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocStatus {
+    /// The alloc.
+    pub alloc_id: String,
+    /// Its job.
+    pub job_id: String,
+    /// Its group's name.
+    pub group: String,
+    /// Its index in the group.
+    pub index: u32,
+    /// Run or stop.
+    pub desired: DesiredState,
+    /// How it is doing.
+    pub client_status: ClientStatus,
+    /// Why it failed, when it did.
+    pub failure: Option<String>,
+    /// Its tasks by name.
+    pub tasks: BTreeMap<String, TaskSummary>,
+    /// Its volumes by name.
+    pub volumes: BTreeMap<String, VolumeSummary>,
+    /// Its latest events, oldest first.
+    pub events: Vec<AllocEvent>,
+    /// Older events dropped.
+    pub events_dropped: u64,
+}
+
+/// A task's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskSummary {
+    /// Its driver.
+    pub driver: String,
+    /// Where it is.
+    pub state: TaskRunState,
+    /// Pid of its process while it runs.
+    pub pid: Option<u32>,
+    /// Restarts so far.
+    pub restarts: u32,
+    /// It failed for good.
+    pub failed: bool,
+    /// Its process was lost while the agent was down and waits to be restarted.
+    pub lost: bool,
+    /// How its last process ended.
+    pub last_exit: Option<ExitResult>,
+    /// When its current (or last) process started.
+    pub started_at: Option<SystemTime>,
+    /// When it became dead.
+    pub finished_at: Option<SystemTime>,
+}
+
+/// A volume's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSummary {
+    /// berth's volume id.
+    pub volume_id: String,
+    /// Claimed for reading only.
+    pub read_only: bool,
+    /// Claimed now.
+    pub claimed: bool,
+    /// Where it is mounted on the host.
+    pub target: Option<PathBuf>,
+}
+
+impl AllocStatus {
+    /// The status shown for `record`.
+    pub fn from_record(record: &AllocRecord) -> Self {
+        let drivers: BTreeMap<&str, &str> = record
+            .group
+            .tasks
+            .iter()
+            .map(|t| (t.name.as_str(), t.driver.as_str()))
+            .collect();
+        Self {
+            alloc_id: record.alloc_id.clone(),
+            job_id: record.job_id.clone(),
+            group: record.group.name.clone(),
+            index: record.index,
+            desired: record.desired,
+            client_status: record.client_status,
+            failure: record.failure.clone(),
+            tasks: record
+                .tasks
+                .iter()
+                .map(|(name, t)| {
+                    (
+                        name.clone(),
+                        TaskSummary {
+                            driver: drivers.get(name.as_str()).copied().unwrap_or("").to_owned(),
+                            state: t.state,
+                            pid: t.handle.as_ref().map(|h| h.pid),
+                            restarts: t.restarts,
+                            failed: t.failed,
+                            lost: t.lost,
+                            last_exit: t.last_exit,
+                            started_at: t.started_at,
+                            finished_at: t.finished_at,
+                        },
+                    )
+                })
+                .collect(),
+            volumes: record
+                .volumes
+                .iter()
+                .map(|(name, v)| {
+                    (
+                        name.clone(),
+                        VolumeSummary {
+                            volume_id: v.volume_id.clone(),
+                            read_only: v.read_only,
+                            claimed: v.claimed,
+                            target: v.target.clone(),
+                        },
+                    )
+                })
+                .collect(),
+            events: record.events.iter().cloned().collect(),
+            events_dropped: record.events_dropped,
+        }
+    }
+
+    /// The events of task `task` (`None`: of the alloc itself), oldest first.
+    pub fn events_of<'a>(&'a self, task: Option<&'a str>) -> impl Iterator<Item = &'a AllocEvent> {
+        self.events
+            .iter()
+            .filter(move |e| e.task.as_deref() == task)
+    }
+}

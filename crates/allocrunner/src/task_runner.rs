@@ -1,0 +1,556 @@
+//! One task's runner: prestart hooks, start through the driver, poststart hooks, supervision
+//! with the restart policy, and stop.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::SystemTime,
+};
+
+use berth_drivers::{
+    BindMount, Driver, DriverError, ExitResult, Resources, Signal, TaskConfig, TaskEvent,
+    TaskEventKind,
+};
+use berth_job::RestartPolicy;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::{
+    hooks::{TaskContext, TaskHook},
+    record::{AllocEvent, AllocRecord, EventKind, TaskRecord, TaskRunState, hook_names},
+    restart::{self, Decision},
+    shared::Shared,
+};
+
+/// How a task runner begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Entry {
+    /// Start the task.
+    Start,
+    /// The task's process was recovered: supervise it.
+    Attached,
+    /// The task's process was lost while the agent was down: restart it under its policy
+    /// once the servers-contacted gate opens.
+    Lost,
+}
+
+/// How a task runner ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The task is dead; `failed` when it failed for good.
+    Dead { failed: bool },
+    /// The agent is shutting down: the task was left as it is (running or not).
+    Detached,
+}
+
+enum Phase {
+    Start,
+    Running,
+    Lost,
+    /// The process ended (`None`: it never started, or how it ended is unknown); the event
+    /// says how.
+    Exited(Option<ExitResult>, AllocEvent),
+    Kill,
+    Dead {
+        failed: bool,
+    },
+    Detached,
+}
+
+/// Everything a task runner needs; made by the alloc runner.
+pub(crate) struct TaskRunner {
+    pub shared: Arc<Shared>,
+    pub ctx: TaskContext,
+    pub stdout: PathBuf,
+    pub stderr: PathBuf,
+    pub index: u32,
+    pub driver: Option<Arc<dyn Driver>>,
+    pub hooks: Vec<Arc<dyn TaskHook>>,
+    pub batch: bool,
+    pub restart: RestartPolicy,
+    /// Stop the task (the alloc stops, or a sibling failed).
+    pub kill: CancellationToken,
+    /// Leave the task as it is and return (the agent shuts down).
+    pub detach: CancellationToken,
+    pub servers_contacted: watch::Receiver<bool>,
+}
+
+impl TaskRunner {
+    fn name(&self) -> &str {
+        &self.ctx.task.name
+    }
+
+    fn event(&self, kind: EventKind, message: impl Into<String>) {
+        self.shared.event(Some(self.name()), kind, message);
+    }
+
+    fn new_event(&self, kind: EventKind, message: impl Into<String>) -> AllocEvent {
+        AllocEvent::new(Some(self.name()), kind, message)
+    }
+
+    fn update_task(&self, f: impl FnOnce(&mut TaskRecord)) {
+        let name = self.name().to_owned();
+        let _ = self.shared.update(|rec| {
+            if let Some(t) = rec.tasks.get_mut(&name) {
+                f(t);
+            }
+        });
+    }
+
+    fn update_task_with(&self, event: AllocEvent, f: impl FnOnce(&mut TaskRecord)) {
+        let name = self.name().to_owned();
+        let _ = self.shared.update_with(event, |rec| {
+            if let Some(t) = rec.tasks.get_mut(&name) {
+                f(t);
+            }
+        });
+    }
+
+    fn task_record(&self) -> Option<TaskRecord> {
+        self.shared.read(|rec| rec.tasks.get(self.name()).cloned())
+    }
+
+    /// Runs the task from `entry` until it is dead or the runner is detached.
+    pub async fn run(self, entry: Entry) -> Outcome {
+        let mut phase = match entry {
+            Entry::Start => Phase::Start,
+            Entry::Attached => Phase::Running,
+            Entry::Lost => Phase::Lost,
+        };
+        loop {
+            phase = match phase {
+                Phase::Start => self.start().await,
+                Phase::Running => self.supervise().await,
+                Phase::Lost => self.wait_for_servers().await,
+                Phase::Exited(exit, event) => self.after_exit(exit, event).await,
+                Phase::Kill => self.stop().await,
+                Phase::Dead { failed } => return Outcome::Dead { failed },
+                Phase::Detached => return Outcome::Detached,
+            };
+        }
+    }
+
+    /// The task will not run (again): dead, not failed.
+    fn dead_unstarted(&self, message: &str) -> Phase {
+        self.update_task_with(self.new_event(EventKind::Killing, message), |t| {
+            t.state = TaskRunState::Dead;
+            t.handle = None;
+            t.lost = false;
+            t.finished_at = Some(SystemTime::now());
+        });
+        Phase::Dead { failed: false }
+    }
+
+    async fn start(&self) -> Phase {
+        if self.kill.is_cancelled() {
+            return self.dead_unstarted("stopped before it started");
+        }
+        let Some(driver) = self.driver.clone() else {
+            let message = format!("no task driver {:?} on this node", self.ctx.task.driver);
+            self.update_task_with(self.new_event(EventKind::StartFailed, message), |t| {
+                t.state = TaskRunState::Dead;
+                t.failed = true;
+                t.lost = false;
+                t.finished_at = Some(SystemTime::now());
+            });
+            return Phase::Dead { failed: true };
+        };
+        let id = &self.ctx.task_id;
+        // A previous process of the task is still known to the driver: forget it first.
+        if driver.inspect(id).is_ok()
+            && let Err(e) = driver.destroy(id).await
+        {
+            self.event(
+                EventKind::StopFailed,
+                format!("destroying the previous process failed: {e}"),
+            );
+        }
+        self.update_task(|t| {
+            t.state = TaskRunState::Starting;
+            t.handle = None;
+            t.prestart_done.clear();
+            t.poststart_done.clear();
+        });
+        let config = match self.prestart().await {
+            Ok(config) => config,
+            Err(message) => {
+                return Phase::Exited(None, self.new_event(EventKind::StartFailed, message));
+            }
+        };
+        if self.kill.is_cancelled() {
+            return self.dead_unstarted("stopped before it started");
+        }
+        // Not cancellable: a start cut short could leave a process without a persisted
+        // handle.
+        match driver.start(config).await {
+            Ok(handle) => {
+                let pid = handle.pid;
+                let name = self.name().to_owned();
+                // The handle is written before anything else is done with the process.
+                let persisted = self.shared.update_with(
+                    self.new_event(EventKind::Started, format!("started pid {pid}")),
+                    |rec| {
+                        if let Some(t) = rec.tasks.get_mut(&name) {
+                            t.handle = Some(handle);
+                            t.state = TaskRunState::Running;
+                            t.lost = false;
+                            t.started_at = Some(SystemTime::now());
+                            t.finished_at = None;
+                        }
+                    },
+                );
+                if let Err(e) = persisted {
+                    let _ = driver.destroy(id).await;
+                    let message = format!(
+                        "its handle could not be persisted ({e}): the process was killed, as a restarted agent could not recover it"
+                    );
+                    return Phase::Exited(None, self.new_event(EventKind::StartFailed, message));
+                }
+                Phase::Running
+            }
+            Err(e) => Phase::Exited(
+                None,
+                self.new_event(EventKind::StartFailed, format!("start failed: {e}")),
+            ),
+        }
+    }
+
+    fn mark_prestart(&self, hook: &str) {
+        let hook = hook.to_owned();
+        self.update_task(|t| {
+            t.prestart_done.insert(hook);
+        });
+    }
+
+    /// The built-in prestart hooks (task directory, volume mounts), then the added ones;
+    /// each one's progress persisted. `Err` says why the start failed.
+    async fn prestart(&self) -> Result<TaskConfig, String> {
+        let ctx = &self.ctx;
+        let logs = self.stdout.parent().unwrap_or(&ctx.alloc_dir).to_path_buf();
+        for dir in [&ctx.alloc_dir, &logs, &ctx.task_dir] {
+            berth_sys::create_private_dir(dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        self.mark_prestart(hook_names::TASK_DIR);
+
+        let spec = &ctx.task;
+        let mut config = TaskConfig::new(
+            ctx.task_id.clone(),
+            spec.command.clone(),
+            &ctx.task_dir,
+            &self.stdout,
+            &self.stderr,
+        );
+        config.args = spec.args.clone();
+        config.env = spec.env.clone();
+        for (key, value) in [
+            ("BERTH_ALLOC_ID", ctx.alloc_id.clone()),
+            ("BERTH_ALLOC_INDEX", self.index.to_string()),
+            ("BERTH_JOB_ID", ctx.job_id.clone()),
+            ("BERTH_GROUP_NAME", ctx.group.clone()),
+            ("BERTH_TASK_NAME", spec.name.clone()),
+            ("BERTH_ALLOC_DIR", ctx.alloc_dir.display().to_string()),
+            ("BERTH_TASK_DIR", ctx.task_dir.display().to_string()),
+        ] {
+            config.env.entry(key.to_owned()).or_insert(value);
+        }
+        config.resources = Resources {
+            memory_max_bytes: Some(u64::from(spec.resources.memory_mb) * 1024 * 1024),
+        };
+
+        config.mounts = self.shared.read(|rec| volume_mounts(rec, spec))?;
+        self.mark_prestart(hook_names::VOLUME_MOUNTS);
+
+        for hook in &self.hooks {
+            hook.prestart(ctx, &mut config)
+                .await
+                .map_err(|e| format!("prestart hook {}: {e}", hook.name()))?;
+            self.mark_prestart(hook.name());
+        }
+        Ok(config)
+    }
+
+    /// Poststart hooks not done yet for this process (all of them after a start; those a
+    /// crash interrupted after a recovery). A failure is reported; the task keeps running.
+    async fn poststart(&self) {
+        let Some(task) = self.task_record() else {
+            return;
+        };
+        let Some(handle) = task.handle else {
+            return;
+        };
+        for hook in &self.hooks {
+            if task.poststart_done.contains(hook.name()) {
+                continue;
+            }
+            if let Err(e) = hook.poststart(&self.ctx, &handle).await {
+                self.event(
+                    EventKind::HookFailed,
+                    format!("poststart hook {}: {e}", hook.name()),
+                );
+            }
+            let name = hook.name().to_owned();
+            self.update_task(|t| {
+                t.poststart_done.insert(name);
+            });
+        }
+    }
+
+    async fn supervise(&self) -> Phase {
+        let Some(driver) = self.driver.clone() else {
+            return Phase::Exited(
+                None,
+                self.new_event(EventKind::Exited, "its driver is gone"),
+            );
+        };
+        tokio::select! {
+            biased;
+            () = self.detach.cancelled() => return Phase::Detached,
+            () = self.poststart() => {}
+        }
+        let id = &self.ctx.task_id;
+        tokio::select! {
+            biased;
+            () = self.detach.cancelled() => Phase::Detached,
+            () = self.kill.cancelled() => Phase::Kill,
+            r = driver.wait(id) => match r {
+                Ok(exit) => Phase::Exited(Some(exit), self.new_event(EventKind::Exited, exit.to_string())),
+                Err(DriverError::ShutDown { .. }) => Phase::Detached,
+                Err(e) => Phase::Exited(
+                    None,
+                    self.new_event(EventKind::Exited, format!("lost track of the process: {e}")),
+                ),
+            },
+        }
+    }
+
+    /// Records how the process ended, decides about a restart (one write), runs the exited
+    /// hooks, and waits out the restart delay.
+    async fn after_exit(&self, exit: Option<ExitResult>, event: AllocEvent) -> Phase {
+        let now = SystemTime::now();
+        let name = self.name().to_owned();
+        let (policy, batch) = (self.restart, self.batch);
+        let mut decision = Decision::Fail;
+        let mut restarts = 0;
+        let _ = self.shared.update_with(event, |rec| {
+            let Some(t) = rec.tasks.get_mut(&name) else {
+                return;
+            };
+            t.handle = None;
+            t.lost = false;
+            if exit.is_some() {
+                t.last_exit = exit;
+            }
+            decision = restart::decide(&policy, &mut t.restart_window, now, batch, exit.as_ref());
+            match decision {
+                Decision::Done | Decision::Fail => {
+                    t.state = TaskRunState::Dead;
+                    t.failed = decision == Decision::Fail;
+                    t.finished_at = Some(now);
+                }
+                Decision::Restart { .. } => {
+                    t.state = TaskRunState::Pending;
+                    t.restarts += 1;
+                    restarts = t.restarts;
+                }
+            }
+        });
+        if let Some(exit) = &exit {
+            for hook in &self.hooks {
+                hook.exited(&self.ctx, exit).await;
+            }
+        }
+        match decision {
+            Decision::Done => Phase::Dead { failed: false },
+            Decision::Fail => {
+                self.event(
+                    EventKind::NotRestarting,
+                    format!(
+                        "not restarting: {} restarts within {} used up (mode fail)",
+                        policy.attempts,
+                        berth_job::format_duration(policy.interval)
+                    ),
+                );
+                Phase::Dead { failed: true }
+            }
+            Decision::Restart { delay, attempt } => {
+                let message = if attempt > policy.attempts {
+                    format!(
+                        "{} restarts within {} used up (mode delay): restart {restarts} in {}",
+                        policy.attempts,
+                        berth_job::format_duration(policy.interval),
+                        berth_job::format_duration(delay)
+                    )
+                } else {
+                    format!(
+                        "restart {restarts} in {} (attempt {attempt} of {} within {})",
+                        berth_job::format_duration(delay),
+                        policy.attempts,
+                        berth_job::format_duration(policy.interval)
+                    )
+                };
+                self.event(EventKind::Restarting, message);
+                tokio::select! {
+                    biased;
+                    () = self.detach.cancelled() => Phase::Detached,
+                    () = self.kill.cancelled() => self.dead_unstarted("stopped while waiting to restart"),
+                    () = tokio::time::sleep(delay) => Phase::Start,
+                }
+            }
+        }
+    }
+
+    /// A recovered task whose process is gone: wait for the servers-contacted gate, then let
+    /// the restart policy decide (the loss counts as a failure).
+    async fn wait_for_servers(&self) -> Phase {
+        let mut gate = self.servers_contacted.clone();
+        if !*gate.borrow_and_update() {
+            self.event(
+                EventKind::WaitingForServers,
+                "waiting for the agent to contact the servers before restarting",
+            );
+            let opened = async {
+                if gate.wait_for(|open| *open).await.is_err() {
+                    // The gate was dropped closed: it never opens.
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                biased;
+                () = self.detach.cancelled() => return Phase::Detached,
+                () = self.kill.cancelled() => return self.dead_unstarted("stopped while its process was lost"),
+                () = opened => {}
+            }
+        }
+        if self.kill.is_cancelled() {
+            return self.dead_unstarted("stopped while its process was lost");
+        }
+        Phase::Exited(
+            None,
+            self.new_event(
+                EventKind::Exited,
+                "its process was lost while the agent was down",
+            ),
+        )
+    }
+
+    /// Stops the running process: stop hooks, then the kill signal, `SIGKILL` after the
+    /// task's `kill_timeout`.
+    async fn stop(&self) -> Phase {
+        let Some(driver) = self.driver.clone() else {
+            return self.dead_unstarted("stopped");
+        };
+        for hook in &self.hooks {
+            hook.stop(&self.ctx).await;
+        }
+        let timeout = self.ctx.task.kill_timeout;
+        self.event(
+            EventKind::Killing,
+            format!(
+                "stopping: SIGTERM, then SIGKILL after {}",
+                berth_job::format_duration(timeout)
+            ),
+        );
+        let id = &self.ctx.task_id;
+        if let Err(e) = driver.stop(id, timeout, Signal::SIGTERM).await {
+            self.event(EventKind::StopFailed, format!("stop failed: {e}"));
+            if let Err(e) = driver.destroy(id).await {
+                self.event(EventKind::StopFailed, format!("destroy failed: {e}"));
+            }
+        }
+        let exit = driver.inspect(id).ok().and_then(|s| s.exit);
+        let message = exit.map_or_else(|| "stopped".to_owned(), |e| e.to_string());
+        let now = SystemTime::now();
+        self.update_task_with(self.new_event(EventKind::Exited, message), |t| {
+            t.state = TaskRunState::Dead;
+            t.handle = None;
+            t.lost = false;
+            if exit.is_some() {
+                t.last_exit = exit;
+            }
+            t.finished_at = Some(now);
+        });
+        if let Some(exit) = &exit {
+            for hook in &self.hooks {
+                hook.exited(&self.ctx, exit).await;
+            }
+        }
+        Phase::Dead { failed: false }
+    }
+}
+
+/// The bind mounts of `task`'s volume mounts: each claimed volume's target at the mount's
+/// destination, read-only when the mount or the volume is.
+fn volume_mounts(rec: &AllocRecord, task: &berth_job::TaskSpec) -> Result<Vec<BindMount>, String> {
+    task.volume_mounts
+        .iter()
+        .map(|m| {
+            let vol = rec.volumes.get(&m.volume).ok_or_else(|| {
+                format!(
+                    "volume_mount names volume {:?}, which the group does not have",
+                    m.volume
+                )
+            })?;
+            let target = vol.target.as_ref().filter(|_| vol.claimed).ok_or_else(|| {
+                format!(
+                    "volume {} ({}) is not claimed: nothing to mount at {}",
+                    m.volume,
+                    vol.volume_id,
+                    m.destination.display()
+                )
+            })?;
+            Ok(BindMount {
+                source: target.clone(),
+                destination: m.destination.clone(),
+                read_only: m.read_only || vol.read_only,
+            })
+        })
+        .collect()
+}
+
+/// Copies the driver's events that add to the runner's own (signals, kills, drops) into the
+/// alloc's events, until the handler is deregistered.
+pub(crate) async fn forward_driver_events(
+    shared: Arc<Shared>,
+    task: String,
+    mut rx: mpsc::Receiver<TaskEvent>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            batch.push(more);
+        }
+        let events = batch
+            .into_iter()
+            .filter_map(|e| {
+                let kind = match e.kind {
+                    TaskEventKind::Signaled { .. } => EventKind::Signaled,
+                    TaskEventKind::Killed => EventKind::Killed,
+                    TaskEventKind::Dropped { .. } => EventKind::EventsDropped,
+                    // The runner makes its own start, recovery and exit events.
+                    TaskEventKind::Started { .. }
+                    | TaskEventKind::Recovered { .. }
+                    | TaskEventKind::Exited { .. } => return None,
+                };
+                Some(AllocEvent {
+                    time: e.time,
+                    task: Some(task.clone()),
+                    kind,
+                    message: e.message,
+                })
+            })
+            .collect::<Vec<_>>();
+        if !events.is_empty() {
+            shared.events(events);
+        }
+    }
+}
+
+/// `<alloc dir>/logs/<task>.stdout` and `.stderr`.
+pub(crate) fn log_paths(alloc_dir: &Path, task: &str) -> (PathBuf, PathBuf) {
+    let logs = alloc_dir.join("logs");
+    (
+        logs.join(format!("{task}.stdout")),
+        logs.join(format!("{task}.stderr")),
+    )
+}
