@@ -322,12 +322,12 @@ impl AllocRunner {
     /// Asks the alloc to stop: [`run`](Self::run) stops every task (kill signal, then
     /// `SIGKILL` after the task's `kill_timeout`), releases the volumes, destroys the tasks
     /// and returns. Persisted, so a recovered alloc goes on stopping. Legal at any time;
-    /// later calls do nothing.
+    /// later calls, and calls once the alloc is finished, only record the desired state.
     pub fn stop(&self) {
         let inner = &self.inner;
         let mut first = false;
         let _ = inner.shared.update(|rec| {
-            first = rec.desired != DesiredState::Stop;
+            first = rec.desired != DesiredState::Stop && !rec.is_finished();
             rec.desired = DesiredState::Stop;
         });
         if first {
@@ -576,6 +576,7 @@ impl AllocRunner {
         let detach = cancel.child_token();
         let forwarders = TaskTracker::new();
         let mut runners = JoinSet::new();
+        let mut names = BTreeMap::new();
         for task in &inner.spec.group.tasks {
             let (Some(&entry), Some(task_id)) =
                 (entries.get(&task.name), inner.task_ids.get(&task.name))
@@ -591,7 +592,8 @@ impl AllocRunner {
             ));
             let runner = self.task_runner(task, task_id.clone(), kill, &detach);
             let name = task.name.clone();
-            runners.spawn(async move { (name, runner.run(entry).await) });
+            let handle = runners.spawn(async move { (name, runner.run(entry).await) });
+            names.insert(handle.id(), task.name.clone());
         }
 
         let mut detached = false;
@@ -613,9 +615,18 @@ impl AllocRunner {
                         }
                     }
                     Some(Err(e)) => {
-                        tracing::error!(alloc_id = %inner.spec.alloc_id, error = %e, "a task runner panicked");
+                        // Its process may still run: kill it now, before the volumes go.
+                        let name = names.get(&e.id()).cloned().unwrap_or_default();
+                        tracing::error!(alloc_id = %inner.spec.alloc_id, task = %name, error = %e, "a task runner panicked");
+                        self.destroy_task(&name).await;
                         let _ = inner.shared.update(|rec| {
-                            rec.failure.get_or_insert_with(|| format!("a task runner panicked: {e}"));
+                            if let Some(t) = rec.tasks.get_mut(&name) {
+                                t.state = TaskRunState::Dead;
+                                t.handle = None;
+                                t.failed = true;
+                            }
+                            rec.failure
+                                .get_or_insert_with(|| format!("the runner of task {name} panicked"));
                         });
                         kill.cancel();
                     }
@@ -633,27 +644,33 @@ impl AllocRunner {
 
     /// Forgets every task in its driver (killing what would still run).
     async fn destroy_tasks(&self) {
+        for task in &self.inner.spec.group.tasks {
+            self.destroy_task(&task.name).await;
+        }
+    }
+
+    /// Forgets task `name` in its driver (killing it if it still runs).
+    async fn destroy_task(&self, name: &str) {
         let inner = &self.inner;
-        for task in &inner.spec.group.tasks {
-            let (Some(driver), Some(task_id)) = (
-                inner.deps.drivers.driver(&task.driver),
-                inner.task_ids.get(&task.name),
-            ) else {
-                continue;
-            };
-            match driver.destroy(task_id).await {
-                Ok(()) => inner.shared.event(
-                    Some(&task.name),
-                    EventKind::Destroyed,
-                    format!("forgotten by driver {}", task.driver),
-                ),
-                Err(DriverError::NotFound { .. }) => {}
-                Err(e) => inner.shared.event(
-                    Some(&task.name),
-                    EventKind::StopFailed,
-                    format!("destroy failed: {e}"),
-                ),
-            }
+        let (Some(task), Some(task_id)) = (inner.spec.group.task(name), inner.task_ids.get(name))
+        else {
+            return;
+        };
+        let Some(driver) = inner.deps.drivers.driver(&task.driver) else {
+            return;
+        };
+        match driver.destroy(task_id).await {
+            Ok(()) => inner.shared.event(
+                Some(name),
+                EventKind::Destroyed,
+                format!("forgotten by driver {}", task.driver),
+            ),
+            Err(DriverError::NotFound { .. }) => {}
+            Err(e) => inner.shared.event(
+                Some(name),
+                EventKind::StopFailed,
+                format!("destroy failed: {e}"),
+            ),
         }
     }
 }

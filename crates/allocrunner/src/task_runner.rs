@@ -303,10 +303,12 @@ impl TaskRunner {
                 self.new_event(EventKind::Exited, "its driver is gone"),
             );
         };
-        tokio::select! {
-            biased;
-            () = self.detach.cancelled() => return Phase::Detached,
-            () = self.poststart() => {}
+        if !self.kill.is_cancelled() {
+            tokio::select! {
+                biased;
+                () = self.detach.cancelled() => return Phase::Detached,
+                () = self.poststart() => {}
+            }
         }
         let id = &self.ctx.task_id;
         tokio::select! {

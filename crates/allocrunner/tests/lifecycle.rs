@@ -420,3 +420,55 @@ job "never" {
     let again = runner.run(CancellationToken::new()).await.unwrap_err();
     assert!(again.to_string().contains("already running"), "{again}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drivers_from_a_plain_map_run_tasks_without_driver_events() {
+    use std::collections::BTreeMap;
+
+    use berth_drivers::{Driver, EventSink, RawExecDriver};
+
+    let node = Node::new();
+    let reaper = Reaper::default();
+    let raw: Arc<dyn Driver> = Arc::new(RawExecDriver::new(EventSink::discard(), process_config()));
+    let map: BTreeMap<String, Arc<dyn Driver>> = BTreeMap::from([("raw_exec".to_owned(), raw)]);
+    let mut deps = node.deps();
+    deps.drivers = Arc::new(map);
+    let job = job(r#"
+job "map" {
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["600"]
+      }
+    }
+    task "nodriver" {
+      driver = "exec"
+      config {
+        command = "/bin/true"
+      }
+    }
+  }
+}
+"#);
+    let runner = AllocRunner::new(alloc(&job, "map-0"), deps).expect("runner");
+    reaper.watch(&runner);
+    // A task whose driver the node lacks fails at once; its sibling is stopped.
+    assert_eq!(
+        runner.run(CancellationToken::new()).await.expect("run"),
+        ClientStatus::Failed
+    );
+    let status = runner.status();
+    let failed = status
+        .events_of(Some("nodriver"))
+        .find(|e| e.kind == EventKind::StartFailed)
+        .expect("start failed");
+    assert_eq!(failed.message, "no task driver \"exec\" on this node");
+    assert!(status.tasks["nodriver"].failed);
+    let t = kinds(&status, Some("t"));
+    assert!(!t.contains(&EventKind::Signaled), "{t:?}");
+    assert!(
+        in_order(&t, &[EventKind::Killing, EventKind::Exited]) || !t.contains(&EventKind::Started)
+    );
+}
