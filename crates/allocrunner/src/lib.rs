@@ -39,6 +39,9 @@
 //! a [`DriverManager`](berth_drivers::DriverManager). They never hold mount flags or secrets:
 //! volume errors are shown as the [`VolumeHost`] words them, which must keep those out.
 //!
+//! An alloc's directory is `<allocs dir>/<alloc id>/`: a working directory per task and
+//! `logs/` (so a task named `logs` works in the logs directory). Every directory is 0700.
+//!
 //! Tasks get `BERTH_ALLOC_ID`, `BERTH_ALLOC_INDEX`, `BERTH_JOB_ID`, `BERTH_GROUP_NAME`,
 //! `BERTH_TASK_NAME`, `BERTH_ALLOC_DIR` and `BERTH_TASK_DIR` in their environment, unless
 //! their `env` sets them.

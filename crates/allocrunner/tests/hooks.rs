@@ -358,8 +358,19 @@ async fn a_process_whose_handle_cannot_be_persisted_is_killed_and_counts_as_a_fa
     let runner = AllocRunner::new(alloc(&job(SERVICE), "plugin-3"), node.deps()).expect("runner");
     reaper.watch(&runner);
     let run = spawn_run(&runner, &CancellationToken::new());
-    let pid = wait_running(&runner, "plugin", &reaper).await;
-    let status = runner.status();
+    // The first process shows in memory for a moment (its handle is written there before
+    // the store refuses it): wait for the second.
+    let status = wait_status(&runner, "a second start", |s| {
+        kinds(s, Some("plugin"))
+            .iter()
+            .filter(|k| **k == EventKind::Started)
+            .count()
+            == 2
+            && s.tasks["plugin"].pid.is_some()
+    })
+    .await;
+    let pid = status.tasks["plugin"].pid.expect("pid");
+    reaper.track(pid);
     let started: Vec<u32> = status
         .events_of(Some("plugin"))
         .filter(|e| e.kind == EventKind::Started)
