@@ -371,6 +371,8 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
     Ok(id)
 }
 
+impl berth_api::JobView for Agent {}
+
 impl berth_api::VolumeView for Agent {
     fn volumes(&self) -> Result<berth_api::volumes::VolumeList, ApiError> {
         self.volumes.list()

@@ -24,12 +24,18 @@
 //! | `POST /v1/volume/csi/{id}/expand` | body [`volumes::ExpandRequest`] → [`volumes::ExpandResponse`] |
 //! | `POST /v1/volume/csi/{id}/claim` | body [`volumes::ClaimRequest`] → [`volumes::ClaimResponse`] |
 //! | `POST /v1/volume/csi/{id}/release` | body [`volumes::ReleaseRequest`] → [`volumes::ReleaseResponse`] |
+//! | `GET /v1/jobs` | [`jobs::JobList`] |
+//! | `POST /v1/jobs` | body [`jobs::JobRunRequest`] → [`jobs::JobStatus`] (placed and started) |
+//! | `GET /v1/job/{id}` | [`jobs::JobStatus`] |
+//! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
+//! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod jobs;
 pub mod server;
 pub mod types;
 pub mod volumes;

@@ -123,6 +123,8 @@ impl FakeAgent {
 
 impl berth_api::VolumeView for FakeAgent {}
 
+impl berth_api::JobView for FakeAgent {}
+
 impl AgentView for FakeAgent {
     fn plugins(&self) -> Vec<PluginStatus> {
         self.plugins.clone()

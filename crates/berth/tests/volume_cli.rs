@@ -183,6 +183,8 @@ fn snapshot_view(id: &str) -> SnapshotView {
     }
 }
 
+impl berth_api::JobView for FakeAgent {}
+
 impl VolumeView for FakeAgent {
     fn volumes(&self) -> Result<VolumeList, ApiError> {
         self.record(Call::Volumes);

@@ -1,6 +1,7 @@
 //! The server side: [`router`] answers the routes over any [`AgentView`]; [`Listeners`] binds
 //! the unix socket (and optionally a loopback TCP port) and serves a router until shut down.
 
+mod job_routes;
 mod listen;
 mod routes;
 mod volume_routes;
@@ -125,13 +126,48 @@ pub trait VolumeView: Send + Sync + 'static {
     }
 }
 
+/// What the job routes need from the agent; every method defaults to 404 "jobs are not served
+/// here". The router checks ids and parses bodies first.
+pub trait JobView: Send + Sync + 'static {
+    /// Every job, by id.
+    fn jobs(&self) -> Result<crate::jobs::JobList, ApiError> {
+        Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// One job with its allocs.
+    fn job(&self, id: &str) -> Result<crate::jobs::JobStatus, ApiError> {
+        let _ = id;
+        Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// One alloc.
+    fn alloc(&self, id: &str) -> Result<crate::jobs::AllocStatus, ApiError> {
+        let _ = id;
+        Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// Parses, places and starts a job.
+    fn run_job(
+        &self,
+        req: crate::jobs::JobRunRequest,
+    ) -> impl Future<Output = Result<crate::jobs::JobStatus, ApiError>> + Send {
+        let _ = req;
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
+    /// Stops a job: its tasks stop, then its volumes are released.
+    fn stop_job(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<crate::jobs::JobStatus, ApiError>> + Send {
+        let _ = id;
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
+}
+
 fn not_served() -> ApiError {
     ApiError::NotFound("volumes are not served here".into())
 }
 
 /// What the API needs from the agent. Reads are synchronous snapshots and must not block (they
 /// run on the server's tasks); registration changes go through the async methods.
-pub trait AgentView: VolumeView {
+pub trait AgentView: VolumeView + JobView {
     /// Every registered plugin (the router sorts them by id).
     fn plugins(&self) -> Vec<PluginStatus>;
     /// One plugin, or `None` when no plugin has that id.

@@ -46,6 +46,7 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route("/v1/events", get(events::<V>))
         .route("/v1/metrics", get(metrics::<V>))
         .merge(super::volume_routes::routes::<V>())
+        .merge(super::job_routes::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(view)

@@ -51,7 +51,7 @@ pub(super) fn routes<V: VolumeView>() -> Router<Arc<V>> {
 }
 
 /// Parses a JSON body; the error names the field (or line and column) at fault.
-fn parse<T: DeserializeOwned>(
+pub(super) fn parse<T: DeserializeOwned>(
     what: &str,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, ApiError> {

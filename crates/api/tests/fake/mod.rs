@@ -88,6 +88,8 @@ pub fn plugin(id: &str, plugin_type: PluginType) -> PluginStatus {
 
 impl berth_api::VolumeView for FakeAgent {}
 
+impl berth_api::JobView for FakeAgent {}
+
 impl AgentView for FakeAgent {
     fn plugins(&self) -> Vec<PluginStatus> {
         // Reverse order, so the router's sorting shows.
