@@ -41,7 +41,9 @@ pub mod types;
 pub mod volumes;
 
 pub use client::{Address, Client, ClientError, ConnectFailure, EventStream};
-pub use server::{AgentView, ApiError, Listeners, ServeError, SpecOp, VolumeView, router, serve};
+pub use server::{
+    AgentView, ApiError, JobView, Listeners, ServeError, SpecOp, VolumeView, router, serve,
+};
 pub use types::*;
 
 /// The agent's default data dir.
