@@ -3,6 +3,7 @@
 
 mod address;
 mod events;
+mod jobs;
 mod volumes;
 
 use std::{fmt, io, time::Duration};
@@ -31,9 +32,9 @@ use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequ
 /// For [`Client::events`] it bounds the wait for the response head only.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long a volume change may take (claims, releases, creates, deletes, expands,
-/// snapshots, detaches), unless set with [`Client::with_change_timeout`]: the agent retries CSI
-/// calls within its own deadlines before it answers.
+/// How long a change may take (volume claims, releases, creates, deletes, expands, snapshots,
+/// detaches; job runs and stops), unless set with [`Client::with_change_timeout`]: the agent
+/// retries CSI calls within its own deadlines, and starts or stops tasks, before it answers.
 pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 /// How many bytes of a non-JSON error body an error repeats.
@@ -242,7 +243,7 @@ impl Client {
         self
     }
 
-    /// Sets the timeout of volume changes (default [`CHANGE_TIMEOUT`]).
+    /// Sets the timeout of volume changes and job runs and stops (default [`CHANGE_TIMEOUT`]).
     pub fn with_change_timeout(mut self, timeout: Duration) -> Self {
         self.change_timeout = timeout;
         self
