@@ -1,8 +1,10 @@
 //! Command-line parsing and dispatch. Exit codes: 0 ok, 1 error, 2 usage.
 
 mod agent;
+mod alloc;
 mod api_client;
 mod csi;
+mod job;
 mod node;
 mod output;
 mod plugin;
@@ -61,6 +63,10 @@ enum Command {
     Node(node::NodeArgs),
     /// Volumes: register, create, status, claims, snapshots.
     Volume(volume::VolumeArgs),
+    /// Jobs: run, stop, status.
+    Job(job::JobArgs),
+    /// Allocs: status with tasks, volumes and events.
+    Alloc(alloc::AllocArgs),
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -119,5 +125,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Plugin(args) => plugin::run(&cli.address, args).await,
         Command::Node(args) => node::run(&cli.address, args).await,
         Command::Volume(args) => volume::run(&cli.address, args).await,
+        Command::Job(args) => job::run(&cli.address, args).await,
+        Command::Alloc(args) => alloc::run(&cli.address, args).await,
     }
 }

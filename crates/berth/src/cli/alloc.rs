@@ -1,0 +1,157 @@
+//! `berth alloc …`: one alloc with its tasks, volumes and events.
+
+use std::time::SystemTime;
+
+use berth_api::jobs::AllocStatus;
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use super::{
+    api_client::{self, yes_no},
+    job::parse_id,
+    output,
+};
+
+/// Allocs on this node.
+#[derive(Debug, Args)]
+pub struct AllocArgs {
+    #[command(subcommand)]
+    command: AllocCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AllocCommand {
+    /// One alloc: its state, its tasks, its volumes and its latest events.
+    Status {
+        /// The alloc id.
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// Print the API's JSON document instead.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Runs `berth alloc …` against the agent at `address`.
+pub async fn run(address: &str, args: AllocArgs) -> anyhow::Result<()> {
+    let client = api_client::connect(address)?;
+    match args.command {
+        AllocCommand::Status { id, json } => {
+            let alloc = client.alloc(&id).await?;
+            if json {
+                output::json(&alloc)
+            } else {
+                print_alloc(&alloc)
+            }
+        }
+    }
+}
+
+fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
+    output::fields(&[
+        ("id", a.alloc_id.clone()),
+        ("job", a.job_id.clone()),
+        ("group", a.group.clone()),
+        ("index", a.index.to_string()),
+        ("desired", word(&a.desired)),
+        ("status", a.client_status.to_string()),
+        ("failure", a.failure.clone().unwrap_or_else(|| "-".into())),
+    ])?;
+
+    println!();
+    if a.tasks.is_empty() {
+        println!("no tasks");
+    } else {
+        let rows: Vec<Vec<String>> = a
+            .tasks
+            .iter()
+            .map(|(name, t)| {
+                vec![
+                    name.clone(),
+                    or_dash(&t.driver),
+                    t.state.to_string(),
+                    t.pid.map_or_else(|| "-".into(), |p| p.to_string()),
+                    t.restarts.to_string(),
+                    yes_no(t.failed).into(),
+                    yes_no(t.lost).into(),
+                    t.last_exit.map_or_else(|| "-".into(), |e| e.to_string()),
+                ]
+            })
+            .collect();
+        output::table(
+            &[
+                "TASK",
+                "DRIVER",
+                "STATE",
+                "PID",
+                "RESTARTS",
+                "FAILED",
+                "LOST",
+                "LAST EXIT",
+            ],
+            &rows,
+        )?;
+    }
+
+    println!();
+    if a.volumes.is_empty() {
+        println!("no volumes");
+    } else {
+        let rows: Vec<Vec<String>> = a
+            .volumes
+            .iter()
+            .map(|(name, v)| {
+                vec![
+                    name.clone(),
+                    v.volume_id.clone(),
+                    if v.read_only { "ro" } else { "rw" }.into(),
+                    yes_no(v.claimed).into(),
+                    v.target
+                        .as_ref()
+                        .map_or_else(|| "-".into(), |t| t.display().to_string()),
+                ]
+            })
+            .collect();
+        output::table(&["VOLUME", "VOLUME ID", "MODE", "CLAIMED", "TARGET"], &rows)?;
+    }
+
+    println!();
+    if a.events.is_empty() {
+        println!("no events");
+    } else {
+        let rows: Vec<Vec<String>> = a
+            .events
+            .iter()
+            .map(|e| {
+                vec![
+                    time(e.time),
+                    e.task.clone().unwrap_or_else(|| "-".into()),
+                    word(&e.kind),
+                    e.message.clone(),
+                ]
+            })
+            .collect();
+        output::table(&["TIME", "TASK", "KIND", "MESSAGE"], &rows)?;
+    }
+    if a.events_dropped > 0 {
+        println!("({} older event(s) dropped)", a.events_dropped);
+    }
+    Ok(())
+}
+
+/// An enum's word as the API spells it (`run`, `volume_claimed`).
+fn word<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => "?".into(),
+    }
+}
+
+/// A wall-clock time as RFC 3339, to the second.
+fn time(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() { "-".into() } else { s.into() }
+}

@@ -1,0 +1,213 @@
+//! `berth job …`: run, stop and look at jobs.
+//!
+//! A job spec's text is sent to the agent, never printed: not on success, not in errors.
+
+use std::{io::Read as _, path::Path};
+
+use anyhow::Context as _;
+use berth_api::{
+    jobs::{AllocStatus, JobList, JobRunRequest, JobStatus},
+    volumes::SpecFormat,
+};
+use clap::{Args, Subcommand, ValueEnum};
+
+use super::{
+    api_client::{self, yes_no},
+    output,
+};
+
+/// Jobs on this node.
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    #[command(subcommand)]
+    command: JobCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Place and start a job from a spec file (HCL or JSON, as `nomad job run` takes); prints
+    /// its allocs.
+    Run {
+        /// The spec file; `-` reads standard input. Its text is sent to the agent, never
+        /// printed.
+        file: String,
+        /// The spec's language (default: json for a file ending in .json, else hcl).
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
+        /// Print the API's JSON document instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a job: its tasks stop, then its volumes are released.
+    Stop {
+        /// The job id.
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// Print the API's JSON document instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every job in a table, or one job with its allocs.
+    Status {
+        /// A job id: show this job with its allocs.
+        #[arg(value_parser = parse_id)]
+        id: Option<String>,
+        /// Print the API's JSON document instead.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum FormatArg {
+    Hcl,
+    Json,
+}
+
+/// An id that goes into a URL path. Only emptiness is checked here (it cannot be sent); the
+/// agent judges the rest.
+pub(super) fn parse_id(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        Err("must not be empty".into())
+    } else {
+        Ok(s.to_string())
+    }
+}
+
+/// Runs `berth job …` against the agent at `address`.
+pub async fn run(address: &str, args: JobArgs) -> anyhow::Result<()> {
+    let client = api_client::connect(address)?;
+    match args.command {
+        JobCommand::Run { file, format, json } => {
+            let req = run_request(&file, format)?;
+            let job = client.run_job(&req).await?;
+            if json {
+                return output::json(&job);
+            }
+            println!("Job {:?} placed: {} alloc(s)", job.id, job.allocs.len());
+            if job.allocs.is_empty() {
+                return Ok(());
+            }
+            println!();
+            print_allocs(&job.allocs)
+        }
+        JobCommand::Stop { id, json } => {
+            let job = client.stop_job(&id).await?;
+            if json {
+                return output::json(&job);
+            }
+            println!("Job {:?} stopped", job.id);
+            if job.allocs.is_empty() {
+                return Ok(());
+            }
+            println!();
+            print_allocs(&job.allocs)
+        }
+        JobCommand::Status { id: None, json } => {
+            let jobs = client.jobs().await?;
+            if json {
+                output::json(&jobs)
+            } else {
+                print_list(&jobs)
+            }
+        }
+        JobCommand::Status { id: Some(id), json } => {
+            let job = client.job(&id).await?;
+            if json {
+                output::json(&job)
+            } else {
+                print_one(&job)
+            }
+        }
+    }
+}
+
+/// The request for `berth job run`: the file's text (or standard input's), its language and
+/// its name.
+fn run_request(file: &str, format: Option<FormatArg>) -> anyhow::Result<JobRunRequest> {
+    let (spec, name) = if file == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the spec from standard input")?;
+        (text, "<stdin>".to_string())
+    } else {
+        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
+        (text, file.to_string())
+    };
+    let format = match format {
+        Some(FormatArg::Hcl) => SpecFormat::Hcl,
+        Some(FormatArg::Json) => SpecFormat::Json,
+        None if Path::new(&name)
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json")) =>
+        {
+            SpecFormat::Json
+        }
+        None => SpecFormat::Hcl,
+    };
+    Ok(JobRunRequest {
+        spec,
+        format,
+        file: Some(name),
+    })
+}
+
+/// The statuses `berth job status` counts allocs in, in its columns' order.
+const STATUSES: [&str; 4] = ["pending", "running", "complete", "failed"];
+
+fn print_list(list: &JobList) -> anyhow::Result<()> {
+    if list.jobs.is_empty() {
+        println!("no jobs");
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list
+        .jobs
+        .iter()
+        .map(|j| {
+            let mut row = vec![j.id.clone(), j.job_type.clone(), yes_no(j.stopped).into()];
+            row.extend(
+                STATUSES
+                    .iter()
+                    .map(|s| j.allocs.get(*s).copied().unwrap_or(0).to_string()),
+            );
+            row
+        })
+        .collect();
+    output::table(
+        &[
+            "ID", "TYPE", "STOPPED", "PENDING", "RUNNING", "COMPLETE", "FAILED",
+        ],
+        &rows,
+    )
+}
+
+fn print_one(job: &JobStatus) -> anyhow::Result<()> {
+    output::fields(&[
+        ("id", job.id.clone()),
+        ("type", job.job_type.clone()),
+        ("stopped", yes_no(job.stopped).into()),
+    ])?;
+    println!();
+    if job.allocs.is_empty() {
+        println!("no allocs");
+        return Ok(());
+    }
+    print_allocs(&job.allocs)
+}
+
+/// A table of allocs: ID, GROUP, INDEX, STATUS.
+fn print_allocs(allocs: &[AllocStatus]) -> anyhow::Result<()> {
+    let rows: Vec<Vec<String>> = allocs
+        .iter()
+        .map(|a| {
+            vec![
+                a.alloc_id.clone(),
+                a.group.clone(),
+                a.index.to_string(),
+                a.client_status.to_string(),
+            ]
+        })
+        .collect();
+    output::table(&["ID", "GROUP", "INDEX", "STATUS"], &rows)
+}
