@@ -19,6 +19,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use crate::{
     config::{Config, DEFAULT_RESCAN_INTERVAL, HealthConfig, PluginDecl, PluginRun},
     events::EventBus,
+    jobs::Jobs,
     manager::Manager,
     metrics::Metrics,
     registry::{Registration, Registry, RegistryError},
@@ -125,6 +126,7 @@ pub struct Agent {
     events: Arc<EventBus>,
     metrics: Arc<Metrics>,
     volumes: Arc<Volumes>,
+    jobs: Arc<Jobs>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -197,6 +199,35 @@ impl Agent {
             tasks.clone(),
             shutdown.clone(),
         ));
+        let drivers = {
+            let mut b = berth_drivers::DriverManager::builder(
+                berth_drivers::ManagerConfig::default(),
+                &shutdown,
+            );
+            let sink = b.event_sink();
+            let raw = berth_drivers::RawExecDriver::new(sink.clone(), Default::default());
+            let exec = berth_drivers::ExecDriver::new(sink, Default::default());
+            for d in [
+                Arc::new(raw) as Arc<dyn berth_drivers::Driver>,
+                Arc::new(exec) as Arc<dyn berth_drivers::Driver>,
+            ] {
+                if let Err(e) = b.add(d) {
+                    return Err(AgentError::Task(e.to_string()));
+                }
+            }
+            b.start()
+        };
+        let jobs = Arc::new(Jobs::new(
+            Arc::clone(&store),
+            drivers,
+            Arc::clone(&registry),
+            Arc::clone(&manager),
+            Arc::clone(&volumes),
+            node_id.clone(),
+            &data_dir,
+            tasks.clone(),
+            shutdown.clone(),
+        ));
         let agent = Arc::new(Agent {
             node_id,
             hostname,
@@ -205,11 +236,13 @@ impl Agent {
             events,
             metrics,
             volumes,
+            jobs,
         });
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
         agent.volumes.start();
+        agent.jobs.recover().await;
 
         let regdir = opts
             .registry_dir
@@ -371,7 +404,37 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
     Ok(id)
 }
 
-impl berth_api::JobView for Agent {}
+impl berth_api::JobView for Agent {
+    fn jobs(&self) -> Result<berth_api::jobs::JobList, ApiError> {
+        self.jobs.list()
+    }
+
+    fn job(&self, id: &str) -> Result<berth_api::jobs::JobStatus, ApiError> {
+        self.jobs.status(id)
+    }
+
+    fn alloc(&self, id: &str) -> Result<berth_api::jobs::AllocStatus, ApiError> {
+        self.jobs.alloc(id)
+    }
+
+    async fn run_job(
+        &self,
+        req: berth_api::jobs::JobRunRequest,
+    ) -> Result<berth_api::jobs::JobStatus, ApiError> {
+        let jobs = Arc::clone(&self.jobs);
+        self.volumes
+            .detached(move |_| async move { jobs.run(req).await })
+            .await
+    }
+
+    async fn stop_job(&self, id: &str) -> Result<berth_api::jobs::JobStatus, ApiError> {
+        let jobs = Arc::clone(&self.jobs);
+        let id = id.to_string();
+        self.volumes
+            .detached(move |_| async move { jobs.stop(&id).await })
+            .await
+    }
+}
 
 impl berth_api::VolumeView for Agent {
     fn volumes(&self) -> Result<berth_api::volumes::VolumeList, ApiError> {

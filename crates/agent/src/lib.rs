@@ -5,6 +5,7 @@
 pub mod agent;
 pub mod config;
 pub mod events;
+pub mod jobs;
 pub mod manager;
 pub mod metrics;
 pub mod registry;

@@ -985,6 +985,11 @@ impl Volumes {
 
     // ---- what the API calls ----
 
+    /// The catalog's record of a volume (for placement).
+    pub fn catalog_volume(&self, id: &str) -> Option<VolumeRecord> {
+        self.cp.volume(id).ok().flatten()
+    }
+
     /// `GET /v1/volumes`.
     pub fn list(&self) -> Result<VolumeList, ApiError> {
         let volumes = self

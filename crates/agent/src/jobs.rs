@@ -1,0 +1,400 @@
+//! Jobs on this node: a job spec is placed by the control plane (every alloc it asks for, or a
+//! refusal with every reason, nothing placed), kept in the store, and each alloc is run by an
+//! alloc runner over the node's task drivers and its volumes. At start, the allocs in the store
+//! are recovered: running tasks are re-attached, not restarted.
+
+use std::{
+    collections::BTreeMap,
+    path::PathBuf,
+    sync::{Arc, Mutex},
+};
+
+use berth_allocrunner::{
+    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, StateAllocStore, VolumeHost,
+    VolumeHostError, VolumeUse,
+};
+use berth_api::{
+    jobs::{JobList, JobRunRequest, JobStatus, JobSummary},
+    server::ApiError,
+    volumes::{ClaimRequest, FlagsInput, MountOptionsInput, ReleaseRequest, SpecFormat},
+};
+use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
+use berth_drivers::{DriverManager, Health};
+use berth_job::JobSpec;
+use berth_state::{Store, Table};
+use serde::{Deserialize, Serialize};
+use tokio_util::{sync::CancellationToken, task::TaskTracker};
+
+use crate::{manager::Manager, registry::Registry, volumes::Volumes};
+
+/// A placed job, as stored (`Table::JOBS`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct JobRecord {
+    spec: JobSpec,
+    stopped: bool,
+    allocs: Vec<String>,
+}
+
+/// The node's volume side as alloc runners see it: claims and releases through [`Volumes`].
+#[derive(Debug)]
+pub struct AgentVolumeHost {
+    volumes: Arc<Volumes>,
+}
+
+fn host_error(e: ApiError) -> VolumeHostError {
+    match e {
+        ApiError::Unavailable(m) | ApiError::Internal(m) => VolumeHostError::retryable(m),
+        ApiError::BadRequest(m) | ApiError::NotFound(m) | ApiError::Conflict(m) => {
+            VolumeHostError::fatal(m)
+        }
+    }
+}
+
+impl VolumeHost for AgentVolumeHost {
+    fn claim<'a>(
+        &'a self,
+        volume_id: &'a str,
+        alloc_id: &'a str,
+        usage: VolumeUse,
+    ) -> berth_allocrunner::BoxFuture<'a, Result<PathBuf, VolumeHostError>> {
+        Box::pin(async move {
+            let o = &usage.mount_options;
+            let req = ClaimRequest {
+                alloc_id: alloc_id.to_string(),
+                read_only: usage.read_only,
+                access_mode: usage.access_mode,
+                attachment_mode: usage.attachment_mode,
+                mount_options: Some(MountOptionsInput {
+                    fs_type: (!o.fs_type.is_empty()).then(|| o.fs_type.clone()),
+                    mount_flags: (!o.mount_flags.is_empty())
+                        .then(|| FlagsInput(o.mount_flags.expose().to_vec())),
+                }),
+            };
+            self.volumes
+                .claim(volume_id, req)
+                .await
+                .map(|r| r.target)
+                .map_err(host_error)
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        volume_id: &'a str,
+        alloc_id: &'a str,
+    ) -> berth_allocrunner::BoxFuture<'a, Result<(), VolumeHostError>> {
+        Box::pin(async move {
+            let req = ReleaseRequest {
+                alloc_id: alloc_id.to_string(),
+            };
+            match self.volumes.release_api(volume_id, req).await {
+                Ok(r) if r.released => Ok(()),
+                // The volume side keeps retrying it; the alloc's release is done asking.
+                Ok(r) => Err(VolumeHostError::retryable(
+                    r.error.unwrap_or_else(|| "release pending".into()),
+                )),
+                Err(ApiError::NotFound(_)) => Ok(()),
+                Err(e) => Err(host_error(e)),
+            }
+        })
+    }
+}
+
+/// Jobs and their allocs on this node.
+pub struct Jobs {
+    store: Arc<Store>,
+    allocs: Arc<dyn AllocStore>,
+    drivers: DriverManager,
+    registry: Arc<Registry>,
+    manager: Arc<Manager>,
+    volumes: Arc<Volumes>,
+    node_id: String,
+    deps: AllocDeps,
+    runners: Mutex<BTreeMap<String, AllocRunner>>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+    /// Serializes run and stop (placement reads claims it is about to add).
+    placing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Jobs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Jobs").finish_non_exhaustive()
+    }
+}
+
+impl Jobs {
+    /// Jobs over the agent's store, drivers and volumes; allocs live under
+    /// `<data_dir>/allocs/<alloc id>`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        store: Arc<Store>,
+        drivers: DriverManager,
+        registry: Arc<Registry>,
+        manager: Arc<Manager>,
+        volumes: Arc<Volumes>,
+        node_id: String,
+        data_dir: &std::path::Path,
+        tasks: TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let allocs: Arc<dyn AllocStore> = Arc::new(StateAllocStore::new(Arc::clone(&store)));
+        let deps = AllocDeps::new(
+            Arc::new(drivers.clone()),
+            Arc::new(AgentVolumeHost {
+                volumes: Arc::clone(&volumes),
+            }),
+            Arc::clone(&allocs),
+            data_dir.join("allocs"),
+        );
+        Self {
+            store,
+            allocs,
+            drivers,
+            registry,
+            manager,
+            volumes,
+            node_id,
+            deps,
+            runners: Mutex::new(BTreeMap::new()),
+            tasks,
+            shutdown,
+            placing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Recovers every alloc in the store that is not finished: running tasks are re-attached
+    /// (not restarted), and each alloc's runner goes on from where its record stands.
+    pub async fn recover(self: &Arc<Self>) {
+        let records = match self.allocs.list() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the allocs to recover");
+                return;
+            }
+        };
+        for record in records.into_iter().filter(|r| !r.is_finished()) {
+            let alloc_id = record.alloc_id.clone();
+            match AllocRunner::recover(record, self.deps.clone()).await {
+                Ok(runner) => {
+                    tracing::info!(alloc_id, "alloc recovered");
+                    self.spawn_runner(runner);
+                }
+                Err(e) => tracing::error!(alloc_id, error = %e, "cannot recover the alloc"),
+            }
+        }
+    }
+
+    fn spawn_runner(self: &Arc<Self>, runner: AllocRunner) {
+        self.runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(runner.alloc_id().to_string(), runner.clone());
+        let cancel = self.shutdown.child_token();
+        self.tasks.spawn(async move {
+            match runner.run(cancel).await {
+                Ok(status) => {
+                    tracing::info!(
+                        alloc_id = runner.alloc_id(),
+                        status = status.as_str(),
+                        "alloc done"
+                    );
+                }
+                Err(e) => {
+                    tracing::warn!(alloc_id = runner.alloc_id(), error = %e, "alloc runner ended")
+                }
+            }
+        });
+    }
+
+    fn node_facts(&self) -> NodeFacts {
+        let drivers = self
+            .drivers
+            .driver_names()
+            .into_iter()
+            .map(|name| {
+                let fp = self.drivers.fingerprint(&name);
+                let healthy = fp.as_ref().is_some_and(|f| f.health == Health::Healthy);
+                let reason = fp.map_or_else(|| "not fingerprinted yet".into(), |f| f.description);
+                (name, DriverFact { healthy, reason })
+            })
+            .collect();
+        let mut plugins: BTreeMap<String, PluginFact> = BTreeMap::new();
+        for r in self.registry.list() {
+            if !r.plugin_type.is_node() {
+                continue;
+            }
+            let healthy = self
+                .manager
+                .state(&r.id, &r.instance)
+                .is_some_and(|s| s.health.healthy);
+            let fact = plugins.entry(r.id.clone()).or_insert(PluginFact {
+                node: true,
+                healthy: false,
+            });
+            fact.healthy |= healthy;
+        }
+        NodeFacts {
+            node_id: self.node_id.clone(),
+            drivers,
+            plugins,
+        }
+    }
+
+    fn load(&self, id: &str) -> Result<Option<JobRecord>, ApiError> {
+        self.store
+            .get(Table::JOBS, id)
+            .map_err(|e| ApiError::Internal(e.to_string()))
+    }
+
+    fn save(&self, id: &str, rec: &JobRecord) -> Result<(), ApiError> {
+        self.store
+            .put(Table::JOBS, id, rec)
+            .map_err(|e| ApiError::Internal(e.to_string()))
+    }
+
+    fn alloc_status(&self, alloc_id: &str) -> Option<AllocStatus> {
+        if let Some(r) = self
+            .runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(alloc_id)
+        {
+            return Some(r.status());
+        }
+        self.allocs
+            .get(alloc_id)
+            .ok()
+            .flatten()
+            .map(|r| AllocStatus::from_record(&r))
+    }
+
+    fn status_of(&self, rec: &JobRecord) -> JobStatus {
+        JobStatus {
+            id: rec.spec.id.clone(),
+            job_type: rec.spec.job_type.as_str().to_string(),
+            stopped: rec.stopped,
+            allocs: rec
+                .allocs
+                .iter()
+                .filter_map(|a| self.alloc_status(a))
+                .collect(),
+        }
+    }
+
+    /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs.
+    pub async fn run(self: &Arc<Self>, req: JobRunRequest) -> Result<JobStatus, ApiError> {
+        let file = PathBuf::from(req.file.clone().unwrap_or_else(|| "request body".into()));
+        let spec = match req.format {
+            SpecFormat::Hcl => JobSpec::parse_hcl(&file, &req.spec),
+            SpecFormat::Json => JobSpec::parse_json(&file, &req.spec),
+        }
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let _placing = self.placing.lock().await;
+        if let Some(old) = self.load(&spec.id)?
+            && !old.stopped
+        {
+            return Err(ApiError::Conflict(format!(
+                "job {:?} is already running; stop it first",
+                spec.id
+            )));
+        }
+        // Drivers are known once fingerprinted.
+        tokio::select! {
+            () = self.drivers.ready() => {}
+            () = self.shutdown.cancelled() => {
+                return Err(ApiError::Unavailable("the agent is shutting down".into()));
+            }
+        }
+        let facts = self.node_facts();
+        let job_id = spec.id.clone();
+        let plans = placement::place(
+            &spec,
+            &facts,
+            |id| self.volumes.catalog_volume(id),
+            |group, index| format!("{job_id}-{group}-{index}-{:08x}", rand::random::<u32>()),
+        )
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let mut specs = Vec::new();
+        for p in &plans {
+            specs.push(
+                AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
+                    .map_err(|e| ApiError::Internal(e.to_string()))?,
+            );
+        }
+        let rec = JobRecord {
+            spec,
+            stopped: false,
+            allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
+        };
+        self.save(&job_id, &rec)?;
+        for s in specs {
+            let runner = AllocRunner::new(s, self.deps.clone())
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            self.spawn_runner(runner);
+        }
+        tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
+        Ok(self.status_of(&rec))
+    }
+
+    /// `DELETE /v1/job/{id}`: stops every alloc of the job (tasks stop, then volumes are
+    /// released in order); answers at once with the allocs stopping.
+    pub async fn stop(&self, id: &str) -> Result<JobStatus, ApiError> {
+        let _placing = self.placing.lock().await;
+        let mut rec = self
+            .load(id)?
+            .ok_or_else(|| ApiError::NotFound(format!("no job {id:?}")))?;
+        rec.stopped = true;
+        self.save(id, &rec)?;
+        let runners = self
+            .runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        for a in &rec.allocs {
+            if let Some(r) = runners.get(a) {
+                r.stop();
+            }
+        }
+        Ok(self.status_of(&rec))
+    }
+
+    /// `GET /v1/job/{id}`.
+    pub fn status(&self, id: &str) -> Result<JobStatus, ApiError> {
+        let rec = self
+            .load(id)?
+            .ok_or_else(|| ApiError::NotFound(format!("no job {id:?}")))?;
+        Ok(self.status_of(&rec))
+    }
+
+    /// `GET /v1/jobs`.
+    pub fn list(&self) -> Result<JobList, ApiError> {
+        let jobs = self
+            .store
+            .list::<JobRecord>(Table::JOBS)
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .into_iter()
+            .map(|(_, rec)| {
+                let mut allocs: BTreeMap<String, usize> = BTreeMap::new();
+                for a in rec.allocs.iter().filter_map(|a| self.alloc_status(a)) {
+                    *allocs
+                        .entry(a.client_status.as_str().to_string())
+                        .or_default() += 1;
+                }
+                JobSummary {
+                    id: rec.spec.id.clone(),
+                    job_type: rec.spec.job_type.as_str().to_string(),
+                    stopped: rec.stopped,
+                    allocs,
+                }
+            })
+            .collect();
+        Ok(JobList { jobs })
+    }
+
+    /// `GET /v1/alloc/{id}`.
+    pub fn alloc(&self, id: &str) -> Result<AllocStatus, ApiError> {
+        self.alloc_status(id)
+            .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))
+    }
+}

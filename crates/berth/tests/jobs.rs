@@ -1,0 +1,271 @@
+//! Jobs end to end: a real agent places a job, runs its `exec` task with a CSI volume mounted
+//! at its destination (berth-hostpath, run by the agent, staging and attaching), and releases
+//! the volume in CSI order when the job stops.
+
+mod agent_support;
+
+use std::{path::Path, time::Duration};
+
+use agent_support::AgentProcess;
+use berth_api::{
+    Client,
+    jobs::{ClientStatus, JobRunRequest, JobStatus},
+    volumes::{SpecFormat, VolumeSpecRequest},
+};
+use berth_hostpath::calllog;
+
+const PLUGIN: &str = "hp";
+
+/// The volume RPCs of a claim and a release, in their order.
+const VOLUME_RPCS: [&str; 6] = [
+    "ControllerPublishVolume",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+    "ControllerUnpublishVolume",
+];
+
+fn config() -> String {
+    let hostpath = berth_testkit::bin_path("berth-hostpath");
+    format!(
+        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
+         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
+         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--enable-stage\", \"--enable-attach\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
+        hostpath.display()
+    )
+}
+
+async fn start() -> AgentProcess {
+    let agent = AgentProcess::start_in_namespace(&config()).await;
+    agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    agent
+}
+
+async fn create_volume(client: &Client, id: &str) -> String {
+    let spec = format!(
+        "id = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\ncapacity_min = \"10MiB\"\n\
+         capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
+    );
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec,
+            format: SpecFormat::Hcl,
+            file: None,
+        })
+        .await
+        .expect("create volume")
+        .external_id
+}
+
+/// A job with one exec task that mounts volume `source` at `<tmp>/data` and runs `script`.
+fn job(id: &str, job_type: &str, source: &str, dest: &Path, script: &str) -> String {
+    format!(
+        r#"
+job "{id}" {{
+  type = "{job_type}"
+  group "g" {{
+    volume "data" {{
+      type        = "csi"
+      source      = "{source}"
+      access_mode = "single-node-writer"
+    }}
+    task "main" {{
+      driver = "exec"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}", "{dest}"]
+      }}
+      volume_mount {{
+        volume      = "data"
+        destination = "{dest}"
+      }}
+      kill_timeout = "2s"
+    }}
+  }}
+}}
+"#,
+        dest = dest.display()
+    )
+}
+
+async fn run(client: &Client, text: String) -> Result<JobStatus, berth_api::ClientError> {
+    client
+        .run_job(&JobRunRequest {
+            spec: text,
+            format: SpecFormat::Hcl,
+            file: Some("job.hcl".into()),
+        })
+        .await
+}
+
+async fn wait_job(client: &Client, id: &str, pred: impl Fn(&JobStatus) -> bool) -> JobStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.job(id).await.expect("job status");
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {id} did not get there: {s:#?}"
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}
+
+#[tokio::test]
+async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
+    let agent = start().await;
+    let client = agent.client();
+    let external = create_volume(&client, "demo").await;
+    let dest = agent.tmp.path().join("task-data");
+    let status = run(
+        &client,
+        job(
+            "writer",
+            "batch",
+            "demo",
+            &dest,
+            "echo hello > $0/hello.txt",
+        ),
+    )
+    .await
+    .expect("job run");
+    assert_eq!(status.allocs.len(), 1);
+    let done = wait_job(&client, "writer", |s| {
+        s.allocs
+            .iter()
+            .all(|a| a.client_status == ClientStatus::Complete)
+    })
+    .await;
+    // The data is in the volume (hostpath keeps volumes under its state dir).
+    let file = agent
+        .tmp
+        .path()
+        .join("hp/volumes")
+        .join(&external)
+        .join("hello.txt");
+    let _ = done;
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async { file.exists() });
+    // Released once the task was dead: no claim left, nothing mounted.
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        client
+            .volume("demo")
+            .await
+            .is_ok_and(|v| v.claims.is_empty())
+    });
+    let calls: Vec<String> = calllog::read(agent.tmp.path().join("calls.log"))
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.code == "OK" && VOLUME_RPCS.contains(&c.rpc.as_str()))
+        .map(|c| c.rpc)
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "ControllerPublishVolume",
+            "NodeStageVolume",
+            "NodePublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn job_stop_stops_the_task_then_releases_in_order() {
+    let agent = start().await;
+    let client = agent.client();
+    create_volume(&client, "svc").await;
+    let dest = agent.tmp.path().join("svc-data");
+    run(
+        &client,
+        job(
+            "svc",
+            "service",
+            "svc",
+            &dest,
+            "touch $0/started; exec sleep 3600",
+        ),
+    )
+    .await
+    .expect("job run");
+    let running = wait_job(&client, "svc", |s| {
+        s.allocs.iter().all(|a| {
+            a.client_status == ClientStatus::Running && a.tasks.values().all(|t| t.pid.is_some())
+        })
+    })
+    .await;
+    let alloc = client
+        .alloc(&running.allocs[0].alloc_id)
+        .await
+        .expect("alloc status");
+    let pid = alloc.tasks["main"].pid.expect("a pid");
+    assert!(agent_support::alive(i32::try_from(pid).unwrap()));
+    client.stop_job("svc").await.expect("stop");
+    wait_job(&client, "svc", |s| {
+        s.allocs
+            .iter()
+            .all(|a| a.client_status == ClientStatus::Complete)
+    })
+    .await;
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
+        !agent_support::alive(i32::try_from(pid).unwrap())
+    });
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        client
+            .volume("svc")
+            .await
+            .is_ok_and(|v| v.claims.is_empty())
+    });
+    let tail: Vec<String> = calllog::read(agent.tmp.path().join("calls.log"))
+        .unwrap()
+        .into_iter()
+        .filter(|c| c.code == "OK" && VOLUME_RPCS[3..].contains(&c.rpc.as_str()))
+        .map(|c| c.rpc)
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "ControllerUnpublishVolume"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
+    let agent = start().await;
+    let client = agent.client();
+    create_volume(&client, "v").await;
+    let dest = agent.tmp.path().join("d");
+    let cases = [
+        (
+            job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"docker\""),
+            "unknown driver \"docker\"",
+        ),
+        (
+            job("j2", "batch", "nope", &dest, "true"),
+            "no volume \"nope\" is registered",
+        ),
+        (
+            job("j3", "batch", "v", &dest, "true").replace(
+                "    task \"main\" {",
+                "    task \"main\" {\n      driver = \"exec\"\n      config { command = \"/bin/true\" }\n    }\n    task \"main\" {",
+            ),
+            "main",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = run(&client, text).await.expect_err("refused");
+        assert_eq!(e.status(), Some(400), "{e}");
+        assert!(e.to_string().contains(want), "{want}: {e}");
+    }
+    assert!(client.jobs().await.expect("jobs").jobs.is_empty());
+    assert!(client.volume("v").await.unwrap().claims.is_empty());
+}
