@@ -269,3 +269,99 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
     assert!(client.jobs().await.expect("jobs").jobs.is_empty());
     assert!(client.volume("v").await.unwrap().claims.is_empty());
 }
+
+/// Kills the given pids when dropped (task processes outlive a killed agent on purpose).
+struct KillOnDrop(Vec<u32>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        for pid in &self.0 {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(*pid).unwrap_or(i32::MAX)),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn after_kill_9_the_agent_owns_the_same_running_allocs_without_remounting() {
+    let mut agent = start().await;
+    let client = agent.client();
+    let spec = "id = \"shared\"\ntype = \"csi\"\nplugin_id = \"hp\"\n\
+                capability {\n  access_mode = \"single-node-multi-writer\"\n  attachment_mode = \"file-system\"\n}\n";
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec: spec.into(),
+            format: SpecFormat::Hcl,
+            file: None,
+        })
+        .await
+        .expect("create");
+    let dest = agent.tmp.path().join("shared-data");
+    let text = job("three", "service", "shared", &dest, "exec sleep 3600")
+        .replace("single-node-writer", "single-node-multi-writer")
+        .replace("  group \"g\" {", "  group \"g\" {\n    count = 3");
+    run(&client, text).await.expect("job run");
+    let running = wait_job(&client, "three", |s| {
+        s.allocs.len() == 3
+            && s.allocs.iter().all(|a| {
+                a.client_status == ClientStatus::Running
+                    && a.tasks.values().all(|t| t.pid.is_some())
+            })
+    })
+    .await;
+    let pids: Vec<u32> = running
+        .allocs
+        .iter()
+        .map(|a| a.tasks["main"].pid.unwrap())
+        .collect();
+    let _guard = KillOnDrop(pids.clone());
+    let calls_before = calllog::read(agent.tmp.path().join("calls.log"))
+        .unwrap()
+        .len();
+
+    agent.kill9();
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    let after = wait_job(&client, "three", |s| {
+        s.allocs.iter().all(|a| {
+            a.client_status == ClientStatus::Running && a.tasks.values().all(|t| t.pid.is_some())
+        })
+    })
+    .await;
+    let pids_after: Vec<u32> = after
+        .allocs
+        .iter()
+        .map(|a| a.tasks["main"].pid.unwrap())
+        .collect();
+    assert_eq!(pids_after, pids, "tasks were restarted");
+    for pid in &pids {
+        assert!(agent_support::alive(i32::try_from(*pid).unwrap()));
+    }
+    let vol = client.volume("shared").await.expect("volume");
+    assert_eq!(vol.claims.len(), 3, "{vol:#?}");
+    let new_calls: Vec<String> = calllog::read(agent.tmp.path().join("calls.log"))
+        .unwrap()
+        .into_iter()
+        .skip(calls_before)
+        .map(|c| c.rpc)
+        .filter(|r| VOLUME_RPCS.contains(&r.as_str()))
+        .collect();
+    assert!(
+        new_calls.is_empty(),
+        "remounted after restart: {new_calls:?}"
+    );
+
+    client.stop_job("three").await.expect("stop");
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        client
+            .volume("shared")
+            .await
+            .is_ok_and(|v| v.claims.is_empty())
+    });
+    for pid in &pids {
+        assert!(!agent_support::alive(i32::try_from(*pid).unwrap()));
+    }
+}
