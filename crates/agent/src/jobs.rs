@@ -27,6 +27,17 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{manager::Manager, registry::Registry, volumes::Volumes};
 
+/// A new alloc's id: `<job>-<group>-<index>-<random>`, readable while it fits in a path
+/// segment, else 32 random hex digits.
+fn alloc_id(job_id: &str, group: &str, index: u32) -> String {
+    let id = format!("{job_id}-{group}-{index}-{:08x}", rand::random::<u32>());
+    if berth_sys::validate_path_segment("alloc id", &id).is_ok() {
+        id
+    } else {
+        format!("{:032x}", rand::random::<u128>())
+    }
+}
+
 /// A placed job, as stored (`Table::JOBS`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct JobRecord {
@@ -312,7 +323,7 @@ impl Jobs {
             &spec,
             &facts,
             |id| self.volumes.catalog_volume(id),
-            |group, index| format!("{job_id}-{group}-{index}-{:08x}", rand::random::<u32>()),
+            |group, index| alloc_id(&job_id, group, index),
         )
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut specs = Vec::new();
@@ -396,5 +407,20 @@ impl Jobs {
     pub fn alloc(&self, id: &str) -> Result<AllocStatus, ApiError> {
         self.alloc_status(id)
             .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alloc_ids_are_path_segments_even_for_long_names() {
+        let id = alloc_id("web", "app", 3);
+        assert!(id.starts_with("web-app-3-"), "{id}");
+        let long = "j".repeat(120);
+        let id = alloc_id(&long, "g", 0);
+        assert_eq!(id.len(), 32);
+        berth_sys::validate_path_segment("alloc id", &id).unwrap();
     }
 }
