@@ -1260,7 +1260,9 @@ fn example_hostpath_plugin_parses() {
 
 #[test]
 fn example_writer_parses() {
-    let spec = JobSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/writer.hcl")).unwrap_or_else(|e| panic!("{e}"));
+    let spec =
+        JobSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/writer.hcl"))
+            .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.id, "writer");
     assert_eq!(spec.job_type, JobType::Batch);
     let g = &spec.groups[0];
