@@ -206,7 +206,15 @@ impl Agent {
             );
             let sink = b.event_sink();
             let raw = berth_drivers::RawExecDriver::new(sink.clone(), Default::default());
-            let exec = berth_drivers::ExecDriver::new(sink, Default::default());
+            // Tasks do not see where volumes are staged and published (other allocs' too):
+            // their own volumes are bind-mounted at their destinations first.
+            let exec = berth_drivers::ExecDriver::new(
+                sink,
+                berth_drivers::ExecConfig {
+                    hidden: vec![data_dir.join("csi")],
+                    ..Default::default()
+                },
+            );
             for d in [
                 Arc::new(raw) as Arc<dyn berth_drivers::Driver>,
                 Arc::new(exec) as Arc<dyn berth_drivers::Driver>,

@@ -365,3 +365,37 @@ async fn after_kill_9_the_agent_owns_the_same_running_allocs_without_remounting(
         assert!(!agent_support::alive(i32::try_from(*pid).unwrap()));
     }
 }
+
+#[tokio::test]
+async fn an_exec_task_sees_its_own_volume_and_not_other_allocs_volumes() {
+    let agent = start().await;
+    let client = agent.client();
+    let e0 = create_volume(&client, "pv[0]").await;
+    let e1 = create_volume(&client, "pv[1]").await;
+    let dest = agent.tmp.path().join("pv-data");
+    let per_alloc = agent.data_dir.join("csi/monolith/hp/per-alloc");
+    let script = format!(
+        "ls {} 2>/dev/null | wc -l > $0/seen; echo $BERTH_ALLOC_INDEX > $0/index",
+        per_alloc.display()
+    );
+    let text = job("iso", "batch", "pv", &dest, &script)
+        .replace("  group \"g\" {", "  group \"g\" {\n    count = 2")
+        .replace(
+            "      access_mode = \"single-node-writer\"",
+            "      access_mode = \"single-node-writer\"\n      per_alloc = true",
+        );
+    run(&client, text).await.expect("job run");
+    wait_job(&client, "iso", |s| {
+        s.allocs.len() == 2
+            && s.allocs
+                .iter()
+                .all(|a| a.client_status == ClientStatus::Complete)
+    })
+    .await;
+    for (i, ext) in [e0, e1].iter().enumerate() {
+        let vol = agent.tmp.path().join("hp/volumes").join(ext);
+        let read = |f: &str| std::fs::read_to_string(vol.join(f)).unwrap_or_default();
+        assert_eq!(read("index").trim(), i.to_string(), "volume pv[{i}]");
+        assert_eq!(read("seen").trim(), "0", "alloc {i} saw the per-alloc dir");
+    }
+}

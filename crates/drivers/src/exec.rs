@@ -64,6 +64,15 @@ while [ "$count" -gt 0 ]; do
   fi
   count=$((count - 1))
 done
+hidden=$1
+shift
+while [ "$hidden" -gt 0 ]; do
+  if [ -d "$1" ]; then
+    "$mount_bin" -t tmpfs -o ro,mode=0,size=4k -- berth-hidden "$1" || fail "cannot hide $1"
+  fi
+  shift
+  hidden=$((hidden - 1))
+done
 cd "$workdir" || fail "cannot enter the working directory $workdir"
 command -v "$1" >/dev/null 2>&1 || fail "command not found: $1"
 printf 'ready\n'
@@ -80,6 +89,10 @@ pub struct ExecConfig {
     pub setup_timeout: Duration,
     /// How processes are watched and stopped.
     pub process: ProcessConfig,
+    /// Host directories a task must not see (e.g. where other allocs' volumes are mounted):
+    /// an empty read-only tmpfs covers each, after the task's own bind mounts are made, so a
+    /// bind mount whose destination lies inside one is covered too.
+    pub hidden: Vec<PathBuf>,
 }
 
 impl Default for ExecConfig {
@@ -88,6 +101,7 @@ impl Default for ExecConfig {
             cgroup: CgroupSetting::default(),
             setup_timeout: Duration::from_secs(30),
             process: ProcessConfig::default(),
+            hidden: Vec::new(),
         }
     }
 }
@@ -105,7 +119,8 @@ struct Host {
 
 /// Runs a task like `raw_exec` (own process group, logs, environment, survives the agent),
 /// but in its own mount namespace: the task sees the host's filesystem (there is no chroot
-/// yet) plus its [`BindMount`](crate::BindMount)s, and mounts made in it never show on the
+/// yet) plus its [`BindMount`](crate::BindMount)s, minus the [`ExecConfig::hidden`]
+/// directories, and mounts made in it never show on the
 /// host (propagation is private). Mount points missing on the host are created there.
 ///
 /// The process is started as `unshare --mount --propagation private -- sh -c <set-up>`: the
@@ -291,6 +306,8 @@ impl ExecDriver {
                 .arg(normalized(&mount.destination))
                 .arg(if mount.read_only { "ro" } else { "rw" });
         }
+        cmd.arg(self.config.hidden.len().to_string())
+            .args(&self.config.hidden);
         cmd.arg(&config.command)
             .args(&config.args)
             .env_clear()

@@ -21,6 +21,7 @@ fn config(cgroup: CgroupSetting) -> ExecConfig {
             poll_interval: Duration::from_millis(20),
             kill_timeout: Duration::from_secs(10),
         },
+        hidden: Vec::new(),
     }
 }
 
@@ -151,6 +152,40 @@ async fn paths_with_shell_syntax_are_passed_as_data() {
     for dir in [Path::new("/"), tmp.path(), config.dir.as_path()] {
         assert!(!dir.join("pwned").exists(), "nothing was run from a path");
     }
+}
+
+#[tokio::test]
+async fn hidden_directories_are_covered_after_the_task_mounts() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    // Where other allocs' volumes live: the task must not see them.
+    let secret_dir = tmp.path().join("volumes/other-alloc");
+    fs::create_dir_all(&secret_dir).unwrap();
+    fs::write(secret_dir.join("data"), "not yours\n").unwrap();
+    let own = tmp.path().join("volumes/own");
+    fs::create_dir_all(&own).unwrap();
+    fs::write(own.join("data"), "yours\n").unwrap();
+    let mut cfg = config(CgroupSetting::Disabled);
+    cfg.hidden = vec![tmp.path().join("volumes")];
+    let driver = ExecDriver::new(EventSink::discard(), cfg);
+    let destination = tmp.path().join("task/data");
+    let mut config = sh(
+        tmp.path(),
+        "hider",
+        r#"cat "$1/data"; ls "$2" | wc -l; cat "$2/other-alloc/data" 2>/dev/null || echo hidden"#,
+    );
+    config.args.extend([
+        "sh".into(),
+        destination.display().to_string(),
+        tmp.path().join("volumes").display().to_string(),
+    ]);
+    config.mounts.push(bind(&own, &destination, false));
+    reaper.track(&driver.start(config.clone()).await.expect("start"));
+    assert!(driver.wait(&config.id).await.unwrap().success());
+    assert_eq!(read(&config.stdout_path), "yours\n0\nhidden\n");
+    // The host still sees them.
+    assert_eq!(read(secret_dir.join("data")), "not yours\n");
 }
 
 #[tokio::test]
