@@ -302,8 +302,14 @@ impl Jobs {
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let _placing = self.placing.lock().await;
+        // A job whose allocs all ended (or were never written: a crash right after the job
+        // record) may run again; one with a live alloc must be stopped first.
         if let Some(old) = self.load(&spec.id)?
             && !old.stopped
+            && old.allocs.iter().any(|a| {
+                self.alloc_status(a)
+                    .is_some_and(|st| !st.client_status.is_terminal())
+            })
         {
             return Err(ApiError::Conflict(format!(
                 "job {:?} is already running; stop it first",

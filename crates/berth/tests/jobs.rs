@@ -174,6 +174,19 @@ async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
             "ControllerUnpublishVolume"
         ]
     );
+    // A finished job may run again.
+    run(
+        &client,
+        job(
+            "writer",
+            "batch",
+            "demo",
+            &dest,
+            "echo again > $0/again.txt",
+        ),
+    )
+    .await
+    .expect("run again");
 }
 
 #[tokio::test]
@@ -205,6 +218,14 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
         .await
         .expect("alloc status");
     let pid = alloc.tasks["main"].pid.expect("a pid");
+    // A running job is not run twice.
+    let e = run(
+        &client,
+        job("svc", "service", "svc", &dest, "exec sleep 3600"),
+    )
+    .await
+    .expect_err("already running");
+    assert_eq!(e.status(), Some(409), "{e}");
     assert!(agent_support::alive(i32::try_from(pid).unwrap()));
     client.stop_job("svc").await.expect("stop");
     wait_job(&client, "svc", |s| {
