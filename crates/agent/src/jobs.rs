@@ -55,6 +55,8 @@ pub struct AgentVolumeHost {
 fn host_error(e: ApiError) -> VolumeHostError {
     match e {
         ApiError::Unavailable(m) | ApiError::Internal(m) => VolumeHostError::retryable(m),
+        // A failed claim being rolled back: it is gone soon, and the claim can be tried again.
+        ApiError::Conflict(m) if m.contains("is being released") => VolumeHostError::retryable(m),
         ApiError::BadRequest(m) | ApiError::NotFound(m) | ApiError::Conflict(m) => {
             VolumeHostError::fatal(m)
         }
@@ -301,6 +303,16 @@ impl Jobs {
             SpecFormat::Json => JobSpec::parse_json(&file, &req.spec),
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        if let Some((g, t)) = spec.groups.iter().find_map(|g| {
+            g.tasks
+                .iter()
+                .find(|t| t.csi_plugin.is_some())
+                .map(|t| (g.name.clone(), t.name.clone()))
+        }) {
+            return Err(ApiError::BadRequest(format!(
+                "job.group[{g}].task[{t}].csi_plugin: CSI plugins run as tasks are not supported yet"
+            )));
+        }
         let _placing = self.placing.lock().await;
         // A job whose allocs all ended (or were never written: a crash right after the job
         // record) may run again; one with a live alloc must be stopped first.

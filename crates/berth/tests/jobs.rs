@@ -281,6 +281,13 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
             ),
             "main",
         ),
+        (
+            job("j4", "batch", "v", &dest, "true").replace(
+                "      kill_timeout = \"2s\"",
+                "      kill_timeout = \"2s\"\n      csi_plugin {\n        id = \"other\"\n        type = \"node\"\n      }",
+            ),
+            "csi_plugin: CSI plugins run as tasks are not supported yet",
+        ),
     ];
     for (text, want) in cases {
         let e = run(&client, text).await.expect_err("refused");

@@ -121,9 +121,10 @@ struct Host {
 /// but in its own mount namespace: the task sees the host's filesystem (there is no chroot
 /// yet) plus its [`BindMount`](crate::BindMount)s, minus the [`ExecConfig::hidden`]
 /// directories, and mounts made in it never show on the
-/// host (propagation is private). Mount points missing on the host are created there.
+/// host (the task's namespace is a slave of the host's: host unmounts reach it, its own mounts
+/// never leave it). Mount points missing on the host are created there.
 ///
-/// The process is started as `unshare --mount --propagation private -- sh -c <set-up>`: the
+/// The process is started as `unshare --mount --propagation slave -- sh -c <set-up>`: the
 /// script joins the task's cgroup, makes the bind mounts, enters the working directory and
 /// executes the command, so the pid is the command's (no extra process stays around). A
 /// set-up failure fails [`start`](Driver::start) with the script's message.
@@ -286,7 +287,9 @@ impl ExecDriver {
         }
 
         let mut cmd = Command::new(&host.unshare);
-        cmd.args(["--mount", "--propagation", "private", "--"])
+        // Slave: unmounts on the host (another alloc's volume released) reach the task's copy,
+        // so it never pins them; the task's own mounts still stay private to it.
+        cmd.args(["--mount", "--propagation", "slave", "--"])
             .arg(&host.sh)
             .args(["-c", SETUP_SCRIPT, "berth-exec"])
             .arg(&config.stdout_path)
@@ -446,10 +449,10 @@ fn normalized(path: &Path) -> PathBuf {
     path.components().collect()
 }
 
-/// Checks that a mount namespace can be made: `unshare --mount --propagation private -- sh -c :`.
+/// Checks that a mount namespace can be made: `unshare --mount --propagation slave -- sh -c :`.
 async fn probe_unshare(host: &Host) -> Result<(), String> {
     let mut cmd = Command::new(&host.unshare);
-    cmd.args(["--mount", "--propagation", "private", "--"])
+    cmd.args(["--mount", "--propagation", "slave", "--"])
         .arg(&host.sh)
         .args(["-c", ":"])
         .stdin(Stdio::null())
