@@ -240,6 +240,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// The next wait of a background retry: doubled, at most [`RETRY_MAX`].
+fn next_wait(wait: Duration) -> Duration {
+    (wait * 2).min(RETRY_MAX)
+}
+
 /// The key of an alloc's lock on a volume.
 fn alloc_key(volume_id: &str, alloc_id: &str) -> String {
     format!("{volume_id}/{alloc_id}")
@@ -361,13 +366,22 @@ impl Volumes {
                             tracing::warn!(plugin = %plugin_id, error = %e, "volume recovery waits for the plugin");
                         }
                     }
-                    tokio::select! {
-                        () = this.shutdown.cancelled() => return,
-                        () = tokio::time::sleep(wait) => {}
+                    if !this.pause(wait).await {
+                        return;
                     }
-                    wait = (wait * 2).min(RETRY_MAX);
+                    wait = next_wait(wait);
                 }
             });
+        }
+    }
+
+    /// Waits `delay`, or until the agent stops (then `false`): the pause of every background
+    /// retry loop here.
+    async fn pause(&self, delay: Duration) -> bool {
+        tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => false,
+            () = tokio::time::sleep(delay) => true,
         }
     }
 
@@ -652,12 +666,10 @@ impl Volumes {
         self.tasks.spawn(async move {
             let mut wait = RETRY_FIRST;
             loop {
-                tokio::select! {
-                    biased;
-                    () = this.shutdown.cancelled() => return,
-                    () = tokio::time::sleep(wait) => {}
+                if !this.pause(wait).await {
+                    return;
                 }
-                wait = (wait * 2).min(RETRY_MAX);
+                wait = next_wait(wait);
                 let Ok(plugin) = this.node_plugin(&plugin_id).await else {
                     continue;
                 };
@@ -738,12 +750,10 @@ impl Volumes {
         self.tasks.spawn(async move {
             let mut wait = RETRY_FIRST;
             loop {
-                tokio::select! {
-                    biased;
-                    () = this.shutdown.cancelled() => return,
-                    () = tokio::time::sleep(wait) => {}
+                if !this.pause(wait).await {
+                    return;
                 }
-                wait = (wait * 2).min(RETRY_MAX);
+                wait = next_wait(wait);
                 let Ok(Some(vol)) = this.cp.volume(&volume_id) else {
                     return;
                 };
@@ -939,13 +949,11 @@ impl Volumes {
             let mut delay = first_delay;
             let mut wait = RETRY_FIRST;
             loop {
-                tokio::select! {
-                    biased;
-                    () = this.shutdown.cancelled() => break,
-                    () = tokio::time::sleep(delay) => {}
+                if !this.pause(delay).await {
+                    break;
                 }
                 delay = wait;
-                wait = (wait * 2).min(RETRY_MAX);
+                wait = next_wait(wait);
                 let Ok(Some(vol)) = this.cp.volume(&volume_id) else {
                     break;
                 };
