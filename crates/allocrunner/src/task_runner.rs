@@ -505,6 +505,7 @@ fn volume_mounts(rec: &AllocRecord, task: &berth_job::TaskSpec) -> Result<Vec<Bi
                 source: target.clone(),
                 destination: m.destination.clone(),
                 read_only: m.read_only || vol.read_only,
+                propagation: Default::default(),
             })
         })
         .collect()

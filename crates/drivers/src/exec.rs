@@ -21,7 +21,7 @@ use crate::{
     event::EventSink,
     procfs,
     supervisor::{ProcessConfig, Supervisor, prepare_files, task_env},
-    task::{ExitResult, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
+    task::{ExitResult, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
 };
 
 /// The driver's name.
@@ -34,19 +34,29 @@ const READY: &[u8] = b"ready\n";
 const SETUP_STDERR_LIMIT: u64 = 8192;
 
 /// Runs inside the new mount namespace, as `sh -c SETUP_SCRIPT berth-exec <stdout log>
-/// <stderr log> <cgroup.procs or ""> <mount> <mkdir> <working dir> <count> (<source>
-/// <destination> <ro|rw>)… <command> <args>…`. Every path arrives as an argument and is
+/// <stderr log> <cgroup.procs or ""> <mount> <mkdir> <working dir> <count> <mount point>…
+/// <count> (<source> <destination> <ro|rw|shared>)… <count> <hidden dir>… <command> <args>…`.
+/// The first list holds the shared mounts to make slaves before anything is mounted (only
+/// when a bind mount is bidirectional: the namespace then keeps the host's propagation, so
+/// its plugin root stays a peer of the host's). Every path arrives as an argument and is
 /// quoted; nothing is interpolated into the script. Set-up errors go to stderr (a pipe the
 /// driver reads); `ready` on stdout means the command is about to be executed.
 const SETUP_SCRIPT: &str = r#"
 fail() { printf 'berth exec: %s\n' "$*" >&2; exit 125; }
 exec 3>>"$1" || fail "cannot open the stdout log $1"
 exec 4>>"$2" || fail "cannot open the stderr log $2"
-cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 workdir=$6 count=$7
+cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 workdir=$6 slaves=$7
 shift 7
 if [ -n "$cgroup_procs" ]; then
   printf '%s\n' "$$" >"$cgroup_procs" || fail "cannot join the cgroup ($cgroup_procs)"
 fi
+while [ "$slaves" -gt 0 ]; do
+  "$mount_bin" --make-slave -- "$1" || fail "cannot make $1 a slave mount"
+  shift
+  slaves=$((slaves - 1))
+done
+count=$1
+shift
 while [ "$count" -gt 0 ]; do
   src=$1 dst=$2 mode=$3
   shift 3
@@ -58,7 +68,11 @@ while [ "$count" -gt 0 ]; do
       : >>"$dst" || fail "cannot create the mount point $dst"
     fi
   fi
-  "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind-mount $src at $dst"
+  if [ "$mode" = shared ]; then
+    "$mount_bin" --rbind -- "$src" "$dst" || fail "cannot bind-mount $src at $dst"
+  else
+    "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind-mount $src at $dst"
+  fi
   if [ "$mode" = ro ]; then
     "$mount_bin" -o remount,bind,ro -- "$dst" || fail "cannot make $dst read-only"
   fi
@@ -286,10 +300,17 @@ impl ExecDriver {
             tracing::warn!(task_id = %config.id, "{note}");
         }
 
+        let slaves = slaves_for(&config)?;
         let mut cmd = Command::new(&host.unshare);
         // Slave: unmounts on the host (another alloc's volume released) reach the task's copy,
-        // so it never pins them; the task's own mounts still stay private to it.
-        cmd.args(["--mount", "--propagation", "slave", "--"])
+        // so it never pins them; the task's own mounts still stay private to it. With a
+        // bidirectional mount, every shared mount but that one's is made a slave by the script.
+        let propagation = if slaves.is_some() {
+            "unchanged"
+        } else {
+            "slave"
+        };
+        cmd.args(["--mount", "--propagation", propagation, "--"])
             .arg(&host.sh)
             .args(["-c", SETUP_SCRIPT, "berth-exec"])
             .arg(&config.stdout_path)
@@ -302,12 +323,18 @@ impl ExecDriver {
             )
             .arg(&host.mount)
             .arg(&host.mkdir)
-            .arg(&config.dir)
-            .arg(config.mounts.len().to_string());
+            .arg(&config.dir);
+        let slaves = slaves.unwrap_or_default();
+        cmd.arg(slaves.len().to_string()).args(&slaves);
+        cmd.arg(config.mounts.len().to_string());
         for mount in &config.mounts {
             cmd.arg(&mount.source)
                 .arg(normalized(&mount.destination))
-                .arg(if mount.read_only { "ro" } else { "rw" });
+                .arg(match (mount.propagation, mount.read_only) {
+                    (Propagation::Bidirectional, _) => "shared",
+                    (Propagation::HostToTask, true) => "ro",
+                    (Propagation::HostToTask, false) => "rw",
+                });
         }
         cmd.arg(self.config.hidden.len().to_string())
             .args(&self.config.hidden);
@@ -442,6 +469,47 @@ fn find_tools(
         mkdir: find("mkdir")?,
         sh: find("sh")?,
     })
+}
+
+/// With a bidirectional bind mount in `config`: the host's shared mounts outside every
+/// bidirectional source, which the task's namespace must turn into slaves (so nothing it mounts
+/// elsewhere reaches the host). `None` when no mount is bidirectional. Fails when a
+/// bidirectional source does not lie on a shared mount (nothing would travel).
+fn slaves_for(config: &TaskConfig) -> Result<Option<Vec<PathBuf>>, DriverError> {
+    let sources: Vec<(usize, &Path)> = config
+        .mounts
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.propagation == Propagation::Bidirectional)
+        .map(|(i, m)| (i, m.source.as_path()))
+        .collect();
+    if sources.is_empty() {
+        return Ok(None);
+    }
+    let table = berth_sys::read_mountinfo(Path::new("/proc/self/mountinfo")).map_err(|e| {
+        DriverError::InvalidConfig {
+            task_id: config.id.clone(),
+            field: "mounts".into(),
+            reason: format!("reading the mount table: {e}"),
+        }
+    })?;
+    for (i, source) in &sources {
+        if !berth_sys::containing_mount(&table, source).is_some_and(|e| e.shared) {
+            return Err(DriverError::InvalidConfig {
+                task_id: config.id.clone(),
+                field: format!("mounts[{i}].propagation"),
+                reason: format!("bidirectional needs {} on a shared mount", source.display()),
+            });
+        }
+    }
+    let mut points: Vec<PathBuf> = table
+        .iter()
+        .filter(|e| e.shared)
+        .filter(|e| !sources.iter().any(|(_, s)| e.mount_point.starts_with(s)))
+        .map(|e| e.mount_point.clone())
+        .collect();
+    points.dedup();
+    Ok(Some(points))
 }
 
 /// `path` without trailing `/` or `.` components.

@@ -40,6 +40,6 @@ pub use nix::sys::signal::Signal;
 pub use raw_exec::{RAW_EXEC, RawExecDriver};
 pub use supervisor::ProcessConfig;
 pub use task::{
-    BindMount, ExitResult, HANDLE_VERSION, Resources, TaskConfig, TaskHandle, TaskId, TaskState,
-    TaskStats, TaskStatus,
+    BindMount, ExitResult, HANDLE_VERSION, Propagation, Resources, TaskConfig, TaskHandle, TaskId,
+    TaskState, TaskStats, TaskStatus,
 };

@@ -113,6 +113,24 @@ pub struct BindMount {
     /// Mount it read-only: writes fail with `EROFS`.
     #[serde(default)]
     pub read_only: bool,
+    /// How mounts made under it travel between the task and the host.
+    #[serde(default)]
+    pub propagation: Propagation,
+}
+
+/// Mount propagation of a [`BindMount`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Propagation {
+    /// Host to task only: unmounts on the host reach the task's copy; the task's own mounts
+    /// stay in its namespace.
+    #[default]
+    HostToTask,
+    /// Both ways (a CSI plugin's staging and publish root): mounts and unmounts the task makes
+    /// under it show on the host, and the reverse. The source must lie on a shared mount
+    /// (see `berth_sys::ensure_shared_mount`); it is bound recursively, so mounts already
+    /// under it are seen.
+    Bidirectional,
 }
 
 /// Resource limits of a task. Only drivers that put tasks in cgroups apply them.
@@ -475,6 +493,7 @@ mod tests {
             source: "/src".into(),
             destination: "/a/../etc".into(),
             read_only: false,
+            propagation: Propagation::HostToTask,
         });
         assert_eq!(field(c), "mounts[0].destination");
         let mut c = config();
@@ -482,6 +501,7 @@ mod tests {
             source: "/src\nx".into(),
             destination: "/d".into(),
             read_only: false,
+            propagation: Propagation::HostToTask,
         });
         assert_eq!(field(c), "mounts[0].source");
         let mut c = config();

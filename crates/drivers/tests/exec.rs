@@ -49,6 +49,7 @@ fn bind(source: &Path, destination: &Path, read_only: bool) -> BindMount {
         source: source.to_path_buf(),
         destination: destination.to_path_buf(),
         read_only,
+        propagation: Default::default(),
     }
 }
 
@@ -485,4 +486,115 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
     } else {
         eprintln!("SKIPPED (cgroup part): {cgroup_attr}");
     }
+}
+
+/// Runs the test named `name` of this binary again inside a private mount namespace of its
+/// own (which vanishes with it), for tests that change propagation in the test's namespace.
+fn rerun_in_private_ns(name: &str) {
+    let exe = std::env::current_exe().expect("current_exe");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "--"])
+        .arg(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(IN_NS, "1")
+        .output()
+        .expect("running unshare (util-linux) as root");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "inner test failed:\n{text}");
+    assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
+}
+
+const IN_NS: &str = "BERTH_DRIVERS_TEST_IN_PRIVATE_MOUNT_NS";
+
+#[tokio::test]
+async fn a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks() {
+    require_root!();
+    if std::env::var_os(IN_NS).is_none() {
+        return rerun_in_private_ns(
+            "a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks",
+        );
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let root = tmp.path().join("plugin-root");
+    let other = tmp.path().join("other-shared");
+    let plain = tmp.path().join("plain");
+    for d in [&root, &other, &plain] {
+        fs::create_dir(d).unwrap();
+    }
+    fs::create_dir(other.join("inside")).unwrap();
+    // Not shared yet: refused, nothing runs.
+    let view = tmp.path().join("task/root");
+    let mut refused = sh(tmp.path(), "refused", "exec sleep 1000");
+    refused.mounts.push(BindMount {
+        propagation: berth_drivers::Propagation::Bidirectional,
+        ..bind(&root, &view, false)
+    });
+    match driver.start(refused).await {
+        Err(DriverError::InvalidConfig { field, reason, .. }) => {
+            assert_eq!(field, "mounts[0].propagation");
+            assert!(reason.contains("shared mount"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    berth_sys::ensure_shared_mount(&root).unwrap();
+    berth_sys::ensure_shared_mount(&other).unwrap();
+
+    let plain_view = tmp.path().join("task/plain");
+    let mut config = sh(
+        tmp.path(),
+        "plugin",
+        r#"mkdir -p "$1/sub" && mount -t tmpfs from-task "$1/sub" && echo hi > "$1/sub/f" &&
+           mkdir -p "$2/x" && mount -t tmpfs private-1 "$2/x" &&
+           mount -t tmpfs private-2 "$3" && echo ready && exec sleep 1000"#,
+    );
+    config.args.extend([
+        "sh".into(),
+        view.display().to_string(),
+        plain_view.display().to_string(),
+        other.join("inside").display().to_string(),
+    ]);
+    config.mounts.push(BindMount {
+        propagation: berth_drivers::Propagation::Bidirectional,
+        ..bind(&root, &view, false)
+    });
+    config.mounts.push(bind(&plain, &plain_view, false));
+    let handle = driver.start(config.clone()).await.expect("start");
+    reaper.track(&handle);
+    common::wait_for_text(config.stdout_path.clone(), "ready").await;
+
+    // Task to host: its mount under the bidirectional one shows at the host's root…
+    let host = Path::new("/proc/self/mountinfo");
+    assert!(mounted_at(host, &root.join("sub")));
+    assert_eq!(read(root.join("sub/f")), "hi\n");
+    // …and nowhere else: not under a plain bind, not under another shared mount, and the
+    // bind mounts themselves stay in the task.
+    for p in [&plain.join("x"), &other.join("inside"), &view, &plain_view] {
+        assert!(!mounted_at(host, p), "{} leaked to the host", p.display());
+    }
+    // Host to task: a mount made on the host under the root shows in the task, and its
+    // unmount too.
+    let task_mountinfo = Path::new("/proc")
+        .join(handle.pid.to_string())
+        .join("mountinfo");
+    fs::create_dir(root.join("from-host")).unwrap();
+    nix::mount::mount(
+        Some("from-host"),
+        &root.join("from-host"),
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        None::<&str>,
+    )
+    .unwrap();
+    assert!(mounted_at(&task_mountinfo, &view.join("from-host")));
+    nix::mount::umount(&root.join("sub")).unwrap();
+    assert!(!mounted_at(&task_mountinfo, &view.join("sub")));
+
+    driver.destroy(&config.id).await.unwrap();
+    assert!(!alive(handle.pid));
 }

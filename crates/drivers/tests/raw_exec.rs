@@ -310,6 +310,7 @@ async fn bad_requests_change_nothing() {
         source: "/tmp".into(),
         destination: "/mnt".into(),
         read_only: false,
+        propagation: Default::default(),
     });
     assert!(matches!(
         driver.start(config.clone()).await,

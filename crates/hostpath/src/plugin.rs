@@ -413,6 +413,7 @@ mod tests {
             root: root.into(),
             mount_point: point.into(),
             read_only: false,
+            shared: false,
             fs_type: "ext4".into(),
             source: "/dev/x".into(),
         }

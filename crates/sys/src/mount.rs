@@ -30,6 +30,9 @@ pub struct MountEntry {
     pub mount_point: PathBuf,
     /// Whether the mount itself (not only the filesystem) is read-only.
     pub read_only: bool,
+    /// Whether the mount is in a peer group (`shared:N`): mounts and unmounts under it
+    /// propagate to its peers, and from them.
+    pub shared: bool,
     /// Filesystem type, e.g. `ext4`.
     pub fs_type: String,
     /// Mount source, e.g. `/dev/sda1` or `tmpfs`.
@@ -101,6 +104,16 @@ pub enum MountError {
         /// The read error.
         #[source]
         source: std::io::Error,
+    },
+    /// Changing a mount's propagation (or binding a directory onto itself to make it a mount)
+    /// failed.
+    #[error("making {} a shared mount", target.display())]
+    Propagation {
+        /// The directory.
+        target: PathBuf,
+        /// The errno of the syscall.
+        #[source]
+        errno: Errno,
     },
     /// The mount table did not parse.
     #[error("parsing the mount table {}", path.display())]
@@ -209,6 +222,41 @@ impl Mounter for LinuxMounter {
     }
 }
 
+/// Makes the directory `dir` a shared mount (its own peer group) in the calling process's
+/// mount namespace, so that mounts made under it in another namespace holding a peer of it
+/// show here, and the reverse. A directory that is not a mount point yet is first bound onto
+/// itself, recursively (mounts already under it stay visible). Idempotent: a shared mount is
+/// left as it is. Returns whether anything changed.
+pub fn ensure_shared_mount(dir: &Path) -> Result<bool, MountError> {
+    let mountinfo = Path::new(LinuxMounter::MOUNTINFO);
+    let table = read_mountinfo(mountinfo)?;
+    let fail = |errno| MountError::Propagation {
+        target: dir.to_path_buf(),
+        errno,
+    };
+    match top_mount_at(&table, dir) {
+        Some(e) if e.shared => return Ok(false),
+        Some(_) => {}
+        None => mount(
+            Some(dir),
+            dir,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(fail)?,
+    }
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
+    )
+    .map_err(fail)?;
+    Ok(true)
+}
+
 /// Undoes the bind mount at `target` after its read-only remount failed with `remount_errno`:
 /// unmounts it with `umount`, lazily (`MNT_DETACH`) if a plain unmount fails. The error to
 /// report: [`MountError::RemountReadOnly`] if the bind is gone, [`MountError::LeftWritable`] if
@@ -290,6 +338,7 @@ impl RecordingMounter {
             root: PathBuf::from("/"),
             mount_point: PathBuf::from("/"),
             read_only: false,
+            shared: false,
             fs_type: "rootfs".to_owned(),
             source: "rootfs".to_owned(),
         };
@@ -360,6 +409,7 @@ impl Mounter for RecordingMounter {
             root,
             mount_point: target.to_path_buf(),
             read_only,
+            shared: false,
             fs_type,
             source: src,
         });
@@ -425,6 +475,7 @@ mod tests {
             root: PathBuf::from("/"),
             mount_point: PathBuf::from(mount_point),
             read_only: false,
+            shared: false,
             fs_type: "ext4".into(),
             source: "/dev/sda".into(),
         }
@@ -734,5 +785,51 @@ mod linux_tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn ensure_shared_mount_keeps_submounts_and_propagates_to_peers() {
+        const NAME: &str =
+            "mount::linux_tests::ensure_shared_mount_keeps_submounts_and_propagates_to_peers";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (root, src, peer) = (
+            dir.path().join("root"),
+            dir.path().join("src"),
+            dir.path().join("peer"),
+        );
+        for d in [&root, &root.join("old"), &root.join("new"), &src, &peer] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        fs::write(src.join("f"), b"data").expect("write");
+        let m = LinuxMounter;
+        // A mount made before the directory became shared stays visible under it.
+        m.bind(&src, &root.join("old"), false).expect("bind old");
+        assert!(ensure_shared_mount(&root).expect("shared"));
+        let e = m
+            .mount_at(&root)
+            .expect("mountinfo")
+            .expect("root is a mount");
+        assert!(e.shared, "{e:?}");
+        assert!(root.join("old/f").exists());
+        // Done once: a second call changes nothing.
+        assert!(!ensure_shared_mount(&root).expect("again"));
+
+        // A bind of a shared mount is its peer: mounts made under either show under the other.
+        mount(
+            Some(&root),
+            &peer,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .expect("bind peer");
+        m.bind(&src, &peer.join("new"), false)
+            .expect("bind under the peer");
+        assert_eq!(fs::read(root.join("new/f")).expect("seen at root"), b"data");
+        m.unmount(&root.join("new")).expect("unmount at root");
+        assert!(!peer.join("new/f").exists(), "the unmount reached the peer");
     }
 }

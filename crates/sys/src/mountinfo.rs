@@ -57,11 +57,14 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
     let mount_point = path(next("missing mount point")?)?;
     let options = next("missing mount options")?;
     let read_only = options.split(|&b| b == b',').any(|o| o == b"ro");
+    let mut shared = false;
     loop {
         // Optional fields (shared:N, master:N…) end at a lone "-".
-        if next("missing '-' separator")? == b"-" {
+        let field = next("missing '-' separator")?;
+        if field == b"-" {
             break;
         }
+        shared |= field.starts_with(b"shared:");
     }
     let fs_type = text(next("missing filesystem type")?)?;
     let source = text(next("missing mount source")?)?;
@@ -71,6 +74,7 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
         root,
         mount_point,
         read_only,
+        shared,
         fs_type,
         source,
     })
@@ -141,6 +145,9 @@ mod tests {
         // two optional fields before the separator
         assert_eq!(entries[2].fs_type, "tmpfs");
         assert_eq!(entries[2].mount_point, Path::new("/tmp"));
+        // shared:N makes a peer; master:N alone (a slave) does not
+        let shared: Vec<bool> = entries.iter().map(|e| e.shared).collect();
+        assert_eq!(shared, [true, true, false, false, false]);
     }
 
     #[test]
