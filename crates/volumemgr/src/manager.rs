@@ -138,6 +138,9 @@ pub struct VolumeManager {
     mounts: Arc<dyn MountTable>,
     locks: KeyedLocks,
     hook: Option<Arc<dyn StepHook>>,
+    /// Where the plugin sees its root, when not where the agent does (a plugin run as a task
+    /// in its own mount namespace).
+    plugin_view: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for VolumeManager {
@@ -184,6 +187,7 @@ impl VolumeManager {
             mounts,
             locks: KeyedLocks::default(),
             hook: None,
+            plugin_view: None,
         })
     }
 
@@ -191,6 +195,22 @@ impl VolumeManager {
     pub fn with_hook(mut self, hook: Arc<dyn StepHook>) -> Self {
         self.hook = Some(hook);
         self
+    }
+
+    /// The plugin sees its root ([`PluginPaths::root`]) at `root` (a plugin run as a task,
+    /// with its root bind-mounted there): every staging and target path sent to it is that
+    /// path under `root`. Records, mount checks and directories stay in the agent's view.
+    pub fn with_plugin_view(mut self, root: impl Into<PathBuf>) -> Self {
+        self.plugin_view = Some(root.into());
+        self
+    }
+
+    /// `path` (under the plugin's root, in the agent's view) as the plugin sees it.
+    fn rpc_path(&self, path: &Path) -> PathBuf {
+        match (&self.plugin_view, path.strip_prefix(self.paths.root())) {
+            (Some(view), Ok(rest)) => view.join(rest),
+            _ => path.to_path_buf(),
+        }
     }
 
     /// The plugin's directory paths.
@@ -443,7 +463,11 @@ impl VolumeManager {
         };
         let staging = self.staging_of(&rec)?;
         self.client
-            .node_volume_stats(&rec.external_id, &target, staging.as_deref())
+            .node_volume_stats(
+                &rec.external_id,
+                &self.rpc_path(&target),
+                staging.as_deref().map(|p| self.rpc_path(p)).as_deref(),
+            )
             .await
             .map(Some)
             .map_err(|e| self.csi_err(&ctx, Some(alloc_id), e))
@@ -485,8 +509,8 @@ impl VolumeManager {
                     .map_err(|source| invalid(volume_id, source))?;
                 let req = NodeExpand {
                     external_id: rec.external_id.clone(),
-                    volume_path: target,
-                    staging_path: staging.clone(),
+                    volume_path: self.rpc_path(&target),
+                    staging_path: staging.as_deref().map(|p| self.rpc_path(p)),
                     capacity,
                     capability: capability.clone(),
                     secrets: secrets.clone(),
@@ -671,7 +695,7 @@ impl VolumeManager {
         let usage = rec.full_usage();
         let req = NodeStage {
             external_id: rec.external_id.clone(),
-            staging_path: staging.to_path_buf(),
+            staging_path: self.rpc_path(staging),
             capability: usage.capability(),
             publish_context: rec.publish_context.clone(),
             volume_context: rec.volume_context.clone(),
@@ -710,8 +734,8 @@ impl VolumeManager {
         let usage = rec.full_usage();
         let req = NodePublish {
             external_id: rec.external_id.clone(),
-            staging_path: rec.staging.is_some().then(|| staging.to_path_buf()),
-            target_path: target.to_path_buf(),
+            staging_path: rec.staging.is_some().then(|| self.rpc_path(staging)),
+            target_path: self.rpc_path(target),
             capability: usage.capability(),
             read_only: usage.read_only,
             publish_context: publish_context.clone(),
@@ -742,7 +766,10 @@ impl VolumeManager {
             .insert(alloc_id.to_string(), PublishState::Unpublishing);
         self.save(ctx, rec)?;
         self.step(StepRpc::NodeUnpublishVolume, Phase::Before);
-        match self.client.node_unpublish(&rec.external_id, target).await {
+        match self
+            .client
+            .node_unpublish(&rec.external_id, &self.rpc_path(target))
+            .await {
             Ok(()) => {}
             Err(e) if e.is_already_done() => {}
             Err(e) => return Err(self.csi_err(ctx, Some(alloc_id), e)),
@@ -773,7 +800,10 @@ impl VolumeManager {
             rec.staging = Some(StageState::Unstaging);
             self.save(ctx, rec)?;
             self.step(StepRpc::NodeUnstageVolume, Phase::Before);
-            match self.client.node_unstage(&rec.external_id, staging).await {
+            match self
+                .client
+                .node_unstage(&rec.external_id, &self.rpc_path(staging))
+                .await {
                 Ok(()) => {}
                 Err(e) if e.is_already_done() => {}
                 Err(e) => return Err(self.csi_err(ctx, None, e)),

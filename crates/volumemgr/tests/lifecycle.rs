@@ -813,3 +813,43 @@ fn futures_are_send() {
     }
     let _ = check;
 }
+
+#[tokio::test]
+async fn a_plugin_view_translates_every_path_sent_to_the_plugin() {
+    let env = env(true).await;
+    // The plugin sees the root elsewhere (as a task does, through a bind mount).
+    let view = env.plugin.tmp().join("plugin-view");
+    let mgr = env.manager().await.with_plugin_view(&view);
+    let ext = env.volume("viewed").await;
+    let target = mgr
+        .mount(req("v", &ext, "a1", usage(false)))
+        .await
+        .expect("mount");
+    // The target handed back is the agent's; the plugin mounted at the paths it was sent.
+    assert!(target.starts_with(&env.data), "{}", target.display());
+    let rest = target
+        .strip_prefix(mgr.paths().root())
+        .expect("under the root");
+    let seen: Vec<PathBuf> = env
+        .plugin
+        .mountinfo()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(&view))
+        .collect();
+    assert_eq!(seen.len(), 2, "one staging and one target: {seen:?}");
+    assert!(seen.contains(&view.join(rest)), "{seen:?}");
+    assert!(seen.iter().any(|p| p.starts_with(view.join("staging/v"))));
+    assert!(env.mounts_under_data().is_empty());
+    assert!(mgr.stats("v", "a1").await.expect("stats").is_some());
+    mgr.unmount("v", "a1").await.expect("unmount");
+    assert!(
+        !env
+            .plugin
+            .mountinfo()
+            .iter()
+            .any(|m| m.mount_point.starts_with(&view)),
+        "unpublish and unstage were sent the plugin's paths"
+    );
+    assert!(env.records().is_empty());
+}
