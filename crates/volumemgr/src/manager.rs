@@ -769,7 +769,8 @@ impl VolumeManager {
         match self
             .client
             .node_unpublish(&rec.external_id, &self.rpc_path(target))
-            .await {
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.is_already_done() => {}
             Err(e) => return Err(self.csi_err(ctx, Some(alloc_id), e)),
@@ -803,7 +804,8 @@ impl VolumeManager {
             match self
                 .client
                 .node_unstage(&rec.external_id, &self.rpc_path(staging))
-                .await {
+                .await
+            {
                 Ok(()) => {}
                 Err(e) if e.is_already_done() => {}
                 Err(e) => return Err(self.csi_err(ctx, None, e)),

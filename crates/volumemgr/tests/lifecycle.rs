@@ -844,8 +844,7 @@ async fn a_plugin_view_translates_every_path_sent_to_the_plugin() {
     assert!(mgr.stats("v", "a1").await.expect("stats").is_some());
     mgr.unmount("v", "a1").await.expect("unmount");
     assert!(
-        !env
-            .plugin
+        !env.plugin
             .mountinfo()
             .iter()
             .any(|m| m.mount_point.starts_with(&view)),
