@@ -341,7 +341,7 @@ impl ExecDriver {
         cmd.arg(&config.command)
             .args(&config.args)
             .env_clear()
-            .envs(task_env(&config))
+            .envs(task_env(&config, &self.config.process))
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

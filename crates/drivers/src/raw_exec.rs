@@ -52,7 +52,7 @@ impl RawExecDriver {
         let mut cmd = Command::new(&config.command);
         cmd.args(&config.args)
             .env_clear()
-            .envs(task_env(&config))
+            .envs(task_env(&config, self.sup.process_config()))
             .current_dir(&config.dir)
             .stdin(Stdio::null())
             .stdout(stdout)

@@ -43,6 +43,8 @@ pub struct ProcessConfig {
     /// How long to wait for a task to exit after `SIGKILL` (and for its cgroup to empty)
     /// before giving up with `KillTimeout`.
     pub kill_timeout: Duration,
+    /// `PATH` of tasks whose environment sets none; `None`: the agent's own.
+    pub task_path: Option<String>,
 }
 
 impl Default for ProcessConfig {
@@ -50,6 +52,7 @@ impl Default for ProcessConfig {
         Self {
             poll_interval: Duration::from_millis(500),
             kill_timeout: Duration::from_secs(10),
+            task_path: None,
         }
     }
 }
@@ -260,6 +263,11 @@ fn finish(driver: &str, events: &EventSink, entry: &TaskEntry, mut result: ExitR
 }
 
 impl Supervisor {
+    /// How processes are watched and started.
+    pub(crate) fn process_config(&self) -> &ProcessConfig {
+        &self.config
+    }
+
     pub fn new(driver: &'static str, events: EventSink, config: ProcessConfig) -> Self {
         Self {
             driver,
@@ -715,12 +723,16 @@ async fn watch_foreign(entry: &TaskEntry, poll: Duration, cancel: &CancellationT
 
 /// The environment a task gets: exactly `config.env`, plus the agent's `PATH` when it has
 /// none.
-pub(crate) fn task_env(config: &TaskConfig) -> BTreeMap<String, String> {
+pub(crate) fn task_env(config: &TaskConfig, process: &ProcessConfig) -> BTreeMap<String, String> {
     let mut env = config.env.clone();
     if !env.contains_key("PATH") {
-        let path = std::env::var("PATH").unwrap_or_else(|_| {
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-        });
+        let path = process
+            .task_path
+            .clone()
+            .or_else(|| std::env::var("PATH").ok())
+            .unwrap_or_else(|| {
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+            });
         env.insert("PATH".into(), path);
     }
     env

@@ -20,6 +20,7 @@ fn config(cgroup: CgroupSetting) -> ExecConfig {
         process: ProcessConfig {
             poll_interval: Duration::from_millis(20),
             kill_timeout: Duration::from_secs(10),
+            task_path: None,
         },
         hidden: Vec::new(),
     }

@@ -431,6 +431,7 @@ async fn a_real_tasks_events_wait_for_its_handler_and_recover_goes_to_the_right_
     let process = ProcessConfig {
         poll_interval: Duration::from_millis(20),
         kill_timeout: Duration::from_secs(10),
+        task_path: None,
     };
     builder
         .add(Arc::new(RawExecDriver::new(

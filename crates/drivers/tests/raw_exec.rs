@@ -19,6 +19,7 @@ fn fast() -> ProcessConfig {
     ProcessConfig {
         poll_interval: Duration::from_millis(20),
         kill_timeout: Duration::from_secs(10),
+        task_path: None,
     }
 }
 
