@@ -19,7 +19,7 @@ use crate::{
     config::AllocDeps,
     csi_hook::{self, PrerunEnd, interruptible},
     error::AllocError,
-    hooks::{TaskContext, TaskHook},
+    hooks::{TaskContext, TaskEvents, TaskHook},
     record::{
         AllocEvent, AllocRecord, AllocSpec, ClientStatus, DesiredState, EventKind, RECORD_VERSION,
         TaskRunState, hook_names,
@@ -550,6 +550,7 @@ impl AllocRunner {
                 task_id,
                 alloc_dir: inner.alloc_dir.clone(),
                 task_dir: inner.alloc_dir.join(&task.name),
+                events: TaskEvents::new(inner.shared.clone(), &task.name),
             },
             stdout,
             stderr,

@@ -1,12 +1,52 @@
 //! Task hooks the agent adds per task (e.g. the CSI plugin supervisor of a task with a
 //! `csi_plugin` block), run around the built-in ones.
 
-use std::{fmt, path::PathBuf};
+use std::{fmt, path::PathBuf, sync::Arc};
 
 use berth_drivers::{ExitResult, TaskConfig, TaskHandle, TaskId};
 use berth_job::TaskSpec;
 
-use crate::BoxFuture;
+use crate::{BoxFuture, record::EventKind, shared::Shared};
+
+/// Adds events to one task's record (persisted and shown in `alloc status`). Cheap to clone;
+/// a hook may keep it for work it does in the background.
+#[derive(Clone)]
+pub struct TaskEvents {
+    shared: Option<Arc<Shared>>,
+    task: String,
+}
+
+impl TaskEvents {
+    pub(crate) fn new(shared: Arc<Shared>, task: &str) -> Self {
+        Self {
+            shared: Some(shared),
+            task: task.to_owned(),
+        }
+    }
+
+    /// A handle that drops every event (for hooks called outside a runner, in tests).
+    pub fn discard(task: &str) -> Self {
+        Self {
+            shared: None,
+            task: task.to_owned(),
+        }
+    }
+
+    /// Adds an event of the task. `message` must hold no secret or mount flag.
+    pub fn emit(&self, kind: EventKind, message: impl Into<String>) {
+        if let Some(shared) = &self.shared {
+            shared.event(Some(&self.task), kind, message);
+        }
+    }
+}
+
+impl fmt::Debug for TaskEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskEvents")
+            .field("task", &self.task)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What a task hook knows of its task.
 #[derive(Debug, Clone)]
@@ -25,6 +65,8 @@ pub struct TaskContext {
     pub alloc_dir: PathBuf,
     /// The task's working directory (`<alloc dir>/<task>`).
     pub task_dir: PathBuf,
+    /// The task's events.
+    pub events: TaskEvents,
 }
 
 /// A task hook failed.
@@ -73,6 +115,14 @@ pub trait TaskHook: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<(), HookError>> {
         let _ = (ctx, handle);
         Box::pin(async { Ok(()) })
+    }
+
+    /// After the task's running process was re-attached (an agent restart); the poststart
+    /// hooks it had finished are not run again, so a hook that watches the process in the
+    /// background starts again here.
+    fn recovered<'a>(&'a self, ctx: &'a TaskContext, handle: &'a TaskHandle) -> BoxFuture<'a, ()> {
+        let _ = (ctx, handle);
+        Box::pin(async {})
     }
 
     /// After the process exited, on its own or stopped.

@@ -70,7 +70,7 @@ pub use alloc_runner::AllocRunner;
 pub use config::{AllocDeps, Backoff, RunnerConfig};
 pub use drivers::TaskDrivers;
 pub use error::AllocError;
-pub use hooks::{HookError, TaskContext, TaskHook};
+pub use hooks::{HookError, TaskContext, TaskEvents, TaskHook};
 pub use record::{
     AllocEvent, AllocRecord, AllocSpec, ClientStatus, DEFAULT_MAX_EVENTS, DesiredState, EventKind,
     HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,

@@ -284,6 +284,17 @@ pub enum EventKind {
     AllocComplete,
     /// The alloc failed.
     AllocFailed,
+    /// The task's CSI plugin answered its probe and was registered.
+    PluginRegistered,
+    /// The task's CSI plugin was deregistered (the task stopped or exited).
+    PluginDeregistered,
+    /// The task's CSI plugin became healthy.
+    PluginHealthy,
+    /// The task's CSI plugin became unhealthy.
+    PluginUnhealthy,
+    /// The task's CSI plugin was not ready within its `health_timeout`: the task is
+    /// restarted under its restart policy.
+    PluginNotReady,
 }
 
 /// Something that happened to the alloc or one of its tasks. Never holds mount flags or

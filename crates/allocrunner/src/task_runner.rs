@@ -114,7 +114,14 @@ impl TaskRunner {
     pub async fn run(self, entry: Entry) -> Outcome {
         let mut phase = match entry {
             Entry::Start => Phase::Start,
-            Entry::Attached => Phase::Running,
+            Entry::Attached => {
+                if let Some(handle) = self.task_record().and_then(|t| t.handle) {
+                    for hook in &self.hooks {
+                        hook.recovered(&self.ctx, &handle).await;
+                    }
+                }
+                Phase::Running
+            }
             Entry::Lost => Phase::Lost,
         };
         loop {

@@ -7,7 +7,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use berth_allocrunner::{AllocStatus, ClientStatus, DesiredState};
+pub use berth_allocrunner::{AllocEvent, AllocStatus, ClientStatus, DesiredState, EventKind};
 
 use crate::volumes::SpecFormat;
 

@@ -66,17 +66,20 @@ pub enum Source {
     Config,
     /// A socket in the registration directory (kubelet style).
     RegistrationDir,
-    /// `POST /v1/plugins` (a plugin run as a task registers this way).
+    /// `POST /v1/plugins`.
     Api,
+    /// A job's task with a `csi_plugin` block, run and supervised by the agent.
+    Task,
 }
 
 impl Source {
-    /// `config`, `registration-dir` or `api`, as in JSON.
+    /// `config`, `registration-dir`, `api` or `task`, as in JSON.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Config => "config",
             Self::RegistrationDir => "registration-dir",
             Self::Api => "api",
+            Self::Task => "task",
         }
     }
 }
@@ -407,7 +410,12 @@ mod tests {
 
     #[test]
     fn names_match_json() {
-        for source in [Source::Config, Source::RegistrationDir, Source::Api] {
+        for source in [
+            Source::Config,
+            Source::RegistrationDir,
+            Source::Api,
+            Source::Task,
+        ] {
             assert_eq!(
                 serde_json::to_value(source).unwrap(),
                 serde_json::Value::from(source.as_str())

@@ -35,6 +35,7 @@ pub fn process_config() -> ProcessConfig {
     ProcessConfig {
         poll_interval: Duration::from_millis(25),
         kill_timeout: Duration::from_secs(5),
+        task_path: None,
     }
 }
 
