@@ -32,6 +32,10 @@ pub struct PluginRecord {
     pub source: Source,
     /// Its CSI socket.
     pub socket: PathBuf,
+    /// Where the plugin sees its staging and publish root, when elsewhere than the agent (a
+    /// plugin run as a task with the root bind-mounted into it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin_view: Option<PathBuf>,
     /// Registration time, ms since the epoch.
     pub registered_ms: u64,
     /// Registration order, to break ties between equal times.
@@ -61,6 +65,8 @@ pub struct Registration {
     pub source: Source,
     /// Its CSI socket.
     pub socket: PathBuf,
+    /// See [`PluginRecord::plugin_view`].
+    pub plugin_view: Option<PathBuf>,
 }
 
 /// A change in the registry.
@@ -168,6 +174,7 @@ impl Registry {
             && e.socket == reg.socket
             && e.plugin_type == reg.plugin_type
             && e.source == reg.source
+            && e.plugin_view == reg.plugin_view
         {
             return Ok(e.clone());
         }
@@ -178,6 +185,7 @@ impl Registry {
             plugin_type: reg.plugin_type,
             source: reg.source,
             socket: reg.socket,
+            plugin_view: reg.plugin_view,
             registered_ms: crate::now_ms(),
             order,
         };
@@ -261,6 +269,7 @@ mod tests {
             plugin_type: PluginType::Node,
             source: Source::Api,
             socket: socket.into(),
+            plugin_view: None,
         }
     }
 

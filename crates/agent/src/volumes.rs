@@ -240,6 +240,9 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// How long a volume status waits for one target's NodeGetVolumeStats.
+const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// The next wait of a background retry: doubled, at most [`RETRY_MAX`].
 fn next_wait(wait: Duration) -> Duration {
     (wait * 2).min(RETRY_MAX)
@@ -440,6 +443,9 @@ impl Volumes {
         .map_err(|e| vol_error(&e))?;
         if let Some(h) = &self.hook {
             manager = manager.with_hook(Arc::clone(h) as Arc<dyn StepHook>);
+        }
+        if let Some(view) = &record.plugin_view {
+            manager = manager.with_plugin_view(view);
         }
         let plugin = Arc::new(NodePlugin {
             manager,
@@ -1036,6 +1042,9 @@ impl Volumes {
             .ok_or_else(|| ApiError::NotFound(format!("no volume {id:?}")))?;
         let mut usages = Vec::new();
         if let Some(plugin) = self.existing_node_plugin(&vol.plugin_id) {
+            // Stats only from the instance that serves now, and never for long: a status
+            // must not hang on a plugin that went away.
+            let live = self.active_node_socket(&vol.plugin_id).as_ref() == Some(&plugin.socket);
             for rec in plugin.manager.usages_of(id).map_err(|e| vol_error(&e))? {
                 let mut allocs = Vec::new();
                 for (alloc_id, state) in &rec.allocs {
@@ -1044,8 +1053,11 @@ impl Volumes {
                         .paths()
                         .publish(id, alloc_id, rec.usage)
                         .unwrap_or_default();
-                    let stats = if *state == PublishState::Published {
-                        plugin.manager.stats(id, alloc_id).await.ok().flatten()
+                    let stats = if live && *state == PublishState::Published {
+                        tokio::time::timeout(STATS_TIMEOUT, plugin.manager.stats(id, alloc_id))
+                            .await
+                            .ok()
+                            .and_then(|r| r.ok().flatten())
                     } else {
                         None
                     };
