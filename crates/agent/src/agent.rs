@@ -47,6 +47,8 @@ pub struct AgentOptions {
     pub plugins: Vec<PluginDecl>,
     /// Restart policy of plugins the agent runs.
     pub restart: RestartPolicy,
+    /// `PATH` of tasks whose `env` sets none; `None`: the agent's own.
+    pub task_path: Option<String>,
 }
 
 impl AgentOptions {
@@ -61,6 +63,7 @@ impl AgentOptions {
             health: config.health,
             plugins: config.plugins,
             restart: RestartPolicy::default(),
+            task_path: None,
         }
     }
 
@@ -205,13 +208,18 @@ impl Agent {
                 &shutdown,
             );
             let sink = b.event_sink();
-            let raw = berth_drivers::RawExecDriver::new(sink.clone(), Default::default());
+            let process = berth_drivers::ProcessConfig {
+                task_path: opts.task_path.clone(),
+                ..Default::default()
+            };
+            let raw = berth_drivers::RawExecDriver::new(sink.clone(), process.clone());
             // Tasks do not see where volumes are staged and published (other allocs' too):
             // their own volumes are bind-mounted at their destinations first.
             let exec = berth_drivers::ExecDriver::new(
                 sink,
                 berth_drivers::ExecConfig {
                     hidden: vec![data_dir.join("csi")],
+                    process,
                     ..Default::default()
                 },
             );
@@ -231,6 +239,7 @@ impl Agent {
             Arc::clone(&registry),
             Arc::clone(&manager),
             Arc::clone(&volumes),
+            Arc::clone(&events),
             node_id.clone(),
             &data_dir,
             tasks.clone(),
@@ -333,6 +342,7 @@ impl Agent {
                 plugin_type: decl.plugin_type,
                 source: Source::Config,
                 socket,
+                plugin_view: None,
             };
             self.registry
                 .register(reg)
@@ -410,6 +420,14 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
     let id = format!("{:032x}", rand::random::<u128>());
     store.put(Table::NODE, "id", &id)?;
     Ok(id)
+}
+
+impl Agent {
+    /// Stops every job and waits up to `timeout` for their allocs to finish (see
+    /// [`Jobs::stop_all`]).
+    pub async fn stop_all_jobs(&self, timeout: Duration) -> bool {
+        self.jobs.stop_all(timeout).await
+    }
 }
 
 impl berth_api::JobView for Agent {
@@ -615,6 +633,7 @@ impl AgentView for Agent {
             plugin_type: req.plugin_type,
             source: Source::Api,
             socket: req.socket,
+            plugin_view: None,
         };
         match self.registry.register(reg).await {
             Ok(_) => self
@@ -683,6 +702,7 @@ impl berth_regdir::Sink for RegDirSink {
             plugin_type: berth_api::PluginType::Node,
             source: Source::RegistrationDir,
             socket: p.endpoint.clone(),
+            plugin_view: None,
         };
         self.agent
             .registry

@@ -25,7 +25,13 @@ use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
-use crate::{manager::Manager, registry::Registry, volumes::Volumes};
+use crate::{
+    events::EventBus,
+    manager::Manager,
+    plugin_tasks::{PluginPlan, PluginTaskHook, PluginTasks},
+    registry::Registry,
+    volumes::Volumes,
+};
 
 /// A new alloc's id: `<job>-<group>-<index>-<random>`, readable while it fits in a path
 /// segment, else 32 random hex digits.
@@ -123,6 +129,8 @@ pub struct Jobs {
     volumes: Arc<Volumes>,
     node_id: String,
     deps: AllocDeps,
+    plugins: PluginTasks,
+    data_dir: PathBuf,
     runners: Mutex<BTreeMap<String, AllocRunner>>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -146,6 +154,7 @@ impl Jobs {
         registry: Arc<Registry>,
         manager: Arc<Manager>,
         volumes: Arc<Volumes>,
+        events: Arc<EventBus>,
         node_id: String,
         data_dir: &std::path::Path,
         tasks: TaskTracker,
@@ -160,10 +169,20 @@ impl Jobs {
             Arc::clone(&allocs),
             data_dir.join("allocs"),
         );
+        let plugins = PluginTasks {
+            registry: Arc::clone(&registry),
+            events,
+            drivers: drivers.clone(),
+            data_dir: data_dir.to_path_buf(),
+            tasks: tasks.clone(),
+            shutdown: shutdown.clone(),
+        };
         Self {
             store,
             allocs,
             drivers,
+            plugins,
+            data_dir: data_dir.to_path_buf(),
             registry,
             manager,
             volumes,
@@ -186,16 +205,59 @@ impl Jobs {
                 return;
             }
         };
+        let mut live_plugins = std::collections::BTreeSet::new();
         for record in records.into_iter().filter(|r| !r.is_finished()) {
             let alloc_id = record.alloc_id.clone();
+            let group = record.group.clone();
             match AllocRunner::recover(record, self.deps.clone()).await {
                 Ok(runner) => {
+                    live_plugins.extend(self.add_plugin_hooks(&runner, &group));
                     tracing::info!(alloc_id, "alloc recovered");
                     self.spawn_runner(runner);
                 }
                 Err(e) => tracing::error!(alloc_id, error = %e, "cannot recover the alloc"),
             }
         }
+        // Plugin tasks whose alloc ended while the agent was down are not plugins any more.
+        for r in self.registry.list() {
+            if r.source == berth_api::Source::Task
+                && !live_plugins.contains(&(r.id.clone(), r.instance.clone()))
+                && let Err(e) = self
+                    .registry
+                    .deregister(
+                        &r.id,
+                        &r.instance,
+                        "its task ended while the agent was down",
+                    )
+                    .await
+            {
+                tracing::warn!(plugin = %r.id, instance = %r.instance, error = %e, "cannot deregister");
+            }
+        }
+    }
+
+    /// Adds the plugin supervisor to every task of `group` with a `csi_plugin` block; returns
+    /// their (plugin id, instance).
+    fn add_plugin_hooks(
+        &self,
+        runner: &AllocRunner,
+        group: &berth_job::GroupSpec,
+    ) -> Vec<(String, String)> {
+        let mut added = Vec::new();
+        for task in &group.tasks {
+            let Some(spec) = &task.csi_plugin else {
+                continue;
+            };
+            let hook = Arc::new(PluginTaskHook::new(self.plugins.clone(), spec.clone()));
+            if let Err(e) = runner.add_task_hook(&task.name, hook) {
+                tracing::error!(alloc_id = runner.alloc_id(), task = %task.name, error = %e, "cannot supervise the plugin task");
+                continue;
+            }
+            if let Ok(plan) = PluginPlan::new(&self.data_dir, runner.alloc_id(), &task.name, spec) {
+                added.push((spec.id.clone(), plan.instance));
+            }
+        }
+        added
     }
 
     fn spawn_runner(self: &Arc<Self>, runner: AllocRunner) {
@@ -303,16 +365,6 @@ impl Jobs {
             SpecFormat::Json => JobSpec::parse_json(&file, &req.spec),
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-        if let Some((g, t)) = spec.groups.iter().find_map(|g| {
-            g.tasks
-                .iter()
-                .find(|t| t.csi_plugin.is_some())
-                .map(|t| (g.name.clone(), t.name.clone()))
-        }) {
-            return Err(ApiError::BadRequest(format!(
-                "job.group[{g}].task[{t}].csi_plugin: CSI plugins run as tasks are not supported yet"
-            )));
-        }
         let _placing = self.placing.lock().await;
         // A job whose allocs all ended (or were never written: a crash right after the job
         // record) may run again; one with a live alloc must be stopped first.
@@ -358,8 +410,10 @@ impl Jobs {
         };
         self.save(&job_id, &rec)?;
         for s in specs {
+            let group = s.group.clone();
             let runner = AllocRunner::new(s, self.deps.clone())
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
+            self.add_plugin_hooks(&runner, &group);
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
@@ -386,6 +440,44 @@ impl Jobs {
             }
         }
         Ok(self.status_of(&rec))
+    }
+
+    /// Stops every job and waits, up to `timeout`, until every alloc is finished (tasks dead,
+    /// volumes released). Returns whether they all finished in time. For `--dev`, whose data
+    /// dir goes away with the agent: nothing could recover those tasks afterwards.
+    pub async fn stop_all(&self, timeout: std::time::Duration) -> bool {
+        let ids: Vec<String> = match self.store.list::<JobRecord>(Table::JOBS) {
+            Ok(list) => list.into_iter().map(|(id, _)| id).collect(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot list the jobs to stop");
+                return false;
+            }
+        };
+        for id in &ids {
+            if let Err(e) = self.stop(id).await {
+                tracing::warn!(job_id = %id, error = %e, "cannot stop the job");
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let runners: Vec<AllocRunner> = self
+                .runners
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .cloned()
+                .collect();
+            if runners
+                .iter()
+                .all(|r| r.status().client_status.is_terminal())
+            {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// `GET /v1/job/{id}`.

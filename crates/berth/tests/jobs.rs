@@ -284,9 +284,9 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
         (
             job("j4", "batch", "v", &dest, "true").replace(
                 "      kill_timeout = \"2s\"",
-                "      kill_timeout = \"2s\"\n      csi_plugin {\n        id = \"other\"\n        type = \"node\"\n      }",
+                "      kill_timeout = \"2s\"\n      csi_plugin {\n        id = \"other\"\n        type = \"node\"\n        mount_dir = \"/local/csi/sock\"\n      }",
             ),
-            "csi_plugin: CSI plugins run as tasks are not supported yet",
+            "mount_dir: /local/csi/sock lies inside stage_publish_base_dir",
         ),
     ];
     for (text, want) in cases {

@@ -64,7 +64,10 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     if args.dev && !config.plugins.iter().any(|p| p.id == "hostpath") {
         config.plugins.push(dev_hostpath(&data_dir)?);
     }
-    let opts = AgentOptions::from_config(config, data_dir.clone());
+    let mut opts = AgentOptions::from_config(config, data_dir.clone());
+    if args.dev {
+        opts.task_path = Some(dev_task_path()?);
+    }
 
     let shutdown = CancellationToken::new();
     let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
@@ -90,6 +93,18 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+    if dev_dir.is_some() {
+        // The data dir goes away: stop the jobs first, or their tasks would run on, orphaned.
+        tracing::info!("--dev: stopping every job before exiting");
+        let stopped = tokio::select! {
+            done = running.agent.stop_all_jobs(SHUTDOWN_GRACE) => done,
+            _ = term.recv() => false,
+            _ = int.recv() => false,
+        };
+        if !stopped {
+            tracing::warn!("--dev: some allocs did not finish; their tasks may still run");
+        }
+    }
     tracing::info!(grace = ?SHUTDOWN_GRACE, "shutting down");
     shutdown.cancel();
     let stopped = tokio::select! {
@@ -107,6 +122,16 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// `PATH` of tasks in `--dev`: the directory of the `berth` binary first (so a job can run
+/// `berth-hostpath` by name), then the agent's own.
+fn dev_task_path() -> anyhow::Result<String> {
+    let exe = std::env::current_exe().context("cannot find the berth binary")?;
+    let dir = exe.parent().context("the berth binary has no directory")?;
+    let rest = std::env::var("PATH")
+        .unwrap_or_else(|_| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    Ok(format!("{}:{rest}", dir.display()))
 }
 
 /// The berth-hostpath plugin `--dev` runs: a monolith next to the `berth` binary, staging and

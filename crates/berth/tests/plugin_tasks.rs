@@ -1,0 +1,431 @@
+//! CSI plugins run as tasks: a real agent runs berth-hostpath as an `exec` task with a
+//! `csi_plugin` block, registers it once it answers its probe (source `task`), serves volumes
+//! through it (the plugin mounts in its own namespace, the mounts show on the host through the
+//! bidirectional root), restarts it when it dies or is not ready in time, and keeps it across an
+//! agent kill -9.
+
+mod agent_support;
+
+use std::{path::Path, time::Duration};
+
+use agent_support::AgentProcess;
+use berth_api::{
+    Client, Source,
+    jobs::{AllocStatus, ClientStatus, EventKind, JobRunRequest, JobStatus},
+    volumes::{SpecFormat, VolumeSpecRequest},
+};
+use berth_hostpath::calllog;
+
+const PLUGIN: &str = "tp";
+
+/// The volume RPCs of a claim and a release, in their order.
+const VOLUME_RPCS: [&str; 6] = [
+    "ControllerPublishVolume",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+    "ControllerUnpublishVolume",
+];
+
+const CONFIG: &str = "health {\n  interval = \"200ms\"\n  failures = 2\n}\n";
+
+/// The plugin job: berth-hostpath as an exec task; every path it sees lies in `tmp` (there is
+/// no chroot: a mount_dir of `/csi` would be made on the host).
+fn plugin_job(tmp: &Path, health_timeout: &str) -> String {
+    let hostpath = berth_testkit::bin_path("berth-hostpath");
+    let t = tmp.display();
+    format!(
+        r#"
+job "plugin" {{
+  type = "service"
+  group "p" {{
+    task "hostpath" {{
+      driver = "exec"
+      config {{
+        command = "{hostpath}"
+        args    = ["--statedir", "{t}/hp", "--nodeid", "n1", "--call-log", "{t}/calls.log"]
+      }}
+      csi_plugin {{
+        id                     = "{PLUGIN}"
+        type                   = "monolith"
+        mount_dir              = "{t}/task-view/csi"
+        stage_publish_base_dir = "{t}/task-view/local/csi"
+        health_timeout         = "{health_timeout}"
+      }}
+      restart {{
+        attempts = 5
+        delay    = "0s"
+        interval = "1m"
+        mode     = "fail"
+      }}
+      kill_timeout = "2s"
+    }}
+  }}
+}}
+"#,
+        hostpath = hostpath.display()
+    )
+}
+
+/// A job with one exec task that mounts volume `source` at `dest` and runs `script` (`$0` is
+/// `dest`).
+fn volume_job(id: &str, job_type: &str, source: &str, dest: &Path, script: &str) -> String {
+    format!(
+        r#"
+job "{id}" {{
+  type = "{job_type}"
+  group "g" {{
+    volume "data" {{
+      type        = "csi"
+      source      = "{source}"
+      access_mode = "single-node-writer"
+    }}
+    task "main" {{
+      driver = "exec"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}", "{dest}"]
+      }}
+      volume_mount {{
+        volume      = "data"
+        destination = "{dest}"
+      }}
+      kill_timeout = "2s"
+    }}
+  }}
+}}
+"#,
+        dest = dest.display()
+    )
+}
+
+async fn run(client: &Client, text: String) -> Result<JobStatus, berth_api::ClientError> {
+    client
+        .run_job(&JobRunRequest {
+            spec: text,
+            format: SpecFormat::Hcl,
+            file: Some("job.hcl".into()),
+        })
+        .await
+}
+
+async fn create_volume(client: &Client, id: &str) -> String {
+    let spec = format!(
+        "id = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\ncapacity_min = \"10MiB\"\n\
+         capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
+    );
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec,
+            format: SpecFormat::Hcl,
+            file: None,
+        })
+        .await
+        .expect("create volume")
+        .external_id
+}
+
+/// Polls the only alloc of job `id` until `pred` holds (bounded).
+async fn wait_alloc(
+    agent: &AgentProcess,
+    id: &str,
+    pred: impl Fn(&AllocStatus) -> bool,
+) -> AllocStatus {
+    let client = agent.client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.job(id).await.expect("job status");
+        if let Some(a) = s.allocs.first()
+            && pred(a)
+        {
+            return a.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {id} did not get there: {s:#?}\nagent log:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}
+
+fn count(a: &AllocStatus, kind: EventKind) -> usize {
+    a.events.iter().filter(|e| e.kind == kind).count()
+}
+
+fn pid(a: &AllocStatus) -> Option<u32> {
+    a.tasks.get("hostpath").and_then(|t| t.pid)
+}
+
+/// The plugin's instances from its task, healthy.
+async fn wait_task_instance_healthy(agent: &AgentProcess) -> String {
+    let p = agent
+        .wait_plugin(PLUGIN, Duration::from_secs(30), |p| {
+            p.instances
+                .iter()
+                .any(|i| i.source == Source::Task && i.active && i.health.healthy)
+        })
+        .await;
+    p.instances
+        .iter()
+        .find(|i| i.source == Source::Task)
+        .map(|i| i.instance.clone())
+        .expect("a task instance")
+}
+
+fn volume_rpcs(tmp: &Path) -> Vec<String> {
+    calllog::read(tmp.join("calls.log"))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.rpc)
+        .filter(|r| VOLUME_RPCS.contains(&r.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when_killed() {
+    let agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let client = agent.client();
+    let tmp = agent.tmp.path().to_path_buf();
+    run(&client, plugin_job(&tmp, "20s"))
+        .await
+        .expect("plugin job");
+    let instance = wait_task_instance_healthy(&agent).await;
+    let a = wait_alloc(&agent, "plugin", |a| {
+        count(a, EventKind::PluginRegistered) == 1 && count(a, EventKind::PluginHealthy) >= 1
+    })
+    .await;
+    let first_pid = pid(&a).expect("running");
+    // The plugin's socket is in its own instance directory.
+    let plugin = client.plugin(PLUGIN).await.expect("plugin");
+    let socket = &plugin.instances[0].socket;
+    assert_eq!(
+        socket,
+        &agent
+            .data_dir
+            .join("csi/plugins")
+            .join(&instance)
+            .join("csi.sock")
+    );
+
+    // A job writes through a volume the plugin task mounts: the data is in its volume.
+    let external = create_volume(&client, "v1").await;
+    let dest = tmp.join("writer-data");
+    run(
+        &client,
+        volume_job("w1", "batch", "v1", &dest, "echo hello > $0/hello.txt"),
+    )
+    .await
+    .expect("writer");
+    let done = wait_alloc(&agent, "w1", |a| a.client_status.is_terminal()).await;
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    assert_eq!(
+        std::fs::read_to_string(tmp.join("hp/volumes").join(&external).join("hello.txt"))
+            .expect("the file is in the plugin's volume"),
+        "hello\n"
+    );
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        client.volume("v1").await.is_ok_and(|v| v.claims.is_empty())
+    });
+    assert_eq!(volume_rpcs(&tmp), VOLUME_RPCS, "CSI order");
+    let ns_mounts = agent.namespace().mountinfo().expect("mountinfo");
+    let csi_root = agent.data_dir.join("csi");
+    assert!(
+        !ns_mounts
+            .iter()
+            .any(|m| m.mount_point.starts_with(&csi_root)
+                && m.mount_point != csi_root.join("monolith").join(PLUGIN)),
+        "nothing left mounted but the shared root: {ns_mounts:#?}"
+    );
+
+    // Killed: restarted under its policy, deregistered, then registered again when ready.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(first_pid).unwrap()),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let a = wait_alloc(&agent, "plugin", |a| {
+        count(a, EventKind::PluginRegistered) == 2
+            && pid(a).is_some_and(|p| p != first_pid)
+            && a.tasks["hostpath"].restarts == 1
+    })
+    .await;
+    let kinds: Vec<EventKind> = a
+        .events
+        .iter()
+        .filter(|e| e.task.as_deref() == Some("hostpath"))
+        .map(|e| e.kind)
+        .collect();
+    let after_kill: Vec<EventKind> = kinds
+        .iter()
+        .copied()
+        .skip_while(|k| *k != EventKind::Exited)
+        .filter(|k| {
+            matches!(
+                k,
+                EventKind::Exited
+                    | EventKind::PluginDeregistered
+                    | EventKind::Restarting
+                    | EventKind::Started
+                    | EventKind::PluginRegistered
+            )
+        })
+        .collect();
+    assert_eq!(
+        after_kill,
+        [
+            EventKind::Exited,
+            EventKind::PluginDeregistered,
+            EventKind::Restarting,
+            EventKind::Started,
+            EventKind::PluginRegistered
+        ],
+        "{a:#?}"
+    );
+    assert_eq!(wait_task_instance_healthy(&agent).await, instance);
+
+    // It serves volumes again.
+    run(
+        &client,
+        volume_job("w2", "batch", "v1", &dest, "cat $0/hello.txt"),
+    )
+    .await
+    .expect("second writer");
+    let done = wait_alloc(&agent, "w2", |a| a.client_status.is_terminal()).await;
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+
+    // Stopped: deregistered; the instance is gone from the registry.
+    client.stop_job("plugin").await.expect("stop");
+    let a = wait_alloc(&agent, "plugin", |a| a.client_status.is_terminal()).await;
+    assert!(count(&a, EventKind::PluginDeregistered) >= 2, "{a:#?}");
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
+        client.plugin(PLUGIN).await.is_err()
+    });
+}
+
+#[tokio::test]
+async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event() {
+    let agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let client = agent.client();
+    let tmp = agent.tmp.path().to_path_buf();
+    // A "plugin" that never opens its socket.
+    let text = plugin_job(&tmp, "300ms")
+        .replace(
+            &format!(
+                "command = \"{}\"",
+                berth_testkit::bin_path("berth-hostpath").display()
+            ),
+            "command = \"/bin/sleep\"",
+        )
+        .replace(
+            &format!(
+                "args    = [\"--statedir\", \"{t}/hp\", \"--nodeid\", \"n1\", \"--call-log\", \"{t}/calls.log\"]",
+                t = tmp.display()
+            ),
+            "args    = [\"3600\"]",
+        )
+        .replace("attempts = 5", "attempts = 1");
+    assert!(text.contains("/bin/sleep") && text.contains("attempts = 1"));
+    run(&client, text).await.expect("job run");
+    let a = wait_alloc(&agent, "plugin", |a| a.client_status.is_terminal()).await;
+    assert_eq!(a.client_status, ClientStatus::Failed, "{a:#?}");
+    assert_eq!(count(&a, EventKind::PluginNotReady), 2, "{a:#?}");
+    assert_eq!(count(&a, EventKind::Restarting), 1, "{a:#?}");
+    assert_eq!(count(&a, EventKind::PluginRegistered), 0, "{a:#?}");
+    let not_ready = a
+        .events
+        .iter()
+        .find(|e| e.kind == EventKind::PluginNotReady)
+        .unwrap();
+    assert!(
+        not_ready.message.contains("not ready within 300ms")
+            && not_ready.message.contains("no socket"),
+        "{}",
+        not_ready.message
+    );
+    assert!(client.plugin(PLUGIN).await.is_err(), "never registered");
+}
+
+#[tokio::test]
+async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_again() {
+    let mut agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let client = agent.client();
+    let tmp = agent.tmp.path().to_path_buf();
+    run(&client, plugin_job(&tmp, "20s"))
+        .await
+        .expect("plugin job");
+    let instance = wait_task_instance_healthy(&agent).await;
+    create_volume(&client, "v1").await;
+    let dest = tmp.join("server-data");
+    run(
+        &client,
+        volume_job("srv", "service", "v1", &dest, "exec sleep 3600"),
+    )
+    .await
+    .expect("service");
+    let srv = wait_alloc(&agent, "srv", |a| {
+        a.client_status == ClientStatus::Running && a.tasks["main"].pid.is_some()
+    })
+    .await;
+    let plugin = wait_alloc(&agent, "plugin", |a| pid(a).is_some()).await;
+    let calls_before = volume_rpcs(&tmp).len();
+    assert_eq!(calls_before, 3, "claimed once");
+
+    agent.kill9();
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    assert_eq!(wait_task_instance_healthy(&agent).await, instance);
+    let plugin_after = wait_alloc(&agent, "plugin", |a| {
+        a.client_status == ClientStatus::Running
+            && count(a, EventKind::Recovered) >= 1
+            && count(a, EventKind::PluginRegistered) == 2
+    })
+    .await;
+    assert_eq!(
+        pid(&plugin_after),
+        pid(&plugin),
+        "the plugin was not restarted"
+    );
+    let srv_after = wait_alloc(&agent, "srv", |a| a.client_status == ClientStatus::Running).await;
+    assert_eq!(srv_after.tasks["main"].pid, srv.tasks["main"].pid);
+    assert_eq!(volume_rpcs(&tmp).len(), calls_before, "nothing remounted");
+    assert_eq!(client.volume("v1").await.unwrap().claims.len(), 1);
+
+    // The plugin stops: deregistered, and the volume it mounted for the service stays.
+    client.stop_job("plugin").await.expect("stop plugin");
+    wait_alloc(&agent, "plugin", |a| a.client_status.is_terminal()).await;
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
+        client.plugin(PLUGIN).await.is_err()
+    });
+    let per_alloc = agent
+        .data_dir
+        .join("csi/monolith")
+        .join(PLUGIN)
+        .join("per-alloc")
+        .join(&srv.alloc_id);
+    assert!(
+        agent
+            .namespace()
+            .mountinfo()
+            .expect("mountinfo")
+            .iter()
+            .any(|m| m.mount_point.starts_with(&per_alloc)),
+        "the service's volume is still mounted"
+    );
+    // A new plugin job takes over; the service's release goes through it, in CSI order.
+    client.stop_job("plugin").await.ok();
+    run(
+        &client,
+        plugin_job(&tmp, "20s").replace("job \"plugin\"", "job \"plugin2\""),
+    )
+    .await
+    .expect("plugin job again");
+    client.stop_job("srv").await.expect("stop srv");
+    berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
+        client.volume("v1").await.is_ok_and(|v| v.claims.is_empty())
+    });
+    assert_eq!(volume_rpcs(&tmp), VOLUME_RPCS, "released in CSI order");
+    client.stop_job("plugin2").await.expect("stop plugin2");
+}
