@@ -20,7 +20,7 @@ use berth_api::{
 };
 use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
 use berth_drivers::{DriverManager, Health};
-use berth_job::JobSpec;
+use berth_job::{GroupSpec, JobSpec};
 use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -409,11 +409,11 @@ impl Jobs {
             allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
         };
         self.save(&job_id, &rec)?;
-        for s in specs {
-            let group = s.group.clone();
-            let runner = AllocRunner::new(s, self.deps.clone())
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            self.add_plugin_hooks(&runner, &group);
+        let groups: Vec<GroupSpec> = specs.iter().map(|s| s.group.clone()).collect();
+        let runners = AllocRunner::new_all(specs, self.deps.clone())
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        for (runner, group) in runners.into_iter().zip(&groups) {
+            self.add_plugin_hooks(&runner, group);
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");

@@ -107,27 +107,45 @@ impl AllocRunner {
     /// A runner for a new alloc; its record is written at once. Call [`run`](Self::run) to
     /// start it.
     pub fn new(spec: AllocSpec, deps: AllocDeps) -> Result<Self, AllocError> {
-        let task_ids = validate(&spec)?;
-        let mut record = AllocRecord::new(&spec);
-        record.push_event(
-            AllocEvent::new(
-                None,
-                EventKind::Received,
-                format!(
-                    "alloc {} of group {} of job {}",
-                    spec.index, spec.group.name, spec.job_id
+        let mut runners = Self::new_all(vec![spec], deps)?;
+        Ok(runners.remove(0))
+    }
+
+    /// Runners for several new allocs (a job's), in the order given. Every spec is checked
+    /// before anything is written; then their records are written together (one commit in the
+    /// agent's store), so placing many allocs costs one durable write, not one each.
+    pub fn new_all(specs: Vec<AllocSpec>, deps: AllocDeps) -> Result<Vec<Self>, AllocError> {
+        let mut checked = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let task_ids = validate(&spec)?;
+            let mut record = AllocRecord::new(&spec);
+            record.push_event(
+                AllocEvent::new(
+                    None,
+                    EventKind::Received,
+                    format!(
+                        "alloc {} of group {} of job {}",
+                        spec.index, spec.group.name, spec.job_id
+                    ),
                 ),
-            ),
-            deps.config.max_events,
-        );
-        deps.store.put(&record)?;
-        let entries = spec
-            .group
-            .tasks
-            .iter()
-            .map(|t| (t.name.clone(), Entry::Start))
-            .collect();
-        Ok(Self::build(spec, task_ids, record, deps, entries))
+                deps.config.max_events,
+            );
+            checked.push((spec, task_ids, record));
+        }
+        let records: Vec<AllocRecord> = checked.iter().map(|(_, _, r)| r.clone()).collect();
+        deps.store.put_all(&records)?;
+        Ok(checked
+            .into_iter()
+            .map(|(spec, task_ids, record)| {
+                let entries = spec
+                    .group
+                    .tasks
+                    .iter()
+                    .map(|t| (t.name.clone(), Entry::Start))
+                    .collect();
+                Self::build(spec, task_ids, record, deps.clone(), entries)
+            })
+            .collect())
     }
 
     fn build(

@@ -32,6 +32,11 @@ pub enum AllocStoreError {
 pub trait AllocStore: Send + Sync + fmt::Debug {
     /// Writes `record` under its alloc id.
     fn put(&self, record: &AllocRecord) -> Result<(), AllocStoreError>;
+    /// Writes every record: all or none where the store allows it (the agent's store does, in
+    /// one commit); the default writes them one by one.
+    fn put_all(&self, records: &[AllocRecord]) -> Result<(), AllocStoreError> {
+        records.iter().try_for_each(|r| self.put(r))
+    }
     /// The record of `alloc_id`, if any.
     fn get(&self, alloc_id: &str) -> Result<Option<AllocRecord>, AllocStoreError>;
     /// Every record, in alloc id order.
@@ -56,6 +61,12 @@ impl StateAllocStore {
 impl AllocStore for StateAllocStore {
     fn put(&self, record: &AllocRecord) -> Result<(), AllocStoreError> {
         Ok(self.store.put(Table::ALLOCS, &record.alloc_id, record)?)
+    }
+
+    fn put_all(&self, records: &[AllocRecord]) -> Result<(), AllocStoreError> {
+        let items: Vec<(&str, &AllocRecord)> =
+            records.iter().map(|r| (r.alloc_id.as_str(), r)).collect();
+        Ok(self.store.put_all(Table::ALLOCS, &items)?)
     }
 
     fn get(&self, alloc_id: &str) -> Result<Option<AllocRecord>, AllocStoreError> {

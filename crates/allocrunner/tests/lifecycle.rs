@@ -472,3 +472,62 @@ job "map" {
         in_order(&t, &[EventKind::Killing, EventKind::Exited]) || !t.contains(&EventKind::Started)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_all_writes_every_record_at_once_or_none_when_one_spec_is_bad() {
+    let node = Node::with_store(|dir| {
+        let store = berth_state::Store::open(dir.join("state.redb")).expect("store");
+        Arc::new(berth_allocrunner::StateAllocStore::new(Arc::new(store)))
+    });
+    let job = job(r#"
+job "many" {
+  group "g" {
+    count = 3
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/true"
+      }
+    }
+  }
+}
+"#);
+    let spec = |id: &str, index: u32| {
+        berth_allocrunner::AllocSpec::from_job(&job, "g", id, index).expect("alloc spec")
+    };
+    // One bad spec (an alloc id that would become a path outside the allocs dir): nothing is
+    // written, not even the good ones before it.
+    let e = AllocRunner::new_all(
+        vec![spec("many-0", 0), spec("../many-1", 1), spec("many-2", 2)],
+        node.deps(),
+    )
+    .expect_err("a bad alloc id");
+    assert!(e.to_string().contains("alloc id"), "{e}");
+    assert!(node.store.list().expect("list").is_empty());
+
+    let runners = AllocRunner::new_all(
+        vec![spec("many-0", 0), spec("many-1", 1), spec("many-2", 2)],
+        node.deps(),
+    )
+    .expect("runners");
+    let ids: Vec<&str> = runners.iter().map(|r| r.alloc_id()).collect();
+    assert_eq!(ids, ["many-0", "many-1", "many-2"]);
+    let stored: Vec<(String, u32)> = node
+        .store
+        .list()
+        .expect("list")
+        .into_iter()
+        .map(|r| (r.alloc_id, r.index))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            ("many-0".to_string(), 0),
+            ("many-1".to_string(), 1),
+            ("many-2".to_string(), 2)
+        ]
+    );
+    for r in &runners {
+        assert_eq!(kinds(&r.status(), None), [EventKind::Received]);
+    }
+}

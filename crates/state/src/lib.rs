@@ -209,6 +209,33 @@ impl Store {
         txn.commit().map_err(|e| self.err(&action(), e))
     }
 
+    /// Writes every `(key, value)` into `table` in one transaction: all of them or none.
+    /// Durable when it returns; one commit however many records.
+    pub fn put_all<T: Serialize>(
+        &self,
+        table: Table,
+        items: &[(&str, &T)],
+    ) -> Result<(), StateError> {
+        let mut encoded = Vec::with_capacity(items.len());
+        for (key, value) in items {
+            let bytes =
+                serde_json::to_vec(value).map_err(|source| self.record_err(table, key, source))?;
+            encoded.push((*key, bytes));
+        }
+        let action = || format!("write {} records into {table}", items.len());
+        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
+        {
+            let mut t = txn
+                .open_table(table.def())
+                .map_err(|e| self.err(&action(), e))?;
+            for (key, bytes) in &encoded {
+                t.insert(*key, bytes.as_slice())
+                    .map_err(|e| self.err(&action(), e))?;
+            }
+        }
+        txn.commit().map_err(|e| self.err(&action(), e))
+    }
+
     /// Removes `key`; whether it was there. Durable when it returns.
     pub fn delete(&self, table: Table, key: &str) -> Result<bool, StateError> {
         let action = || format!("delete {table}/{key}");
@@ -328,6 +355,37 @@ mod tests {
     struct Rec {
         name: String,
         n: u32,
+    }
+
+    #[test]
+    fn put_all_writes_every_record_in_one_go_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let recs: Vec<Rec> = (0..5)
+            .map(|n| Rec {
+                name: format!("r{n}"),
+                n,
+            })
+            .collect();
+        {
+            let s = Store::open(&path).unwrap();
+            s.put(
+                Table::ALLOCS,
+                "r1",
+                &Rec {
+                    name: "old".into(),
+                    n: 99,
+                },
+            )
+            .unwrap();
+            let items: Vec<(&str, &Rec)> = recs.iter().map(|r| (r.name.as_str(), r)).collect();
+            s.put_all(Table::ALLOCS, &items).unwrap();
+            s.put_all::<Rec>(Table::ALLOCS, &[]).unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        let listed: Vec<(String, Rec)> = s.list(Table::ALLOCS).unwrap();
+        let want: Vec<(String, Rec)> = recs.into_iter().map(|r| (r.name.clone(), r)).collect();
+        assert_eq!(listed, want);
     }
 
     #[test]
