@@ -1,8 +1,9 @@
-//! What the API shows of an alloc: its tasks, volumes and events, without its spec (and so
-//! without mount flags).
+//! What the API shows of an alloc: its tasks, volumes and events, without its spec. Mount flags
+//! show only as `[REDACTED]`.
 
 use std::{collections::BTreeMap, path::PathBuf, time::SystemTime};
 
+use berth_csi::model::{AccessMode, AttachmentMode};
 use berth_drivers::ExitResult;
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +66,16 @@ pub struct VolumeSummary {
     pub volume_id: String,
     /// Claimed for reading only.
     pub read_only: bool,
+    /// The access mode the alloc claims it with.
+    pub access_mode: AccessMode,
+    /// `file-system` or `block-device`.
+    pub attachment_mode: AttachmentMode,
+    /// The filesystem type the request asks for; empty for the volume's.
+    #[serde(default)]
+    pub fs_type: String,
+    /// `[REDACTED]` when the request sets mount flags, absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mount_flags: Option<String>,
     /// Claimed now.
     pub claimed: bool,
     /// Where it is mounted on the host.
@@ -112,11 +123,21 @@ impl AllocStatus {
                 .volumes
                 .iter()
                 .map(|(name, v)| {
+                    let req = record.group.volumes.get(name);
+                    let options = req.map(|r| &r.mount_options);
                     (
                         name.clone(),
                         VolumeSummary {
                             volume_id: v.volume_id.clone(),
                             read_only: v.read_only,
+                            access_mode: req
+                                .map_or(AccessMode::SingleNodeWriter, |r| r.access_mode),
+                            attachment_mode: req
+                                .map_or(AttachmentMode::FileSystem, |r| r.attachment_mode),
+                            fs_type: options.map(|o| o.fs_type.clone()).unwrap_or_default(),
+                            mount_flags: options
+                                .filter(|o| !o.mount_flags.is_empty())
+                                .map(|_| berth_csi::REDACTED.to_owned()),
                             claimed: v.claimed,
                             target: v.target.clone(),
                         },

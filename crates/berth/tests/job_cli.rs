@@ -103,12 +103,19 @@ fn web0() -> AllocStatus {
             "config": {
                 "volume_id": "cfg",
                 "read_only": true,
+                "access_mode": "multi-node-reader-only",
+                "attachment_mode": "file-system",
+                "fs_type": "",
                 "claimed": false,
                 "target": null
             },
             "data": {
                 "volume_id": "db[0]",
                 "read_only": false,
+                "access_mode": "single-node-writer",
+                "attachment_mode": "file-system",
+                "fs_type": "ext4",
+                "mount_flags": "[REDACTED]",
                 "claimed": true,
                 "target": "/var/lib/berth/csi/per-alloc/web-0/db[0]/rw"
             }
@@ -608,12 +615,38 @@ async fn alloc_status_shows_tasks_volumes_and_events() {
     assert_eq!(
         table(&out, "VOLUME"),
         [
-            vec!["VOLUME", "VOLUME", "ID", "MODE", "CLAIMED", "TARGET"],
-            vec!["config", "cfg", "ro", "no", "-"],
+            vec![
+                "VOLUME",
+                "VOLUME",
+                "ID",
+                "MODE",
+                "ACCESS",
+                "MODE",
+                "ATTACHMENT",
+                "FS",
+                "FLAGS",
+                "CLAIMED",
+                "TARGET"
+            ],
+            vec![
+                "config",
+                "cfg",
+                "ro",
+                "multi-node-reader-only",
+                "file-system",
+                "-",
+                "-",
+                "no",
+                "-"
+            ],
             vec![
                 "data",
                 "db[0]",
                 "rw",
+                "single-node-writer",
+                "file-system",
+                "ext4",
+                "[REDACTED]",
                 "yes",
                 "/var/lib/berth/csi/per-alloc/web-0/db[0]/rw"
             ],

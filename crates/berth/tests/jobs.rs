@@ -15,6 +15,8 @@ use berth_api::{
 use berth_hostpath::calllog;
 
 const PLUGIN: &str = "hp";
+/// A mount flag that must never be shown.
+const FLAG_SECRET: &str = "password=flag-secret-5678";
 
 /// The volume RPCs of a claim and a release, in their order.
 const VOLUME_RPCS: [&str; 6] = [
@@ -195,18 +197,22 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
     let client = agent.client();
     create_volume(&client, "svc").await;
     let dest = agent.tmp.path().join("svc-data");
-    run(
-        &client,
-        job(
-            "svc",
-            "service",
-            "svc",
-            &dest,
-            "touch $0/started; exec sleep 3600",
-        ),
+    // Mount flags (one of them a secret) go to the plugin and never come back out.
+    let spec = job(
+        "svc",
+        "service",
+        "svc",
+        &dest,
+        "touch $0/started; exec sleep 3600",
     )
-    .await
-    .expect("job run");
+    .replace(
+        "      access_mode = \"single-node-writer\"",
+        &format!(
+            "      access_mode = \"single-node-writer\"\n      \
+             mount_options {{\n        mount_flags = [\"noatime\", \"{FLAG_SECRET}\"]\n      }}"
+        ),
+    );
+    run(&client, spec).await.expect("job run");
     let running = wait_job(&client, "svc", |s| {
         s.allocs.iter().all(|a| {
             a.client_status == ClientStatus::Running && a.tasks.values().all(|t| t.pid.is_some())
@@ -218,6 +224,17 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
         .await
         .expect("alloc status");
     let pid = alloc.tasks["main"].pid.expect("a pid");
+    let data = &alloc.volumes["data"];
+    assert!(data.claimed, "{data:?}");
+    assert_eq!(data.mount_flags.as_deref(), Some(berth_csi::REDACTED));
+    let shown = [
+        serde_json::to_string(&alloc).unwrap(),
+        serde_json::to_string(&running).unwrap(),
+        serde_json::to_string(&client.volume("svc").await.expect("volume status")).unwrap(),
+    ];
+    for text in shown.iter().chain([&agent.log()]) {
+        assert!(!text.contains(FLAG_SECRET), "the flag leaked: {text}");
+    }
     // A running job is not run twice.
     let e = run(
         &client,
@@ -256,6 +273,10 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
             "NodeUnstageVolume",
             "ControllerUnpublishVolume"
         ]
+    );
+    assert!(
+        !agent.log().contains(FLAG_SECRET),
+        "the flag leaked into the log"
     );
 }
 

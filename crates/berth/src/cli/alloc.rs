@@ -105,6 +105,10 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
                     name.clone(),
                     v.volume_id.clone(),
                     if v.read_only { "ro" } else { "rw" }.into(),
+                    v.access_mode.to_string(),
+                    v.attachment_mode.to_string(),
+                    or_dash(&v.fs_type),
+                    v.mount_flags.clone().unwrap_or_else(|| "-".into()),
                     yes_no(v.claimed).into(),
                     v.target
                         .as_ref()
@@ -112,7 +116,20 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
                 ]
             })
             .collect();
-        output::table(&["VOLUME", "VOLUME ID", "MODE", "CLAIMED", "TARGET"], &rows)?;
+        output::table(
+            &[
+                "VOLUME",
+                "VOLUME ID",
+                "MODE",
+                "ACCESS MODE",
+                "ATTACHMENT",
+                "FS",
+                "FLAGS",
+                "CLAIMED",
+                "TARGET",
+            ],
+            &rows,
+        )?;
     }
 
     println!();
