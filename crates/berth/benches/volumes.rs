@@ -18,10 +18,12 @@
 //! (with the bench's profile) when run by cargo. Needs root and util-linux (`unshare`,
 //! `setpriv`).
 
+mod common;
+
 use std::{
     collections::BTreeSet,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitCode, Stdio},
+    path::PathBuf,
+    process::ExitCode,
     time::{Duration, Instant},
 };
 
@@ -34,12 +36,10 @@ use berth_csi::{
     model::{AccessMode, AttachmentMode, MountOptions, Secrets, VolumeCapability},
 };
 use berth_testkit::HostpathPlugin;
-use nix::{
-    sys::signal::{Signal, killpg},
-    unistd::Pid,
+use common::{
+    Agent, PLUGIN, Phase, clk_tck, cpu_ticks, hostpath_binary, mounts_under, ms, report_phase, row,
 };
 
-const PLUGIN: &str = "hp";
 const USAGE: &str = "\
 usage: volumes [--samples N] [--warmup N] [--volumes V] [--allocs A] [--quick]
   --samples N  cycle samples through the agent and directly, interleaved (default 200)
@@ -97,199 +97,6 @@ fn parse_args() -> Result<Opts, String> {
     Ok(o)
 }
 
-/// `berth-hostpath`, built first with the bench's own profile and target dir when cargo runs
-/// the bench (a no-op when it is up to date), so the plugin measured is the current one.
-fn hostpath_binary() -> PathBuf {
-    let exe = std::env::current_exe().expect("the bench's own path");
-    // target/<profile>/deps/volumes-<hash>
-    let profile_dir = exe.parent().and_then(Path::parent);
-    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), profile_dir) {
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "dev",
-            Some(p) => p,
-            None => "release",
-        };
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
-        let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "berth-hostpath",
-            "--bin",
-            "berth-hostpath",
-        ])
-        .args(["--profile", profile, "--manifest-path"])
-        .arg(&manifest);
-        if let Some(target_dir) = profile_dir.parent() {
-            cmd.arg("--target-dir").arg(target_dir);
-        }
-        match cmd.status() {
-            Ok(s) if s.success() => {}
-            other => panic!(
-                "building berth-hostpath failed ({other:?}); build it yourself with \
-                 `cargo build --release -p berth-hostpath` and run the bench again"
-            ),
-        }
-    }
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("berth-hostpath"));
-    match path {
-        Some(p) if p.is_file() => p,
-        _ => panic!(
-            "berth-hostpath not found next to {}: build it with \
-             `cargo build --release -p berth-hostpath`, or run the bench through `cargo bench`",
-            exe.display()
-        ),
-    }
-}
-
-/// Clock ticks per second, for `/proc/<pid>/stat`.
-fn clk_tck() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
-}
-
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
-    let after = &stat[stat.rfind(')').expect("comm") + 2..];
-    let f: Vec<&str> = after.split_whitespace().collect();
-    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
-}
-
-/// Mount points under `dir` in the mount namespace of `pid`.
-fn mounts_under(pid: u32, dir: &Path) -> Vec<PathBuf> {
-    berth_sys::read_mountinfo(Path::new(&format!("/proc/{pid}/mountinfo")))
-        .unwrap_or_else(|e| panic!("mount table of {pid}: {e}"))
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect()
-}
-
-/// A `berth agent` in its own private mount namespace, with its config and data dir in a
-/// temporary directory. Dropping it (also while panicking) kills the agent, then the plugin
-/// process group it supervises (which outlives a SIGKILLed agent on purpose), then removes the
-/// directory.
-struct Agent {
-    child: Child,
-    data_dir: PathBuf,
-    log: PathBuf,
-    // Last: removed after `drop` has killed everything.
-    _tmp: tempfile::TempDir,
-}
-
-impl Agent {
-    async fn start(hostpath: &Path) -> Agent {
-        let tmp = tempfile::Builder::new()
-            .prefix("bv")
-            .tempdir_in("/tmp")
-            .expect("tmp");
-        let data_dir = tmp.path().join("data");
-        let log = tmp.path().join("agent.log");
-        let cfg = tmp.path().join("agent.hcl");
-        let config = format!(
-            "plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-             args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--log-level\", \"warn\", \
-             \"--enable-stage\", \"--enable-attach\"]\n}}\n",
-            hostpath.display(),
-            tmp.path().join("hp").display()
-        );
-        std::fs::write(&cfg, config).expect("config");
-        let out = std::fs::File::create(&log).expect("agent log");
-        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
-            .args(["--log-level", "warn", "agent", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("agent log"))
-            .stderr(out)
-            .spawn()
-            .expect("start berth agent (needs util-linux's setpriv and unshare)");
-        let mut agent = Agent {
-            child,
-            data_dir,
-            log,
-            _tmp: tmp,
-        };
-        let client = agent.client();
-        let start = Instant::now();
-        loop {
-            if let Ok(p) = client.plugin(PLUGIN).await
-                && p.health.healthy
-            {
-                break;
-            }
-            if let Ok(Some(status)) = agent.child.try_wait() {
-                panic!("berth agent exited ({status}):\n{}", agent.log_tail());
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "plugin {PLUGIN} not healthy within 30 s:\n{}",
-                agent.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        agent
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn client(&self) -> Client {
-        Client::new(&format!(
-            "unix://{}",
-            self.data_dir.join("berth.sock").display()
-        ))
-        .expect("client")
-    }
-
-    /// The supervised plugin's pid (and process group), if it still runs berth-hostpath.
-    fn plugin_pid(&self) -> Option<u32> {
-        let file = self.data_dir.join(format!("logs/plugin-{PLUGIN}.pid"));
-        let pid: u32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        exe.file_name()?
-            .to_str()?
-            .starts_with("berth-hostpath")
-            .then_some(pid)
-    }
-
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(50)..].join("\n")
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        // The agent first, so it cannot restart the plugin.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(pid) = self.plugin_pid().and_then(|p| i32::try_from(p).ok()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        if std::thread::panicking() {
-            eprintln!(
-                "--- berth agent log (tail) ---\n{}\n--- end ---",
-                self.log_tail()
-            );
-        }
-    }
-}
-
 fn volume_spec(id: &str, mode: AccessMode) -> VolumeSpecRequest {
     VolumeSpecRequest {
         spec: format!(
@@ -316,44 +123,6 @@ fn release_req(alloc: &str) -> ReleaseRequest {
     ReleaseRequest {
         alloc_id: alloc.into(),
     }
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
-/// Nearest-rank percentile of sorted `v`, `p` in (0, 1].
-fn pct(sorted: &[f64], p: f64) -> f64 {
-    let rank = (p * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Stats {
-    p50: f64,
-    p90: f64,
-    p99: f64,
-    max: f64,
-}
-
-fn stats(v: &[f64]) -> Stats {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    Stats {
-        p50: pct(&s, 0.5),
-        p90: pct(&s, 0.9),
-        p99: pct(&s, 0.99),
-        max: s[s.len() - 1],
-    }
-}
-
-fn row(name: &str, v: &[f64]) -> Stats {
-    let s = stats(v);
-    println!(
-        "  {name:<34} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
-        s.p50, s.p90, s.p99, s.max
-    );
-    s
 }
 
 /// The direct baseline: a `berth-hostpath` of its own, spoken to with `CsiClient`.
@@ -541,7 +310,7 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
         opts.samples, opts.warmup
     );
     println!(
-        "  {:<34} {:>8} {:>8} {:>8} {:>8}",
+        "  {:<40} {:>8} {:>8} {:>8} {:>8}",
         "ms", "median", "p90", "p99", "max"
     );
     let ac = row("agent claim (CP+NS+NP)", &a_claim);
@@ -562,47 +331,6 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
         "  agent overhead per cycle (median difference): {:.2} ms",
         ay.p50 - dy.p50
     );
-}
-
-/// Outcome of one parallel phase: latencies (ms) of the calls that succeeded, errors, wall time
-/// and agent CPU seconds.
-struct Phase {
-    lat: Vec<f64>,
-    errors: Vec<String>,
-    wall: Duration,
-    cpu: f64,
-    plugin_cpu: Option<f64>,
-}
-
-fn report_phase(name: &str, n: usize, p: &Phase) {
-    let wall = p.wall.as_secs_f64();
-    println!("  {name}: {}/{n} ok", p.lat.len());
-    if !p.lat.is_empty() {
-        let s = stats(&p.lat);
-        println!(
-            "    latency per call: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            s.p50, s.p99, s.max
-        );
-    }
-    println!(
-        "    wall time for all: {:.1} ms ({:.0} calls/s)",
-        wall * 1e3,
-        n as f64 / wall
-    );
-    println!(
-        "    agent CPU: {:.3} s = {:.0}% of one core over the wall time",
-        p.cpu,
-        100.0 * p.cpu / wall
-    );
-    if let Some(c) = p.plugin_cpu {
-        println!(
-            "    (berth-hostpath CPU: {c:.3} s = {:.0}% of one core)",
-            100.0 * c / wall
-        );
-    }
-    for e in p.errors.iter().take(5) {
-        println!("    error: {e}");
-    }
 }
 
 async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {

@@ -96,6 +96,37 @@ where
     }
 }
 
+/// SIGKILLs every process whose environment has `BERTH_ALLOC_DIR` under `allocs_dir`: the tasks
+/// an agent with that allocs dir started, which outlive a killed agent on purpose. For test and
+/// bench clean-up.
+pub fn kill_tasks_under(allocs_dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let prefix = format!("BERTH_ALLOC_DIR={}/", allocs_dir.display());
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if env
+            .split(|b| *b == 0)
+            .any(|v| v.starts_with(prefix.as_bytes()))
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 /// Panics unless the async condition becomes true within the timeout:
 /// `assert_eventually!(Duration::from_secs(5), || async { cond().await }, "what {}", x)`.
 #[macro_export]

@@ -28,7 +28,8 @@ pub struct AgentArgs {
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
     /// Development mode: a fresh temporary data dir and a berth-hostpath CSI plugin run by the
-    /// agent, so one command gives a working node.
+    /// agent, so one command gives a working node. Tasks find berth's own binaries first on
+    /// their PATH, and every job is stopped (its volumes released) before the agent exits.
     #[arg(long)]
     dev: bool,
 }

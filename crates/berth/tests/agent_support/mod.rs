@@ -258,34 +258,9 @@ impl Drop for AgentProcess {
         }
         // Job tasks outlive the agent on purpose too: kill every process that runs in one of
         // this agent's allocs.
-        kill_tasks_under(&self.data_dir.join("allocs"));
+        berth_testkit::kill_tasks_under(&self.data_dir.join("allocs"));
         if std::thread::panicking() {
             eprintln!("--- berth agent log ---\n{}--- end ---", self.log());
-        }
-    }
-}
-
-/// SIGKILLs every process whose `BERTH_ALLOC_DIR` lies under `allocs` (a task of those allocs).
-pub fn kill_tasks_under(allocs: &Path) {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let prefix = format!("BERTH_ALLOC_DIR={}/", allocs.display());
-    for e in procs.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(e.path().join("environ")) else {
-            continue;
-        };
-        if env
-            .split(|b| *b == 0)
-            .any(|v| v.starts_with(prefix.as_bytes()))
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
         }
     }
 }

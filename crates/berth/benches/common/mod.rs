@@ -1,0 +1,295 @@
+#![allow(dead_code)] // Each bench uses part of it.
+//! What the benches share: a real `berth agent` in its own mount namespace with a supervised
+//! `berth-hostpath`, CPU time from `/proc`, mount tables, and percentiles.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use berth_api::Client;
+use nix::{
+    sys::signal::{Signal, killpg},
+    unistd::Pid,
+};
+
+/// The name of the agent's plugin.
+pub const PLUGIN: &str = "hp";
+
+/// `berth-hostpath`, built first with the bench's own profile and target dir when cargo runs
+/// the bench (a no-op when it is up to date), so the plugin measured is the current one.
+pub fn hostpath_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("the bench's own path");
+    // target/<profile>/deps/<bench>-<hash>
+    let profile_dir = exe.parent().and_then(Path::parent);
+    if let (Some(cargo), Some(profile_dir)) = (std::env::var_os("CARGO"), profile_dir) {
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "dev",
+            Some(p) => p,
+            None => "release",
+        };
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+        let mut cmd = Command::new(cargo);
+        cmd.args([
+            "build",
+            "-q",
+            "-p",
+            "berth-hostpath",
+            "--bin",
+            "berth-hostpath",
+        ])
+        .args(["--profile", profile, "--manifest-path"])
+        .arg(&manifest);
+        if let Some(target_dir) = profile_dir.parent() {
+            cmd.arg("--target-dir").arg(target_dir);
+        }
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            other => panic!(
+                "building berth-hostpath failed ({other:?}); build it yourself with \
+                 `cargo build --release -p berth-hostpath` and run the bench again"
+            ),
+        }
+    }
+    let path = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|d| d.join("berth-hostpath"));
+    match path {
+        Some(p) if p.is_file() => p,
+        _ => panic!(
+            "berth-hostpath not found next to {}: build it with \
+             `cargo build --release -p berth-hostpath`, or run the bench through `cargo bench`",
+            exe.display()
+        ),
+    }
+}
+
+/// Clock ticks per second, for `/proc/<pid>/stat`.
+pub fn clk_tck() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// utime + stime of `pid`, in clock ticks.
+pub fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/stat: {e}"));
+    let after = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = after.split_whitespace().collect();
+    f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime")
+}
+
+/// Mount points under `dir` in the mount namespace of `pid`.
+pub fn mounts_under(pid: u32, dir: &Path) -> Vec<PathBuf> {
+    berth_sys::read_mountinfo(Path::new(&format!("/proc/{pid}/mountinfo")))
+        .unwrap_or_else(|e| panic!("mount table of {pid}: {e}"))
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+/// A `berth agent` in its own private mount namespace, with its config and data dir in a
+/// temporary directory. Dropping it (also while panicking) kills the agent, then the plugin
+/// process group it supervises (which outlives a SIGKILLed agent on purpose), then removes the
+/// directory.
+pub struct Agent {
+    child: Child,
+    /// The agent's data dir.
+    pub data_dir: PathBuf,
+    log: PathBuf,
+    // Last: removed after `drop` has killed everything.
+    _tmp: tempfile::TempDir,
+}
+
+impl Agent {
+    /// Starts the agent with a monolith `berth-hostpath` named [`PLUGIN`] (staging and
+    /// attaching) and waits until that plugin is healthy.
+    pub async fn start(hostpath: &Path) -> Agent {
+        let tmp = tempfile::Builder::new()
+            .prefix("bv")
+            .tempdir_in("/tmp")
+            .expect("tmp");
+        let data_dir = tmp.path().join("data");
+        let log = tmp.path().join("agent.log");
+        let cfg = tmp.path().join("agent.hcl");
+        let config = format!(
+            "plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
+             args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--log-level\", \"warn\", \
+             \"--enable-stage\", \"--enable-attach\"]\n}}\n",
+            hostpath.display(),
+            tmp.path().join("hp").display()
+        );
+        std::fs::write(&cfg, config).expect("config");
+        let out = std::fs::File::create(&log).expect("agent log");
+        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
+            .args(["--log-level", "warn", "agent", "--config"])
+            .arg(&cfg)
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("agent log"))
+            .stderr(out)
+            .spawn()
+            .expect("start berth agent (needs util-linux's setpriv and unshare)");
+        let mut agent = Agent {
+            child,
+            data_dir,
+            log,
+            _tmp: tmp,
+        };
+        let client = agent.client();
+        let start = Instant::now();
+        loop {
+            if let Ok(p) = client.plugin(PLUGIN).await
+                && p.health.healthy
+            {
+                break;
+            }
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                panic!("berth agent exited ({status}):\n{}", agent.log_tail());
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "plugin {PLUGIN} not healthy within 30 s:\n{}",
+                agent.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        agent
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(&format!(
+            "unix://{}",
+            self.data_dir.join("berth.sock").display()
+        ))
+        .expect("client")
+    }
+
+    /// The supervised plugin's pid (and process group), if it still runs berth-hostpath.
+    pub fn plugin_pid(&self) -> Option<u32> {
+        let file = self.data_dir.join(format!("logs/plugin-{PLUGIN}.pid"));
+        let pid: u32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+        exe.file_name()?
+            .to_str()?
+            .starts_with("berth-hostpath")
+            .then_some(pid)
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(50)..].join("\n")
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // The agent first, so it cannot restart the plugin or a task.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(pid) = self.plugin_pid().and_then(|p| i32::try_from(p).ok()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        // Tasks outlive a killed agent on purpose.
+        berth_testkit::kill_tasks_under(&self.data_dir.join("allocs"));
+        if std::thread::panicking() {
+            eprintln!(
+                "--- berth agent log (tail) ---\n{}\n--- end ---",
+                self.log_tail()
+            );
+        }
+    }
+}
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Nearest-rank percentile of sorted `v`, `p` in (0, 1].
+pub fn pct(sorted: &[f64], p: f64) -> f64 {
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Stats {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+pub fn stats(v: &[f64]) -> Stats {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    Stats {
+        p50: pct(&s, 0.5),
+        p90: pct(&s, 0.9),
+        p99: pct(&s, 0.99),
+        max: s[s.len() - 1],
+    }
+}
+
+pub fn row(name: &str, v: &[f64]) -> Stats {
+    let s = stats(v);
+    println!(
+        "  {name:<40} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+        s.p50, s.p90, s.p99, s.max
+    );
+    s
+}
+
+/// Outcome of one parallel phase: latencies (ms) of the calls that succeeded, errors, wall time
+/// and agent CPU seconds.
+pub struct Phase {
+    pub lat: Vec<f64>,
+    pub errors: Vec<String>,
+    pub wall: Duration,
+    pub cpu: f64,
+    pub plugin_cpu: Option<f64>,
+}
+
+pub fn report_phase(name: &str, n: usize, p: &Phase) {
+    let wall = p.wall.as_secs_f64();
+    println!("  {name}: {}/{n} ok", p.lat.len());
+    if !p.lat.is_empty() {
+        let s = stats(&p.lat);
+        println!(
+            "    latency per call: p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            s.p50, s.p99, s.max
+        );
+    }
+    println!(
+        "    wall time for all: {:.1} ms ({:.0} calls/s)",
+        wall * 1e3,
+        n as f64 / wall
+    );
+    println!(
+        "    agent CPU: {:.3} s = {:.0}% of one core over the wall time",
+        p.cpu,
+        100.0 * p.cpu / wall
+    );
+    if let Some(c) = p.plugin_cpu {
+        println!(
+            "    (berth-hostpath CPU: {c:.3} s = {:.0}% of one core)",
+            100.0 * c / wall
+        );
+    }
+    for e in p.errors.iter().take(5) {
+        println!("    error: {e}");
+    }
+}
