@@ -583,6 +583,7 @@ impl AllocRunner {
             kill: kill.clone(),
             detach: detach.clone(),
             servers_contacted: inner.deps.servers_contacted.clone(),
+            kill_retry: inner.deps.config.kill_retry,
         }
     }
 

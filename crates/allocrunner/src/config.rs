@@ -44,6 +44,10 @@ pub struct RunnerConfig {
     pub claim_retry: Backoff,
     /// Retries of a volume release that failed retryably.
     pub release_retry: Backoff,
+    /// Waits between `SIGKILL`s of a task whose process outlived its stop (stuck in the
+    /// kernel, say). Retried until it dies, so `attempts` is not used: the alloc's volumes
+    /// stay mounted as long as a process may use them.
+    pub kill_retry: Backoff,
     /// How long to wait for upstream allocs before going on without them.
     pub upstream_timeout: Duration,
     /// Most events an alloc keeps.
@@ -60,6 +64,11 @@ impl Default for RunnerConfig {
             },
             release_retry: Backoff {
                 attempts: 6,
+                initial: Duration::from_secs(1),
+                max: Duration::from_secs(30),
+            },
+            kill_retry: Backoff {
+                attempts: u32::MAX,
                 initial: Duration::from_secs(1),
                 max: Duration::from_secs(30),
             },

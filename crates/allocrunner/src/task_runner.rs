@@ -4,7 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     sync::Arc,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use berth_drivers::{
@@ -16,6 +16,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::{
+    config::Backoff,
     hooks::{TaskContext, TaskHook},
     record::{AllocEvent, AllocRecord, EventKind, TaskRecord, TaskRunState, hook_names},
     restart::{self, Decision},
@@ -73,6 +74,8 @@ pub(crate) struct TaskRunner {
     /// Leave the task as it is and return (the agent shuts down).
     pub detach: CancellationToken,
     pub servers_contacted: watch::Receiver<bool>,
+    /// Waits between `SIGKILL`s of a process that outlived its stop.
+    pub kill_retry: Backoff,
 }
 
 impl TaskRunner {
@@ -463,8 +466,33 @@ impl TaskRunner {
         let id = &self.ctx.task_id;
         if let Err(e) = driver.stop(id, timeout, Signal::SIGTERM).await {
             self.event(EventKind::StopFailed, format!("stop failed: {e}"));
-            if let Err(e) = driver.destroy(id).await {
-                self.event(EventKind::StopFailed, format!("destroy failed: {e}"));
+            let mut result = driver.destroy(id).await;
+            // A process that survives SIGKILL (stuck in the kernel) may still use the alloc's
+            // volumes: the task is not dead, so nothing is released, until it dies.
+            let mut attempt = 0;
+            while let Err(e) = result {
+                if !matches!(e, DriverError::KillTimeout { .. }) {
+                    self.event(EventKind::StopFailed, format!("destroy failed: {e}"));
+                    break;
+                }
+                attempt += 1;
+                // Whole milliseconds, for the event.
+                let wait = Duration::from_millis(
+                    u64::try_from(self.kill_retry.delay(attempt).as_millis()).unwrap_or(u64::MAX),
+                );
+                self.event(
+                    EventKind::StopFailed,
+                    format!(
+                        "{e}; its volumes stay mounted while it lives; SIGKILL again in {}",
+                        berth_job::format_duration(wait)
+                    ),
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    // The next agent recovers the task and goes on stopping it.
+                    () = self.detach.cancelled() => return Phase::Detached,
+                }
+                result = driver.destroy(id).await;
             }
         }
         let exit = driver.inspect(id).ok().and_then(|s| s.exit);

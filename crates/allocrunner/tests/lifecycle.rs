@@ -531,3 +531,197 @@ job "many" {
         assert_eq!(kinds(&r.status(), None), [EventKind::Received]);
     }
 }
+
+/// raw_exec, except that the first `refusals` stops and destroys do nothing and fail as a
+/// process that survives SIGKILL makes them fail.
+#[derive(Debug)]
+struct Unkillable {
+    inner: berth_drivers::RawExecDriver,
+    refusals: std::sync::atomic::AtomicU32,
+}
+
+impl Unkillable {
+    fn refuse(&self, task_id: &berth_drivers::TaskId) -> Option<berth_drivers::DriverError> {
+        use std::sync::atomic::Ordering;
+        let left = self.refusals.load(Ordering::SeqCst);
+        if left == 0 {
+            return None;
+        }
+        self.refusals.store(left - 1, Ordering::SeqCst);
+        Some(berth_drivers::DriverError::KillTimeout {
+            task_id: task_id.clone(),
+            pid: berth_drivers::Driver::inspect(&self.inner, task_id).map_or(0, |s| s.pid),
+            waited: Duration::from_millis(1),
+        })
+    }
+}
+
+impl berth_drivers::Driver for Unkillable {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> berth_drivers::Capabilities {
+        self.inner.capabilities()
+    }
+    fn fingerprint(&self) -> berth_drivers::DriverFuture<'_, berth_drivers::Fingerprint> {
+        self.inner.fingerprint()
+    }
+    fn start(
+        &self,
+        config: berth_drivers::TaskConfig,
+    ) -> berth_drivers::DriverFuture<
+        '_,
+        Result<berth_drivers::TaskHandle, berth_drivers::DriverError>,
+    > {
+        self.inner.start(config)
+    }
+    fn wait<'a>(
+        &'a self,
+        task_id: &'a berth_drivers::TaskId,
+    ) -> berth_drivers::DriverFuture<
+        'a,
+        Result<berth_drivers::ExitResult, berth_drivers::DriverError>,
+    > {
+        self.inner.wait(task_id)
+    }
+    fn stop<'a>(
+        &'a self,
+        task_id: &'a berth_drivers::TaskId,
+        timeout: Duration,
+        signal: berth_drivers::Signal,
+    ) -> berth_drivers::DriverFuture<'a, Result<(), berth_drivers::DriverError>> {
+        match self.refuse(task_id) {
+            Some(e) => Box::pin(async move { Err(e) }),
+            None => self.inner.stop(task_id, timeout, signal),
+        }
+    }
+    fn destroy<'a>(
+        &'a self,
+        task_id: &'a berth_drivers::TaskId,
+    ) -> berth_drivers::DriverFuture<'a, Result<(), berth_drivers::DriverError>> {
+        match self.refuse(task_id) {
+            Some(e) => Box::pin(async move { Err(e) }),
+            None => self.inner.destroy(task_id),
+        }
+    }
+    fn inspect(
+        &self,
+        task_id: &berth_drivers::TaskId,
+    ) -> Result<berth_drivers::TaskStatus, berth_drivers::DriverError> {
+        self.inner.inspect(task_id)
+    }
+    fn signal(
+        &self,
+        task_id: &berth_drivers::TaskId,
+        signal: berth_drivers::Signal,
+    ) -> Result<(), berth_drivers::DriverError> {
+        self.inner.signal(task_id, signal)
+    }
+    fn stats<'a>(
+        &'a self,
+        task_id: &'a berth_drivers::TaskId,
+    ) -> berth_drivers::DriverFuture<'a, Result<berth_drivers::TaskStats, berth_drivers::DriverError>>
+    {
+        self.inner.stats(task_id)
+    }
+    fn recover(
+        &self,
+        handle: berth_drivers::TaskHandle,
+    ) -> berth_drivers::DriverFuture<'_, Result<(), berth_drivers::DriverError>> {
+        self.inner.recover(handle)
+    }
+    fn shutdown(&self) -> berth_drivers::DriverFuture<'_, ()> {
+        self.inner.shutdown()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_survives_sigkill_keeps_its_volumes_until_it_dies() {
+    let node = Node::new();
+    let reaper = Reaper::default();
+    let cancel = CancellationToken::new();
+    let mut builder =
+        berth_drivers::DriverManager::builder(berth_drivers::ManagerConfig::default(), &cancel);
+    let sink = builder.event_sink();
+    builder
+        .add(Arc::new(Unkillable {
+            inner: berth_drivers::RawExecDriver::new(sink, process_config()),
+            refusals: std::sync::atomic::AtomicU32::new(4),
+        }))
+        .expect("add the driver");
+    let mut deps = node.deps();
+    deps.drivers = Arc::new(builder.start());
+    let job = job(r#"
+job "stuck" {
+  group "g" {
+    volume "data" {
+      type        = "csi"
+      source      = "vol-stuck"
+      access_mode = "single-node-writer"
+    }
+    task "stuck" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["600"]
+      }
+      kill_timeout = "100ms"
+    }
+  }
+}
+"#);
+    let runner = AllocRunner::new(alloc(&job, "stuck-0"), deps).expect("runner");
+    reaper.watch(&runner);
+    // At each release: whether the task's process was still alive.
+    let alive_at_release = Arc::new(Mutex::new(Vec::new()));
+    let pid_cell = Arc::new(Mutex::new(None::<u32>));
+    {
+        let (log, pid_cell) = (alive_at_release.clone(), pid_cell.clone());
+        node.volumes.observe(move |call| {
+            if matches!(call, VolumeCall::Release { .. }) {
+                let pid = *pid_cell.lock().unwrap();
+                log.lock().unwrap().push(pid.is_some_and(alive));
+            }
+        });
+    }
+    let run = spawn_run(&runner, &cancel);
+    let pid = wait_running(&runner, "stuck", &reaper).await;
+    *pid_cell.lock().unwrap() = Some(pid);
+
+    runner.stop();
+    assert_eq!(finished(run).await.expect("run"), ClientStatus::Complete);
+    assert!(!alive(pid));
+    // Released once, after the process died.
+    assert_eq!(*alive_at_release.lock().unwrap(), [false]);
+    let status = runner.status();
+    let failed: Vec<&str> = status
+        .events_of(Some("stuck"))
+        .filter(|e| e.kind == EventKind::StopFailed)
+        .map(|e| e.message.as_str())
+        .collect();
+    // The stop and three SIGKILLs failed; the fourth SIGKILL worked.
+    assert_eq!(failed.len(), 4, "{failed:#?}");
+    assert!(
+        failed[1..]
+            .iter()
+            .all(|m| m.contains("its volumes stay mounted while it lives")),
+        "{failed:#?}"
+    );
+    let all: Vec<EventKind> = status.events.iter().map(|e| e.kind).collect();
+    use EventKind::*;
+    assert!(
+        in_order(
+            &all,
+            &[
+                StopFailed,
+                StopFailed,
+                Exited,
+                VolumeReleased,
+                AllocComplete
+            ]
+        ),
+        "{:#?}",
+        status.events
+    );
+    cancel.cancel();
+}

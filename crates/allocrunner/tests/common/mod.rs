@@ -69,6 +69,7 @@ pub fn fast_config() -> RunnerConfig {
     RunnerConfig {
         claim_retry: quick,
         release_retry: quick,
+        kill_retry: quick,
         upstream_timeout: Duration::from_secs(5),
         max_events: 200,
     }
