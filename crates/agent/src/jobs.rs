@@ -19,7 +19,7 @@ use berth_api::{
     volumes::{ClaimRequest, FlagsInput, MountOptionsInput, ReleaseRequest, SpecFormat},
 };
 use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
-use berth_drivers::{DriverManager, Health};
+use berth_drivers::{DriverManager, Health, TaskId};
 use berth_job::{GroupSpec, JobSpec};
 use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
@@ -35,9 +35,12 @@ use crate::{
 
 /// A new alloc's id: `<job>-<group>-<index>-<random>`, readable while it fits in a path
 /// segment, else 32 random hex digits.
-fn alloc_id(job_id: &str, group: &str, index: u32) -> String {
+fn alloc_id(job_id: &str, group: &str, index: u32, tasks: &[&str]) -> String {
     let id = format!("{job_id}-{group}-{index}-{:08x}", rand::random::<u32>());
-    if berth_sys::validate_path_segment("alloc id", &id).is_ok() {
+    // The tasks' ids (`<alloc>.<task>`, 128 bytes at most) must fit too.
+    if berth_sys::validate_path_segment("alloc id", &id).is_ok()
+        && tasks.iter().all(|t| TaskId::for_alloc(&id, t).is_ok())
+    {
         id
     } else {
         format!("{:032x}", rand::random::<u128>())
@@ -393,15 +396,30 @@ impl Jobs {
             &spec,
             &facts,
             |id| self.volumes.catalog_volume(id),
-            |group, index| alloc_id(&job_id, group, index),
+            |group, index| {
+                let tasks: Vec<&str> = spec
+                    .groups
+                    .iter()
+                    .filter(|g| g.name == group)
+                    .flat_map(|g| g.tasks.iter().map(|t| t.name.as_str()))
+                    .collect();
+                alloc_id(&job_id, group, index, &tasks)
+            },
         )
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut specs = Vec::new();
         for p in &plans {
-            specs.push(
-                AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
-                    .map_err(|e| ApiError::Internal(e.to_string()))?,
-            );
+            let alloc = AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            // What would make the runner refuse it (ids too long to be paths) is refused
+            // here, before anything is written.
+            AllocRunner::check(&alloc).map_err(|e| {
+                ApiError::BadRequest(format!(
+                    "group {:?}: {e} (a task's id is `<alloc id>.<task name>`; shorten the names)",
+                    p.group
+                ))
+            })?;
+            specs.push(alloc);
         }
         let rec = JobRecord {
             spec,
@@ -526,11 +544,17 @@ mod tests {
 
     #[test]
     fn alloc_ids_are_path_segments_even_for_long_names() {
-        let id = alloc_id("web", "app", 3);
+        let id = alloc_id("web", "app", 3, &["server"]);
         assert!(id.starts_with("web-app-3-"), "{id}");
         let long = "j".repeat(120);
-        let id = alloc_id(&long, "g", 0);
+        let id = alloc_id(&long, "g", 0, &["t"]);
         assert_eq!(id.len(), 32);
         berth_sys::validate_path_segment("alloc id", &id).unwrap();
+        // Room for the longest task's id too.
+        let job = "j".repeat(60);
+        let task = "t".repeat(60);
+        let id = alloc_id(&job, "g", 0, &["a", &task]);
+        assert_eq!(id.len(), 32);
+        TaskId::for_alloc(&id, &task).unwrap();
     }
 }

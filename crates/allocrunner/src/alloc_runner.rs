@@ -104,6 +104,12 @@ fn validate(spec: &AllocSpec) -> Result<BTreeMap<String, TaskId>, AllocError> {
 }
 
 impl AllocRunner {
+    /// Checks what [`new`](Self::new) checks (ids that become paths, volume mounts naming
+    /// group volumes) without writing anything.
+    pub fn check(spec: &AllocSpec) -> Result<(), AllocError> {
+        validate(spec).map(drop)
+    }
+
     /// A runner for a new alloc; its record is written at once. Call [`run`](Self::run) to
     /// start it.
     pub fn new(spec: AllocSpec, deps: AllocDeps) -> Result<Self, AllocError> {

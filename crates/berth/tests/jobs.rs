@@ -309,6 +309,12 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
             ),
             "mount_dir: /local/csi/sock lies inside stage_publish_base_dir",
         ),
+        (
+            // A task id (`<alloc id>.<task>`) becomes a path: at most 128 bytes.
+            job("j5", "batch", "v", &dest, "true")
+                .replace("task \"main\"", &format!("task \"{}\"", "t".repeat(120))),
+            "128",
+        ),
     ];
     for (text, want) in cases {
         let e = run(&client, text).await.expect_err("refused");
