@@ -445,14 +445,30 @@ fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<Gro
         .number(cx, "count", *COUNT_RANGE.start(), *COUNT_RANGE.end())?
         .unwrap_or(1);
 
-    let mut volumes = BTreeMap::new();
+    let mut volumes: BTreeMap<String, VolumeRequest> = BTreeMap::new();
     let mut lines = BTreeMap::new();
     for (vname, v) in g.labelled(cx, "volume", "name")? {
         if let Some(first) = lines.get(&vname) {
             return Err(duplicate(cx, &v, "volume", &vname, *first));
         }
         lines.insert(vname.clone(), v.line);
+        let (path, source_line) = (v.path.key("source"), v.line_of("source"));
         let req = volume(cx, count, vname.clone(), v)?;
+        // An alloc claims a volume once: two blocks naming the same volume for one alloc
+        // would share one claim, and the first release would pull it from under the other.
+        for (other, o) in &volumes {
+            if let Some(i) = (0..count).find(|&i| o.source_for(i) == req.source_for(i)) {
+                return Err(cx.err(
+                    &path,
+                    source_line,
+                    format!(
+                        "alloc {i} would claim volume {:?} twice, here and in volume {other:?}; \
+                         an alloc claims a volume once: mount one volume block in several places",
+                        req.source_for(i)
+                    ),
+                ));
+            }
+        }
         volumes.insert(vname, req);
     }
 

@@ -591,6 +591,26 @@ fn every_rule_names_the_field_and_the_line() {
             Some("# again"),
             "duplicate volume name \"data\"",
         ),
+        (
+            job(&format!("{VOLUME}{}", VOLUME.replace("\"data\" {", "\"copy\" {").replace("\"demo\"", "\"demo\" # again")), ""),
+            "job.group[web].volume[copy].source",
+            Some("# again"),
+            "alloc 0 would claim volume \"demo\" twice, here and in volume \"data\"",
+        ),
+        (
+            // per_alloc "d" gives alloc 1 the volume "d[1]", which the other block names.
+            job(
+                &format!(
+                    "    count = 2\n{}{}",
+                    VOLUME.replace("\"demo\"", "\"d\"\n      per_alloc = true"),
+                    VOLUME.replace("\"data\" {", "\"one\" {").replace("\"demo\"", "\"d[1]\" # same")
+                ),
+                "",
+            ),
+            "job.group[web].volume[one].source",
+            Some("# same"),
+            "alloc 1 would claim volume \"d[1]\" twice",
+        ),
         // volume_mount
         (
             job(VOLUME, "      volume_mount {\n        volume = \"logs\"\n        destination = \"/logs\"\n      }\n"),
