@@ -8,6 +8,7 @@ use std::{
         Arc, Mutex, MutexGuard,
         atomic::{AtomicBool, Ordering},
     },
+    time::Duration,
 };
 
 use berth_drivers::{DriverError, TaskId};
@@ -68,6 +69,9 @@ impl fmt::Debug for AllocRunner {
             .finish_non_exhaustive()
     }
 }
+
+/// How long a restarted agent waits for a task's unrecorded processes to die.
+const ORPHAN_KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -243,10 +247,10 @@ impl AllocRunner {
                 (TaskRunState::Dead, _) => continue,
                 (TaskRunState::Pending, _) if t.lost => Entry::Lost,
                 (TaskRunState::Pending, _) => Entry::Start,
-                (_, None) => self.lose(
-                    name,
-                    "the agent stopped while the task was starting: its process, if any, is unknown".into(),
-                ),
+                (_, None) => {
+                    let message = self.kill_orphans(name).await;
+                    self.lose(name, message)
+                }
                 (_, Some(handle)) => {
                     let pid = handle.pid;
                     match inner.deps.drivers.driver(&handle.driver) {
@@ -286,6 +290,37 @@ impl AllocRunner {
     }
 
     /// Records that `task`'s process is lost.
+    /// Kills the processes of `task` started by an agent that stopped before it recorded
+    /// their handle (found by the `BERTH_ALLOC_ID` and `BERTH_TASK_NAME` every task gets), so
+    /// the restart that follows does not run the task twice. Says what it did.
+    async fn kill_orphans(&self, task: &str) -> String {
+        let alloc_id = self.inner.spec.alloc_id.as_str();
+        let pids = berth_sys::procs::pids_with_env(&[
+            ("BERTH_ALLOC_ID", alloc_id),
+            ("BERTH_TASK_NAME", task),
+        ]);
+        let head = "the agent stopped while the task was starting";
+        if pids.is_empty() {
+            return format!("{head}; no process of it runs");
+        }
+        let list = |p: &[i32]| {
+            p.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let alive = berth_sys::procs::kill_and_wait(&pids, ORPHAN_KILL_TIMEOUT).await;
+        if alive.is_empty() {
+            format!("{head}; killed its unrecorded process(es) {}", list(&pids))
+        } else {
+            tracing::error!(alloc_id, task, pids = %list(&alive), "unrecorded task processes survive SIGKILL");
+            format!(
+                "{head}; its unrecorded process(es) {} survive SIGKILL",
+                list(&alive)
+            )
+        }
+    }
+
     fn lose(&self, task: &str, message: String) -> Entry {
         let _ = self.inner.shared.update_with(
             AllocEvent::new(Some(task), EventKind::RecoverFailed, message),

@@ -274,3 +274,61 @@ async fn records_of_another_version_or_damaged_are_refused() {
         AllocError::InvalidId(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_started_but_not_recorded_is_killed_before_the_task_runs_again() {
+    let node = Node::new();
+    let reaper = Reaper::default();
+    // The agent died between starting the process and writing its handle: the record says
+    // starting, with no handle, and the process runs (with the env every task gets).
+    let runner =
+        AllocRunner::new(alloc(&job(LONG_RUNNING), "orphan-0"), node.deps()).expect("runner");
+    drop(runner);
+    let mut record = node.store.get("orphan-0").expect("get").expect("record");
+    record.tasks.get_mut("server").expect("task").state = TaskRunState::Starting;
+    node.store.put(&record).expect("put");
+    let orphan = ChildGuard(
+        std::process::Command::new("/bin/sleep")
+            .arg("600")
+            .env("BERTH_ALLOC_ID", "orphan-0")
+            .env("BERTH_TASK_NAME", "server")
+            .spawn()
+            .expect("spawn the orphan"),
+    );
+    let orphan_pid = orphan.0.id();
+
+    let runner = AllocRunner::recover(record, node.deps())
+        .await
+        .expect("recover");
+    reaper.watch(&runner);
+    // Killed by the time recover returns (a zombie until the guard reaps it counts as dead).
+    assert!(!alive(orphan_pid));
+    let lost = runner
+        .status()
+        .events_of(Some("server"))
+        .find(|e| e.kind == EventKind::RecoverFailed)
+        .map(|e| e.message.clone())
+        .expect("a recover-failed event");
+    assert_eq!(
+        lost,
+        format!(
+            "the agent stopped while the task was starting; killed its unrecorded process(es) {orphan_pid}"
+        )
+    );
+    // Then the task runs again, once.
+    let run = spawn_run(&runner, &CancellationToken::new());
+    let pid = wait_running(&runner, "server", &reaper).await;
+    assert_ne!(pid, orphan_pid);
+    runner.stop();
+    assert_eq!(finished(run).await.expect("run"), ClientStatus::Complete);
+}
+
+/// Kills and reaps a child process when dropped, also when a test fails.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

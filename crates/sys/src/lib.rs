@@ -11,6 +11,7 @@ pub mod fs;
 pub mod ids;
 pub mod mount;
 mod mountinfo;
+pub mod procs;
 
 pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_private_dir, fs_stats, hostname,
