@@ -257,6 +257,27 @@ pub fn ensure_shared_mount(dir: &Path) -> Result<bool, MountError> {
     Ok(true)
 }
 
+/// Unmounts every mount at or under `dir`, deepest first (lazily, `MNT_DETACH`, when a plain
+/// unmount fails), and returns the mount points still there afterwards. For tearing down a
+/// directory tree the agent mounted into (`--dev`'s data dir).
+pub fn unmount_all_under(dir: &Path) -> Result<Vec<PathBuf>, MountError> {
+    let mountinfo = Path::new(LinuxMounter::MOUNTINFO);
+    let under = |table: Vec<MountEntry>| -> Vec<PathBuf> {
+        table
+            .into_iter()
+            .map(|e| e.mount_point)
+            .filter(|p| p.starts_with(dir))
+            .collect()
+    };
+    // Later mounts stack on earlier ones: undo them in reverse order.
+    for target in under(read_mountinfo(mountinfo)?).iter().rev() {
+        if umount2(target, MntFlags::empty()).is_err() {
+            let _ = umount2(target, MntFlags::MNT_DETACH);
+        }
+    }
+    Ok(under(read_mountinfo(mountinfo)?))
+}
+
 /// Undoes the bind mount at `target` after its read-only remount failed with `remount_errno`:
 /// unmounts it with `umount`, lazily (`MNT_DETACH`) if a plain unmount fails. The error to
 /// report: [`MountError::RemountReadOnly`] if the bind is gone, [`MountError::LeftWritable`] if
@@ -785,6 +806,43 @@ mod linux_tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn unmount_all_under_leaves_nothing_mounted_there_and_the_rest_alone() {
+        const NAME: &str =
+            "mount::linux_tests::unmount_all_under_leaves_nothing_mounted_there_and_the_rest_alone";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (tree, src, outside) = (
+            dir.path().join("tree"),
+            dir.path().join("src"),
+            dir.path().join("outside"),
+        );
+        for d in [&tree, &src, &outside] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        let m = LinuxMounter;
+        // A shared root with a mount under it and one stacked on it, and one elsewhere.
+        assert!(ensure_shared_mount(&tree).expect("shared"));
+        fs::create_dir(tree.join("a")).expect("mkdir a");
+        m.bind(&src, &tree.join("a"), false).expect("bind a");
+        m.bind(&src, &tree.join("a"), true).expect("bind a again");
+        m.bind(&src, &outside, false).expect("bind outside");
+        let left = unmount_all_under(&tree).expect("unmount");
+        assert!(left.is_empty(), "{left:?}");
+        let points: Vec<PathBuf> = m
+            .mounts()
+            .expect("mounts")
+            .into_iter()
+            .map(|e| e.mount_point)
+            .collect();
+        assert!(!points.iter().any(|p| p.starts_with(&tree)), "{points:?}");
+        assert!(points.contains(&outside), "{points:?}");
+        fs::remove_dir_all(&tree).expect("the tree can go");
+        m.unmount(&outside).expect("unmount outside");
     }
 
     #[test]

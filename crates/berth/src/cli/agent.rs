@@ -115,7 +115,16 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
         () = tokio::time::sleep(SHUTDOWN_GRACE) => false,
     };
     if let Some(dir) = dev_dir {
-        let _ = std::fs::remove_dir_all(dir);
+        // The plugins' roots (made shared mounts) and anything a plugin left mounted go first,
+        // or they would stay on the host and the dir could not be removed.
+        match berth_sys::unmount_all_under(&dir) {
+            Ok(left) if left.is_empty() => {}
+            Ok(left) => tracing::warn!(?left, "--dev: mounts left under the data dir"),
+            Err(e) => tracing::warn!(error = %e, "--dev: cannot read the mount table"),
+        }
+        if let Err(e) = std::fs::remove_dir_all(&dir) {
+            tracing::warn!(dir = %dir.display(), error = %e, "--dev: cannot remove the data dir");
+        }
     }
     if !stopped {
         anyhow::bail!(
