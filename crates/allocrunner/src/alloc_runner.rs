@@ -289,7 +289,6 @@ impl AllocRunner {
         entries
     }
 
-    /// Records that `task`'s process is lost.
     /// Kills the processes of `task` started by an agent that stopped before it recorded
     /// their handle (found by the `BERTH_ALLOC_ID` and `BERTH_TASK_NAME` every task gets), so
     /// the restart that follows does not run the task twice. Says what it did.
@@ -321,6 +320,7 @@ impl AllocRunner {
         }
     }
 
+    /// Records that `task`'s process is lost.
     fn lose(&self, task: &str, message: String) -> Entry {
         let _ = self.inner.shared.update_with(
             AllocEvent::new(Some(task), EventKind::RecoverFailed, message),
