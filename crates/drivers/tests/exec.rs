@@ -489,35 +489,13 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
     }
 }
 
-/// Runs the test named `name` of this binary again inside a private mount namespace of its
-/// own (which vanishes with it), for tests that change propagation in the test's namespace.
-fn rerun_in_private_ns(name: &str) {
-    let exe = std::env::current_exe().expect("current_exe");
-    let out = std::process::Command::new("unshare")
-        .args(["-m", "--propagation", "private", "--"])
-        .arg(exe)
-        .args(["--exact", name, "--nocapture", "--test-threads=1"])
-        .env(IN_NS, "1")
-        .output()
-        .expect("running unshare (util-linux) as root");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "inner test failed:\n{text}");
-    assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
-}
-
-const IN_NS: &str = "BERTH_DRIVERS_TEST_IN_PRIVATE_MOUNT_NS";
-
 #[tokio::test]
 async fn a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks() {
     require_root!();
-    if std::env::var_os(IN_NS).is_none() {
-        return rerun_in_private_ns(
-            "a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks",
-        );
+    if !berth_testkit::in_own_mount_namespace(
+        "a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks",
+    ) {
+        return;
     }
     let tmp = tempfile::tempdir().unwrap();
     let reaper = Reaper::default();

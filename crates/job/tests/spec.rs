@@ -1250,15 +1250,15 @@ fn load_reads_the_file_and_picks_the_format() {
     assert!(e.message.starts_with("cannot read"), "{e}");
 }
 
-fn data(name: &str) -> std::path::PathBuf {
+fn example(name: &str) -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/data")
+        .join("../../examples")
         .join(name)
 }
 
 #[test]
 fn example_hostpath_plugin_parses() {
-    let spec = JobSpec::load(&data("hostpath-plugin.hcl")).unwrap_or_else(|e| panic!("{e}"));
+    let spec = JobSpec::load(&example("hostpath-plugin.hcl")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.id, "hostpath-plugin");
     assert_eq!(spec.job_type, JobType::Service);
     let t = &spec.groups[0].tasks[0];
@@ -1266,23 +1266,18 @@ fn example_hostpath_plugin_parses() {
         (t.driver.as_str(), t.command.as_str()),
         ("exec", "berth-hostpath")
     );
-    assert!(
-        t.args
-            .iter()
-            .any(|a| a == "--endpoint=unix:///csi/csi.sock")
-    );
+    assert_eq!(t.args, ["--statedir=state"]);
     let p = t.csi_plugin.as_ref().unwrap();
     assert_eq!(p.id, "hostpath");
     assert_eq!(p.plugin_type, CsiPluginType::Monolith);
     assert_eq!(p.mount_dir, Path::new("/csi"));
     assert_eq!(p.stage_publish_base_dir, Path::new("/local/csi"));
+    assert_eq!(p.health_timeout, Duration::from_secs(30));
 }
 
 #[test]
 fn example_writer_parses() {
-    let spec =
-        JobSpec::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/writer.hcl"))
-            .unwrap_or_else(|e| panic!("{e}"));
+    let spec = JobSpec::load(&example("writer.hcl")).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(spec.id, "writer");
     assert_eq!(spec.job_type, JobType::Batch);
     let g = &spec.groups[0];

@@ -96,6 +96,36 @@ where
     }
 }
 
+/// Set in the copy of a test that [`in_own_mount_namespace`] runs.
+const IN_OWN_NS: &str = "BERTH_TEST_IN_OWN_MOUNT_NS";
+
+/// For a test that changes mount propagation in its own namespace: returns true when the test
+/// already runs in a private mount namespace of its own. Otherwise runs the test named `name`
+/// (its path in the test binary) again in one (`unshare -m --propagation private`, which
+/// vanishes with it), fails unless that copy ran and passed, and returns false: the caller
+/// then returns at once.
+pub fn in_own_mount_namespace(name: &str) -> bool {
+    if std::env::var_os(IN_OWN_NS).is_some() {
+        return true;
+    }
+    let exe = std::env::current_exe().expect("current_exe");
+    let out = std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "--"])
+        .arg(exe)
+        .args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(IN_OWN_NS, "1")
+        .output()
+        .expect("running unshare (util-linux) as root");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "inner test failed:\n{text}");
+    assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
+    false
+}
+
 /// SIGKILLs every process whose environment has `BERTH_ALLOC_DIR` under `allocs_dir`: the tasks
 /// an agent with that allocs dir started, which outlive a killed agent on purpose. For test and
 /// bench clean-up.
