@@ -4,12 +4,14 @@
 
 mod agent_support;
 
-use std::{path::Path, time::Duration};
+use std::time::Duration;
 
-use agent_support::AgentProcess;
+use agent_support::{
+    AgentProcess,
+    jobs::{VOLUME_RPCS, create_volume, run_job, volume_job, wait_job},
+};
 use berth_api::{
-    Client,
-    jobs::{ClientStatus, JobRunRequest, JobStatus},
+    jobs::ClientStatus,
     volumes::{SpecFormat, VolumeSpecRequest},
 };
 use berth_hostpath::calllog;
@@ -17,16 +19,6 @@ use berth_hostpath::calllog;
 const PLUGIN: &str = "hp";
 /// A mount flag that must never be shown.
 const FLAG_SECRET: &str = "password=flag-secret-5678";
-
-/// The volume RPCs of a claim and a release, in their order.
-const VOLUME_RPCS: [&str; 6] = [
-    "ControllerPublishVolume",
-    "NodeStageVolume",
-    "NodePublishVolume",
-    "NodeUnpublishVolume",
-    "NodeUnstageVolume",
-    "ControllerUnpublishVolume",
-];
 
 fn config() -> String {
     let hostpath = berth_testkit::bin_path("berth-hostpath");
@@ -46,87 +38,15 @@ async fn start() -> AgentProcess {
     agent
 }
 
-async fn create_volume(client: &Client, id: &str) -> String {
-    let spec = format!(
-        "id = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\ncapacity_min = \"10MiB\"\n\
-         capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
-    );
-    client
-        .create_volume(&VolumeSpecRequest {
-            spec,
-            format: SpecFormat::Hcl,
-            file: None,
-        })
-        .await
-        .expect("create volume")
-        .external_id
-}
-
-/// A job with one exec task that mounts volume `source` at `<tmp>/data` and runs `script`.
-fn job(id: &str, job_type: &str, source: &str, dest: &Path, script: &str) -> String {
-    format!(
-        r#"
-job "{id}" {{
-  type = "{job_type}"
-  group "g" {{
-    volume "data" {{
-      type        = "csi"
-      source      = "{source}"
-      access_mode = "single-node-writer"
-    }}
-    task "main" {{
-      driver = "exec"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}", "{dest}"]
-      }}
-      volume_mount {{
-        volume      = "data"
-        destination = "{dest}"
-      }}
-      kill_timeout = "2s"
-    }}
-  }}
-}}
-"#,
-        dest = dest.display()
-    )
-}
-
-async fn run(client: &Client, text: String) -> Result<JobStatus, berth_api::ClientError> {
-    client
-        .run_job(&JobRunRequest {
-            spec: text,
-            format: SpecFormat::Hcl,
-            file: Some("job.hcl".into()),
-        })
-        .await
-}
-
-async fn wait_job(client: &Client, id: &str, pred: impl Fn(&JobStatus) -> bool) -> JobStatus {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = client.job(id).await.expect("job status");
-        if pred(&s) {
-            return s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "job {id} did not get there: {s:#?}"
-        );
-        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
-    }
-}
-
 #[tokio::test]
 async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
     let agent = start().await;
     let client = agent.client();
-    let external = create_volume(&client, "demo").await;
+    let external = create_volume(&client, PLUGIN, "demo").await;
     let dest = agent.tmp.path().join("task-data");
-    let status = run(
+    let status = run_job(
         &client,
-        job(
+        volume_job(
             "writer",
             "batch",
             "demo",
@@ -137,7 +57,7 @@ async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
     .await
     .expect("job run");
     assert_eq!(status.allocs.len(), 1);
-    let done = wait_job(&client, "writer", |s| {
+    let done = wait_job(&agent, "writer", |s| {
         s.allocs
             .iter()
             .all(|a| a.client_status == ClientStatus::Complete)
@@ -177,9 +97,9 @@ async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
         ]
     );
     // A finished job may run again.
-    run(
+    run_job(
         &client,
-        job(
+        volume_job(
             "writer",
             "batch",
             "demo",
@@ -195,10 +115,10 @@ async fn a_batch_job_writes_into_its_csi_volume_then_releases_it() {
 async fn job_stop_stops_the_task_then_releases_in_order() {
     let agent = start().await;
     let client = agent.client();
-    create_volume(&client, "svc").await;
+    create_volume(&client, PLUGIN, "svc").await;
     let dest = agent.tmp.path().join("svc-data");
     // Mount flags (one of them a secret) go to the plugin and never come back out.
-    let spec = job(
+    let spec = volume_job(
         "svc",
         "service",
         "svc",
@@ -212,8 +132,8 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
              mount_options {{\n        mount_flags = [\"noatime\", \"{FLAG_SECRET}\"]\n      }}"
         ),
     );
-    run(&client, spec).await.expect("job run");
-    let running = wait_job(&client, "svc", |s| {
+    run_job(&client, spec).await.expect("job run");
+    let running = wait_job(&agent, "svc", |s| {
         s.allocs.iter().all(|a| {
             a.client_status == ClientStatus::Running && a.tasks.values().all(|t| t.pid.is_some())
         })
@@ -236,16 +156,16 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
         assert!(!text.contains(FLAG_SECRET), "the flag leaked: {text}");
     }
     // A running job is not run twice.
-    let e = run(
+    let e = run_job(
         &client,
-        job("svc", "service", "svc", &dest, "exec sleep 3600"),
+        volume_job("svc", "service", "svc", &dest, "exec sleep 3600"),
     )
     .await
     .expect_err("already running");
     assert_eq!(e.status(), Some(409), "{e}");
     assert!(agent_support::alive(i32::try_from(pid).unwrap()));
     client.stop_job("svc").await.expect("stop");
-    wait_job(&client, "svc", |s| {
+    wait_job(&agent, "svc", |s| {
         s.allocs
             .iter()
             .all(|a| a.client_status == ClientStatus::Complete)
@@ -284,26 +204,26 @@ async fn job_stop_stops_the_task_then_releases_in_order() {
 async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
     let agent = start().await;
     let client = agent.client();
-    create_volume(&client, "v").await;
+    create_volume(&client, PLUGIN, "v").await;
     let dest = agent.tmp.path().join("d");
     let cases = [
         (
-            job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"docker\""),
+            volume_job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"docker\""),
             "unknown driver \"docker\"",
         ),
         (
-            job("j2", "batch", "nope", &dest, "true"),
+            volume_job("j2", "batch", "nope", &dest, "true"),
             "no volume \"nope\" is registered",
         ),
         (
-            job("j3", "batch", "v", &dest, "true").replace(
+            volume_job("j3", "batch", "v", &dest, "true").replace(
                 "    task \"main\" {",
                 "    task \"main\" {\n      driver = \"exec\"\n      config { command = \"/bin/true\" }\n    }\n    task \"main\" {",
             ),
             "main",
         ),
         (
-            job("j4", "batch", "v", &dest, "true").replace(
+            volume_job("j4", "batch", "v", &dest, "true").replace(
                 "      kill_timeout = \"2s\"",
                 "      kill_timeout = \"2s\"\n      csi_plugin {\n        id = \"other\"\n        type = \"node\"\n        mount_dir = \"/local/csi/sock\"\n      }",
             ),
@@ -311,13 +231,13 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
         ),
         (
             // A task id (`<alloc id>.<task>`) becomes a path: at most 128 bytes.
-            job("j5", "batch", "v", &dest, "true")
+            volume_job("j5", "batch", "v", &dest, "true")
                 .replace("task \"main\"", &format!("task \"{}\"", "t".repeat(120))),
             "128",
         ),
     ];
     for (text, want) in cases {
-        let e = run(&client, text).await.expect_err("refused");
+        let e = run_job(&client, text).await.expect_err("refused");
         assert_eq!(e.status(), Some(400), "{e}");
         assert!(e.to_string().contains(want), "{want}: {e}");
     }
@@ -354,11 +274,11 @@ async fn after_kill_9_the_agent_owns_the_same_running_allocs_without_remounting(
         .await
         .expect("create");
     let dest = agent.tmp.path().join("shared-data");
-    let text = job("three", "service", "shared", &dest, "exec sleep 3600")
+    let text = volume_job("three", "service", "shared", &dest, "exec sleep 3600")
         .replace("single-node-writer", "single-node-multi-writer")
         .replace("  group \"g\" {", "  group \"g\" {\n    count = 3");
-    run(&client, text).await.expect("job run");
-    let running = wait_job(&client, "three", |s| {
+    run_job(&client, text).await.expect("job run");
+    let running = wait_job(&agent, "three", |s| {
         s.allocs.len() == 3
             && s.allocs.iter().all(|a| {
                 a.client_status == ClientStatus::Running
@@ -380,7 +300,7 @@ async fn after_kill_9_the_agent_owns_the_same_running_allocs_without_remounting(
     agent.respawn();
     agent.wait_ready().await;
     let client = agent.client();
-    let after = wait_job(&client, "three", |s| {
+    let after = wait_job(&agent, "three", |s| {
         s.allocs.iter().all(|a| {
             a.client_status == ClientStatus::Running && a.tasks.values().all(|t| t.pid.is_some())
         })
@@ -425,22 +345,22 @@ async fn after_kill_9_the_agent_owns_the_same_running_allocs_without_remounting(
 async fn an_exec_task_sees_its_own_volume_and_not_other_allocs_volumes() {
     let agent = start().await;
     let client = agent.client();
-    let e0 = create_volume(&client, "pv[0]").await;
-    let e1 = create_volume(&client, "pv[1]").await;
+    let e0 = create_volume(&client, PLUGIN, "pv[0]").await;
+    let e1 = create_volume(&client, PLUGIN, "pv[1]").await;
     let dest = agent.tmp.path().join("pv-data");
     let per_alloc = agent.data_dir.join("csi/monolith/hp/per-alloc");
     let script = format!(
         "ls {} 2>/dev/null | wc -l > $0/seen; echo $BERTH_ALLOC_INDEX > $0/index",
         per_alloc.display()
     );
-    let text = job("iso", "batch", "pv", &dest, &script)
+    let text = volume_job("iso", "batch", "pv", &dest, &script)
         .replace("  group \"g\" {", "  group \"g\" {\n    count = 2")
         .replace(
             "      access_mode = \"single-node-writer\"",
             "      access_mode = \"single-node-writer\"\n      per_alloc = true",
         );
-    run(&client, text).await.expect("job run");
-    wait_job(&client, "iso", |s| {
+    run_job(&client, text).await.expect("job run");
+    wait_job(&agent, "iso", |s| {
         s.allocs.len() == 2
             && s.allocs
                 .iter()

@@ -8,25 +8,17 @@ mod agent_support;
 
 use std::{path::Path, time::Duration};
 
-use agent_support::AgentProcess;
+use agent_support::{
+    AgentProcess,
+    jobs::{VOLUME_RPCS, create_volume, run_job, run_to_completion, volume_job, wait_alloc},
+};
 use berth_api::{
-    Client, Source,
-    jobs::{AllocStatus, ClientStatus, EventKind, JobRunRequest, JobStatus},
-    volumes::{SpecFormat, VolumeSpecRequest},
+    Source,
+    jobs::{AllocStatus, ClientStatus, EventKind},
 };
 use berth_hostpath::calllog;
 
 const PLUGIN: &str = "tp";
-
-/// The volume RPCs of a claim and a release, in their order.
-const VOLUME_RPCS: [&str; 6] = [
-    "ControllerPublishVolume",
-    "NodeStageVolume",
-    "NodePublishVolume",
-    "NodeUnpublishVolume",
-    "NodeUnstageVolume",
-    "ControllerUnpublishVolume",
-];
 
 const CONFIG: &str = "health {\n  interval = \"200ms\"\n  failures = 2\n}\n";
 
@@ -68,88 +60,6 @@ job "plugin" {{
     )
 }
 
-/// A job with one exec task that mounts volume `source` at `dest` and runs `script` (`$0` is
-/// `dest`).
-fn volume_job(id: &str, job_type: &str, source: &str, dest: &Path, script: &str) -> String {
-    format!(
-        r#"
-job "{id}" {{
-  type = "{job_type}"
-  group "g" {{
-    volume "data" {{
-      type        = "csi"
-      source      = "{source}"
-      access_mode = "single-node-writer"
-    }}
-    task "main" {{
-      driver = "exec"
-      config {{
-        command = "/bin/sh"
-        args    = ["-c", "{script}", "{dest}"]
-      }}
-      volume_mount {{
-        volume      = "data"
-        destination = "{dest}"
-      }}
-      kill_timeout = "2s"
-    }}
-  }}
-}}
-"#,
-        dest = dest.display()
-    )
-}
-
-async fn run(client: &Client, text: String) -> Result<JobStatus, berth_api::ClientError> {
-    client
-        .run_job(&JobRunRequest {
-            spec: text,
-            format: SpecFormat::Hcl,
-            file: Some("job.hcl".into()),
-        })
-        .await
-}
-
-async fn create_volume(client: &Client, id: &str) -> String {
-    let spec = format!(
-        "id = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\ncapacity_min = \"10MiB\"\n\
-         capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
-    );
-    client
-        .create_volume(&VolumeSpecRequest {
-            spec,
-            format: SpecFormat::Hcl,
-            file: None,
-        })
-        .await
-        .expect("create volume")
-        .external_id
-}
-
-/// Polls the only alloc of job `id` until `pred` holds (bounded).
-async fn wait_alloc(
-    agent: &AgentProcess,
-    id: &str,
-    pred: impl Fn(&AllocStatus) -> bool,
-) -> AllocStatus {
-    let client = agent.client();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let s = client.job(id).await.expect("job status");
-        if let Some(a) = s.allocs.first()
-            && pred(a)
-        {
-            return a.clone();
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "job {id} did not get there: {s:#?}\nagent log:\n{}",
-            agent.log()
-        );
-        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
-    }
-}
-
 fn count(a: &AllocStatus, kind: EventKind) -> usize {
     a.events.iter().filter(|e| e.kind == kind).count()
 }
@@ -188,7 +98,7 @@ async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when
     let agent = AgentProcess::start_in_namespace(CONFIG).await;
     let client = agent.client();
     let tmp = agent.tmp.path().to_path_buf();
-    run(&client, plugin_job(&tmp, "20s"))
+    run_job(&client, plugin_job(&tmp, "20s"))
         .await
         .expect("plugin job");
     let instance = wait_task_instance_healthy(&agent).await;
@@ -210,16 +120,14 @@ async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when
     );
 
     // A job writes through a volume the plugin task mounts: the data is in its volume.
-    let external = create_volume(&client, "v1").await;
+    let external = create_volume(&client, PLUGIN, "v1").await;
     let dest = tmp.join("writer-data");
-    run(
-        &client,
+    run_to_completion(
+        &agent,
+        "w1",
         volume_job("w1", "batch", "v1", &dest, "echo hello > $0/hello.txt"),
     )
-    .await
-    .expect("writer");
-    let done = wait_alloc(&agent, "w1", |a| a.client_status.is_terminal()).await;
-    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    .await;
     assert_eq!(
         std::fs::read_to_string(tmp.join("hp/volumes").join(&external).join("hello.txt"))
             .expect("the file is in the plugin's volume"),
@@ -286,14 +194,12 @@ async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when
     assert_eq!(wait_task_instance_healthy(&agent).await, instance);
 
     // It serves volumes again.
-    run(
-        &client,
+    run_to_completion(
+        &agent,
+        "w2",
         volume_job("w2", "batch", "v1", &dest, "cat $0/hello.txt"),
     )
-    .await
-    .expect("second writer");
-    let done = wait_alloc(&agent, "w2", |a| a.client_status.is_terminal()).await;
-    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    .await;
 
     // Stopped: deregistered; the instance is gone from the registry.
     client.stop_job("plugin").await.expect("stop");
@@ -327,7 +233,7 @@ async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event
         )
         .replace("attempts = 5", "attempts = 1");
     assert!(text.contains("/bin/sleep") && text.contains("attempts = 1"));
-    run(&client, text).await.expect("job run");
+    run_job(&client, text).await.expect("job run");
     let a = wait_alloc(&agent, "plugin", |a| a.client_status.is_terminal()).await;
     assert_eq!(a.client_status, ClientStatus::Failed, "{a:#?}");
     assert_eq!(count(&a, EventKind::PluginNotReady), 2, "{a:#?}");
@@ -352,13 +258,13 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     let mut agent = AgentProcess::start_in_namespace(CONFIG).await;
     let client = agent.client();
     let tmp = agent.tmp.path().to_path_buf();
-    run(&client, plugin_job(&tmp, "20s"))
+    run_job(&client, plugin_job(&tmp, "20s"))
         .await
         .expect("plugin job");
     let instance = wait_task_instance_healthy(&agent).await;
-    create_volume(&client, "v1").await;
+    create_volume(&client, PLUGIN, "v1").await;
     let dest = tmp.join("server-data");
-    run(
+    run_job(
         &client,
         volume_job("srv", "service", "v1", &dest, "exec sleep 3600"),
     )
@@ -416,7 +322,7 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     );
     // A new plugin job takes over; the service's release goes through it, in CSI order.
     client.stop_job("plugin").await.ok();
-    run(
+    run_job(
         &client,
         plugin_job(&tmp, "20s").replace("job \"plugin\"", "job \"plugin2\""),
     )

@@ -2,6 +2,8 @@
 //! Runs `berth agent` as a real process for tests, in its own private mount namespace, and
 //! kills it (and reaps it) when the handle is dropped.
 
+pub mod jobs;
+
 use std::{
     path::{Path, PathBuf},
     process::{Child, ExitStatus, Stdio},

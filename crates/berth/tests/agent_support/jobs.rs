@@ -1,0 +1,121 @@
+//! Job helpers shared by the tests that run jobs on a real agent.
+
+use std::{path::Path, time::Duration};
+
+use berth_api::{
+    Client, ClientError,
+    jobs::{AllocStatus, ClientStatus, JobRunRequest, JobStatus},
+    volumes::{SpecFormat, VolumeSpecRequest},
+};
+
+use super::AgentProcess;
+
+/// The volume RPCs of a claim and a release, in their order.
+pub const VOLUME_RPCS: [&str; 6] = [
+    "ControllerPublishVolume",
+    "NodeStageVolume",
+    "NodePublishVolume",
+    "NodeUnpublishVolume",
+    "NodeUnstageVolume",
+    "ControllerUnpublishVolume",
+];
+
+/// A job with one exec task that mounts volume `source` (single-node-writer) at `dest` and
+/// runs `script` with `sh -c` (`$0` is `dest`).
+pub fn volume_job(id: &str, job_type: &str, source: &str, dest: &Path, script: &str) -> String {
+    format!(
+        r#"
+job "{id}" {{
+  type = "{job_type}"
+  group "g" {{
+    volume "data" {{
+      type        = "csi"
+      source      = "{source}"
+      access_mode = "single-node-writer"
+    }}
+    task "main" {{
+      driver = "exec"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}", "{dest}"]
+      }}
+      volume_mount {{
+        volume      = "data"
+        destination = "{dest}"
+      }}
+      kill_timeout = "2s"
+    }}
+  }}
+}}
+"#,
+        dest = dest.display()
+    )
+}
+
+/// `job run` of HCL `text`, named `job.hcl` in errors.
+pub async fn run_job(client: &Client, text: String) -> Result<JobStatus, ClientError> {
+    client
+        .run_job(&JobRunRequest {
+            spec: text,
+            format: SpecFormat::Hcl,
+            file: Some("job.hcl".into()),
+        })
+        .await
+}
+
+/// Creates a 10 MiB single-node-writer volume `id` of `plugin`; its external id.
+pub async fn create_volume(client: &Client, plugin: &str, id: &str) -> String {
+    let spec = format!(
+        "id = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{plugin}\"\ncapacity_min = \"10MiB\"\n\
+         capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
+    );
+    client
+        .create_volume(&VolumeSpecRequest {
+            spec,
+            format: SpecFormat::Hcl,
+            file: None,
+        })
+        .await
+        .expect("create volume")
+        .external_id
+}
+
+/// Polls job `id` until `pred` holds (at most 30 s; the failure shows the agent's log).
+pub async fn wait_job(
+    agent: &AgentProcess,
+    id: &str,
+    pred: impl Fn(&JobStatus) -> bool,
+) -> JobStatus {
+    let client = agent.client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = client.job(id).await.expect("job status");
+        if pred(&s) {
+            return s;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job {id} did not get there: {s:#?}\nagent log:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}
+
+/// Polls the first alloc of job `id` until `pred` holds.
+pub async fn wait_alloc(
+    agent: &AgentProcess,
+    id: &str,
+    pred: impl Fn(&AllocStatus) -> bool,
+) -> AllocStatus {
+    let s = wait_job(agent, id, |s| s.allocs.first().is_some_and(&pred)).await;
+    s.allocs[0].clone()
+}
+
+/// Runs batch job `text` (id `id`) and waits until its alloc completed.
+pub async fn run_to_completion(agent: &AgentProcess, id: &str, text: String) -> AllocStatus {
+    run_job(&agent.client(), text).await.expect("job run");
+    let done = wait_alloc(agent, id, |a| a.client_status.is_terminal()).await;
+    assert_eq!(done.client_status, ClientStatus::Complete, "{done:#?}");
+    done
+}
