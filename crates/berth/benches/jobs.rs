@@ -31,7 +31,9 @@ use berth_api::{
     jobs::{ClientStatus, JobRunRequest, JobStatus},
     volumes::{SpecFormat, VolumeSpecRequest},
 };
-use common::{Agent, PLUGIN, clk_tck, cpu_ticks, hostpath_binary, mounts_under, ms, row, stats};
+use common::{
+    Agent, CpuMeter, PLUGIN, hostpath_binary, mounts_under, ms, poll_until, print_cpu, row, stats,
+};
 
 const USAGE: &str = "\
 usage: jobs [--samples N] [--warmup N] [--allocs A] [--quick]
@@ -138,20 +140,20 @@ fn running(s: &JobStatus, count: usize) -> bool {
 }
 
 /// Polls the job every `poll` until `pred` holds; the status that did, and when it was seen.
+/// An alloc that ends on the way fails the bench.
 async fn wait_job(
     client: &Client,
     id: &str,
     poll: Duration,
     pred: impl Fn(&JobStatus) -> bool,
 ) -> (JobStatus, Instant) {
-    let deadline = Instant::now() + WAIT;
-    loop {
+    poll_until(&format!("job {id}"), poll, WAIT, || async {
         let s = client
             .job(id)
             .await
             .unwrap_or_else(|e| panic!("status of job {id}: {e}"));
         if pred(&s) {
-            return (s, Instant::now());
+            return Ok((s, Instant::now()));
         }
         if let Some(a) = s.allocs.iter().find(|a| a.client_status.is_terminal()) {
             panic!(
@@ -159,12 +161,9 @@ async fn wait_job(
                 a.alloc_id, a.client_status, a.failure
             );
         }
-        assert!(
-            Instant::now() < deadline,
-            "job {id} not there within {WAIT:?}: {s:#?}"
-        );
-        tokio::time::sleep(poll).await;
-    }
+        Err(format!("{s:#?}"))
+    })
+    .await
 }
 
 /// When each alloc's task started, measured from `t0`, in ms.
@@ -211,34 +210,35 @@ async fn stop_and_release(client: &Client, id: &str, volumes: &[String]) {
         .stop_job(id)
         .await
         .unwrap_or_else(|e| panic!("stop job {id}: {e}"));
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let every = Duration::from_millis(5);
+    poll_until(&format!("stop of job {id}"), every, WAIT, || async {
         let s = client
             .job(id)
             .await
             .unwrap_or_else(|e| panic!("status of job {id}: {e}"));
-        let mut done = s
-            .allocs
+        if s.allocs
             .iter()
-            .all(|a| a.client_status == ClientStatus::Complete);
-        for v in volumes {
-            if !done {
-                break;
-            }
-            let v = client
+            .all(|a| a.client_status == ClientStatus::Complete)
+        {
+            Ok(())
+        } else {
+            Err(format!("{s:#?}"))
+        }
+    })
+    .await;
+    for v in volumes {
+        poll_until(&format!("release of {v}"), every, WAIT, || async {
+            let st = client
                 .volume(v)
                 .await
                 .unwrap_or_else(|e| panic!("status of volume {v}: {e}"));
-            done = v.claims.is_empty() && v.usages.is_empty();
-        }
-        if done {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job {id} not stopped and released within {WAIT:?}: {s:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+            if st.claims.is_empty() && st.usages.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{st:#?}"))
+            }
+        })
+        .await;
     }
 }
 
@@ -331,11 +331,9 @@ async fn parallel_run(
     count: usize,
     volume: Option<&str>,
     dest: &Path,
-    tck: f64,
 ) -> (Parallel, JobStatus) {
     let client = agent.client();
-    let plugin_pid = agent.plugin_pid();
-    let (cpu0, pcpu0) = (cpu_ticks(agent.pid()), plugin_pid.map(cpu_ticks));
+    let meter = CpuMeter::start(agent);
     let (start, wall, answered, status) = run_until_running(
         &client,
         id,
@@ -344,10 +342,7 @@ async fn parallel_run(
         Duration::from_millis(5),
     )
     .await;
-    let cpu = (cpu_ticks(agent.pid()) - cpu0) as f64 / tck;
-    let plugin_cpu = pcpu0
-        .zip(plugin_pid.map(cpu_ticks))
-        .map(|(a, b)| (b - a) as f64 / tck);
+    let (cpu, plugin_cpu) = meter.read();
     (
         Parallel {
             start,
@@ -378,20 +373,10 @@ fn report_parallel(name: &str, count: usize, p: &Parallel) {
         wall * 1e3,
         count as f64 / wall
     );
-    println!(
-        "    agent CPU: {:.3} s = {:.0}% of one core over the wall time",
-        p.cpu,
-        100.0 * p.cpu / wall
-    );
-    if let Some(c) = p.plugin_cpu {
-        println!(
-            "    (berth-hostpath CPU: {c:.3} s = {:.0}% of one core)",
-            100.0 * c / wall
-        );
-    }
+    print_cpu(wall, p.cpu, p.plugin_cpu);
 }
 
-async fn bench_parallel(opts: Opts, agent: &Agent, dest: &Path, tck: f64) -> Vec<String> {
+async fn bench_parallel(opts: Opts, agent: &Agent, dest: &Path) -> Vec<String> {
     let client = agent.client();
     let n = opts.allocs;
     let vols: Vec<String> = (0..n).map(|i| format!("par[{i}]")).collect();
@@ -399,9 +384,9 @@ async fn bench_parallel(opts: Opts, agent: &Agent, dest: &Path, tck: f64) -> Vec
         create_volume(&client, v).await;
     }
     let mut failures = Vec::new();
-    let (base, _) = parallel_run(agent, "par-novol", n, None, dest, tck).await;
+    let (base, _) = parallel_run(agent, "par-novol", n, None, dest).await;
     stop_and_release(&client, "par-novol", &[]).await;
-    let (with, status) = parallel_run(agent, "par-vol", n, Some("par"), dest, tck).await;
+    let (with, status) = parallel_run(agent, "par-vol", n, Some("par"), dest).await;
     if let Err(e) = check_mounted(agent, &status) {
         failures.push(e);
     }
@@ -445,7 +430,6 @@ async fn bench_parallel(opts: Opts, agent: &Agent, dest: &Path, tck: f64) -> Vec
 
 async fn run(opts: Opts) -> Vec<String> {
     let hostpath = hostpath_binary();
-    let tck = clk_tck();
     let agent = Agent::start(&hostpath).await;
     // The tasks' mount point: exec makes it on the host, so it lies in the agent's temp dir.
     let dest = agent.data_dir.with_file_name("task-data");
@@ -465,35 +449,18 @@ async fn run(opts: Opts) -> Vec<String> {
             .map_or("?".into(), |p: u32| p.to_string()),
     );
     let mut failures = bench_start(opts, &agent, &dest).await;
-    failures.extend(bench_parallel(opts, &agent, &dest, tck).await);
+    failures.extend(bench_parallel(opts, &agent, &dest).await);
     failures
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let opts = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("jobs: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    // Dropping `run` on Ctrl-C kills the agent, its plugin and its tasks, like the end of a run.
-    let failures = tokio::select! {
-        f = run(opts) => f,
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("interrupted");
-            return ExitCode::from(130);
-        }
-    };
-    if failures.is_empty() {
-        println!("\nresult: OK (every alloc ran with its volume mounted; nothing left after stop)");
-        ExitCode::SUCCESS
-    } else {
-        println!("\nresult: FAILED: {}", failures.join("; "));
-        ExitCode::FAILURE
-    }
+    common::bench_main(
+        "jobs",
+        USAGE,
+        parse_args(),
+        run,
+        "every alloc ran with its volume mounted; nothing left after stop",
+    )
+    .await
 }

@@ -37,7 +37,7 @@ use berth_csi::{
 };
 use berth_testkit::HostpathPlugin;
 use common::{
-    Agent, PLUGIN, Phase, clk_tck, cpu_ticks, hostpath_binary, mounts_under, ms, report_phase, row,
+    Agent, CpuMeter, PLUGIN, Phase, hostpath_binary, mounts_under, ms, report_phase, row,
 };
 
 const USAGE: &str = "\
@@ -333,7 +333,7 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
     );
 }
 
-async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
+async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
     let client = agent.client();
     let mode = AccessMode::SingleNodeMultiWriter;
     let vols: Vec<String> = (0..opts.volumes).map(|i| format!("par-{i}")).collect();
@@ -349,11 +349,9 @@ async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
     let work: Vec<(String, String)> = (0..opts.allocs)
         .map(|j| (vols[j % vols.len()].clone(), format!("alloc-{j}")))
         .collect();
-    let plugin_pid = agent.plugin_pid();
-    let plugin_ticks = || plugin_pid.map(cpu_ticks);
 
     let pid = agent.pid();
-    let (cpu0, pcpu0) = (cpu_ticks(pid), plugin_ticks());
+    let cpu = CpuMeter::start(agent);
     let t = Instant::now();
     let tasks: Vec<_> = work
         .iter()
@@ -389,13 +387,12 @@ async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
         }
     }
     claims.wall = t.elapsed();
-    claims.cpu = (cpu_ticks(pid) - cpu0) as f64 / tck;
-    claims.plugin_cpu = pcpu0.zip(plugin_ticks()).map(|(a, b)| (b - a) as f64 / tck);
+    (claims.cpu, claims.plugin_cpu) = cpu.read();
     let mounted: BTreeSet<PathBuf> = mounts_under(pid, &agent.data_dir).into_iter().collect();
     let targets_mounted = targets.iter().filter(|t| mounted.contains(*t)).count();
     let mounts_after_claims = mounted.len();
 
-    let (cpu0, pcpu0) = (cpu_ticks(pid), plugin_ticks());
+    let cpu = CpuMeter::start(agent);
     let t = Instant::now();
     let tasks: Vec<_> = work
         .iter()
@@ -429,8 +426,7 @@ async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
         }
     }
     releases.wall = t.elapsed();
-    releases.cpu = (cpu_ticks(pid) - cpu0) as f64 / tck;
-    releases.plugin_cpu = pcpu0.zip(plugin_ticks()).map(|(a, b)| (b - a) as f64 / tck);
+    (releases.cpu, releases.plugin_cpu) = cpu.read();
     let left = mounts_under(pid, &agent.data_dir);
     let mut still_claimed = 0;
     for v in &vols {
@@ -489,7 +485,6 @@ async fn bench_parallel(opts: Opts, agent: &Agent, tck: f64) -> Vec<String> {
 
 async fn run(opts: Opts) -> Vec<String> {
     let hostpath = hostpath_binary();
-    let tck = clk_tck();
     let agent = Agent::start(&hostpath).await;
     let direct = Direct::start().await;
     println!(
@@ -511,34 +506,17 @@ async fn run(opts: Opts) -> Vec<String> {
     );
     bench_cycle(opts, &agent, &direct).await;
     drop(direct);
-    bench_parallel(opts, &agent, tck).await
+    bench_parallel(opts, &agent).await
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let opts = match parse_args() {
-        Ok(o) => o,
-        Err(e) => {
-            if !e.is_empty() {
-                eprintln!("volumes: {e}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
-    // Dropping `run` on Ctrl-C kills the agent and the plugins, like the end of a run.
-    let failures = tokio::select! {
-        f = run(opts) => f,
-        _ = tokio::signal::ctrl_c() => {
-            eprintln!("interrupted");
-            return ExitCode::from(130);
-        }
-    };
-    if failures.is_empty() {
-        println!("\nresult: OK (every claim and release succeeded, nothing left mounted)");
-        ExitCode::SUCCESS
-    } else {
-        println!("\nresult: FAILED: {}", failures.join("; "));
-        ExitCode::FAILURE
-    }
+    common::bench_main(
+        "volumes",
+        USAGE,
+        parse_args(),
+        run,
+        "every claim and release succeeded, nothing left mounted",
+    )
+    .await
 }

@@ -3,8 +3,9 @@
 //! `berth-hostpath`, CPU time from `/proc`, mount tables, and percentiles.
 
 use std::{
+    future::Future,
     path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
+    process::{Child, Command, ExitCode, Stdio},
     time::{Duration, Instant},
 };
 
@@ -278,18 +279,111 @@ pub fn report_phase(name: &str, n: usize, p: &Phase) {
         wall * 1e3,
         n as f64 / wall
     );
+    print_cpu(wall, p.cpu, p.plugin_cpu);
+    for e in p.errors.iter().take(5) {
+        println!("    error: {e}");
+    }
+}
+
+/// CPU time (utime + stime) of the agent and of its plugin from the moment it was made.
+pub struct CpuMeter {
+    tck: f64,
+    agent: (u32, u64),
+    plugin: Option<(u32, u64)>,
+}
+
+impl CpuMeter {
+    /// Starts counting for `agent` and the plugin it runs.
+    pub fn start(agent: &Agent) -> CpuMeter {
+        CpuMeter {
+            tck: clk_tck(),
+            agent: (agent.pid(), cpu_ticks(agent.pid())),
+            plugin: agent.plugin_pid().map(|p| (p, cpu_ticks(p))),
+        }
+    }
+
+    /// Seconds of CPU used since the start: the agent's, and the plugin's when it runs.
+    pub fn read(&self) -> (f64, Option<f64>) {
+        let since = |(pid, t0): (u32, u64)| (cpu_ticks(pid) - t0) as f64 / self.tck;
+        (since(self.agent), self.plugin.map(since))
+    }
+}
+
+/// Prints the agent's (and the plugin's) CPU seconds as shares of one core over `wall`
+/// seconds.
+pub fn print_cpu(wall: f64, cpu: f64, plugin_cpu: Option<f64>) {
     println!(
-        "    agent CPU: {:.3} s = {:.0}% of one core over the wall time",
-        p.cpu,
-        100.0 * p.cpu / wall
+        "    agent CPU: {cpu:.3} s = {:.0}% of one core over the wall time",
+        100.0 * cpu / wall
     );
-    if let Some(c) = p.plugin_cpu {
+    if let Some(c) = plugin_cpu {
         println!(
             "    (berth-hostpath CPU: {c:.3} s = {:.0}% of one core)",
             100.0 * c / wall
         );
     }
-    for e in p.errors.iter().take(5) {
-        println!("    error: {e}");
+}
+
+/// Polls `check` every `every` until it gives a value; panics with `what` (and the last
+/// state it describes) after `timeout`.
+pub async fn poll_until<T, F, Fut>(
+    what: &str,
+    every: Duration,
+    timeout: Duration,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(state) => assert!(
+                Instant::now() < deadline,
+                "{what}: not within {timeout:?}: {state}"
+            ),
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// A bench binary's `main`: parses its options (usage and exit 2 on a bad one), runs it until
+/// done or Ctrl-C (dropping the run kills the agent, its plugin and its tasks), and says
+/// `ok` or the failures it returned.
+pub async fn bench_main<O, F>(
+    name: &str,
+    usage: &str,
+    opts: Result<O, String>,
+    run: impl FnOnce(O) -> F,
+    ok: &str,
+) -> ExitCode
+where
+    F: Future<Output = Vec<String>>,
+{
+    let opts = match opts {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("{name}: {e}");
+            }
+            eprintln!("{usage}");
+            return ExitCode::from(2);
+        }
+    };
+    let failures = tokio::select! {
+        f = run(opts) => f,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("interrupted");
+            return ExitCode::from(130);
+        }
+    };
+    if failures.is_empty() {
+        println!("\nresult: OK ({ok})");
+        ExitCode::SUCCESS
+    } else {
+        println!("\nresult: FAILED: {}", failures.join("; "));
+        ExitCode::FAILURE
     }
 }
