@@ -16,7 +16,7 @@ use std::{
 };
 
 use berth_api::{EventKind, Fingerprint, Health};
-use berth_csi::{CsiClient, CsiError, Endpoint, RetryPolicy, Rpc};
+use berth_csi::{CsiClient, CsiError, Endpoint, Rpc};
 use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -304,14 +304,7 @@ impl HealthLoop {
 
     /// A client whose calls make one attempt each: the loop is the retry.
     fn client(&self, endpoint: Endpoint) -> CsiClient {
-        // A first wait (at least half the initial backoff) past the deadline: no second attempt.
-        let once = |timeout: Duration| RetryPolicy {
-            attempt_timeout: timeout,
-            overall_timeout: timeout,
-            initial_backoff: timeout * 2,
-            max_backoff: timeout * 2,
-            ..Rpc::Probe.policy()
-        };
+        let once = |timeout: Duration| Rpc::Probe.policy().single_attempt(timeout);
         let mut b = CsiClient::builder(endpoint)
             .cancellation(self.cancel.clone())
             .observer(self.metrics.observer(&self.record.id))

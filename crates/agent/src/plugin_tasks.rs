@@ -24,7 +24,7 @@ use std::{
 
 use berth_allocrunner::{BoxFuture, EventKind, HookError, TaskContext, TaskHook};
 use berth_api::{PluginType, Source};
-use berth_csi::{CsiClient, Endpoint, RetryPolicy, Rpc};
+use berth_csi::{CsiClient, Endpoint, Rpc};
 use berth_drivers::{DriverManager, ExitResult, Propagation, Signal, TaskConfig, TaskHandle};
 use berth_job::CsiPluginSpec;
 use tokio::sync::broadcast::error::RecvError;
@@ -37,9 +37,6 @@ use crate::{
 
 /// The hook's name (persisted in the task's prestart and poststart progress).
 pub const HOOK: &str = "csi_plugin_supervisor";
-
-/// The longest unix socket path (`sun_path` holds 108 bytes with the NUL).
-const MAX_SOCKET_PATH: usize = 107;
 
 /// Deadline of one readiness probe.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -89,7 +86,7 @@ impl PluginPlan {
         let plugins = data_dir.join("csi").join("plugins");
         let fits = |instance: &str| {
             berth_sys::validate_path_segment("instance", instance).is_ok()
-                && socket_len(&plugins.join(instance).join("csi.sock")) <= MAX_SOCKET_PATH
+                && Endpoint::from_path(plugins.join(instance).join("csi.sock")).is_ok()
         };
         let readable = format!("{alloc_id}.{task}");
         let instance = if fits(&readable) {
@@ -99,13 +96,7 @@ impl PluginPlan {
         };
         let socket_dir = plugins.join(&instance);
         let socket = socket_dir.join("csi.sock");
-        if socket_len(&socket) > MAX_SOCKET_PATH {
-            return Err(format!(
-                "the plugin's socket path {} is {} bytes, more than the {MAX_SOCKET_PATH} a unix socket allows: use a shorter data_dir",
-                socket.display(),
-                socket_len(&socket)
-            ));
-        }
+        Endpoint::from_path(&socket).map_err(|e| format!("{e}: use a shorter data_dir"))?;
         let dir = berth_volume::PluginDir::from(spec.plugin_type);
         let root = berth_volume::PluginPaths::new(data_dir, dir, &spec.id)
             .map_err(|e| format!("csi_plugin.id: {e}"))?
@@ -118,10 +109,6 @@ impl PluginPlan {
             root,
         })
     }
-}
-
-fn socket_len(p: &Path) -> usize {
-    p.as_os_str().len()
 }
 
 /// FNV-1a, for short stable names.
@@ -432,13 +419,7 @@ impl Watcher {
     }
 
     fn client(&self) -> Result<CsiClient, String> {
-        let once = RetryPolicy {
-            attempt_timeout: PROBE_TIMEOUT,
-            overall_timeout: PROBE_TIMEOUT,
-            initial_backoff: PROBE_TIMEOUT * 2,
-            max_backoff: PROBE_TIMEOUT * 2,
-            ..Rpc::Probe.policy()
-        };
+        let once = Rpc::Probe.policy().single_attempt(PROBE_TIMEOUT);
         let endpoint = Endpoint::from_path(&self.plan.socket).map_err(|e| e.to_string())?;
         Ok(CsiClient::builder(endpoint)
             .policy(Rpc::Probe, once)
@@ -509,11 +490,14 @@ mod tests {
             p,
             PluginPlan::new(Path::new("/var/lib/berth"), &long, "node", &spec()).unwrap()
         );
-        assert!(p.socket.as_os_str().len() <= MAX_SOCKET_PATH);
+        assert!(p.socket.as_os_str().len() <= berth_csi::MAX_SOCKET_PATH);
 
         // A data dir so long that nothing fits: refused, naming the path.
         let deep = PathBuf::from(format!("/{}", "d".repeat(100)));
         let err = PluginPlan::new(&deep, "a", "node", &spec()).unwrap_err();
-        assert!(err.contains("more than the 107"), "{err}");
+        assert!(
+            err.contains(&deep.display().to_string()) && err.contains("must fit in 107 bytes"),
+            "{err}"
+        );
     }
 }

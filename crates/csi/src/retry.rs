@@ -144,6 +144,18 @@ impl Rpc {
 }
 
 impl RetryPolicy {
+    /// This policy cut to one attempt of at most `timeout`, for a caller whose own loop is
+    /// the retry: the first wait (at least half the initial backoff) lies past the deadline.
+    pub fn single_attempt(self, timeout: Duration) -> Self {
+        Self {
+            attempt_timeout: timeout,
+            overall_timeout: timeout,
+            initial_backoff: timeout * 2,
+            max_backoff: timeout * 2,
+            ..self
+        }
+    }
+
     /// Whether a failure with `code` is tried again (time permitting).
     pub fn retries(&self, code: Code) -> bool {
         match code {
@@ -172,6 +184,20 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_single_attempt_policy_waits_past_its_deadline_and_keeps_the_rest() {
+        let base = Rpc::NodeUnpublishVolume.policy();
+        let one = base.single_attempt(Duration::from_secs(2));
+        assert_eq!(one.attempt_timeout, Duration::from_secs(2));
+        assert_eq!(one.overall_timeout, Duration::from_secs(2));
+        // Jitter takes at most half off the first wait: it still ends after the deadline.
+        assert!(one.initial_backoff / 2 >= one.overall_timeout);
+        assert_eq!(
+            (one.retry_aborted, one.not_found_is_done),
+            (base.retry_aborted, base.not_found_is_done)
+        );
+    }
 
     #[test]
     fn transient_codes_retry_everywhere_and_aborted_only_where_pending() {
