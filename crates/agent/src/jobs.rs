@@ -20,7 +20,7 @@ use berth_api::{
 };
 use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
 use berth_drivers::{DriverManager, Health, TaskId};
-use berth_job::{GroupSpec, JobSpec};
+use berth_job::JobSpec;
 use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -133,7 +133,6 @@ pub struct Jobs {
     node_id: String,
     deps: AllocDeps,
     plugins: PluginTasks,
-    data_dir: PathBuf,
     runners: Mutex<BTreeMap<String, AllocRunner>>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -185,7 +184,6 @@ impl Jobs {
             allocs,
             drivers,
             plugins,
-            data_dir: data_dir.to_path_buf(),
             registry,
             manager,
             volumes,
@@ -211,10 +209,9 @@ impl Jobs {
         let mut live_plugins = std::collections::BTreeSet::new();
         for record in records.into_iter().filter(|r| !r.is_finished()) {
             let alloc_id = record.alloc_id.clone();
-            let group = record.group.clone();
             match AllocRunner::recover(record, self.deps.clone()).await {
                 Ok(runner) => {
-                    live_plugins.extend(self.add_plugin_hooks(&runner, &group));
+                    live_plugins.extend(self.add_plugin_hooks(&runner));
                     tracing::info!(alloc_id, "alloc recovered");
                     self.spawn_runner(runner);
                 }
@@ -239,15 +236,11 @@ impl Jobs {
         }
     }
 
-    /// Adds the plugin supervisor to every task of `group` with a `csi_plugin` block; returns
-    /// their (plugin id, instance).
-    fn add_plugin_hooks(
-        &self,
-        runner: &AllocRunner,
-        group: &berth_job::GroupSpec,
-    ) -> Vec<(String, String)> {
+    /// Adds the plugin supervisor to every task of the alloc with a `csi_plugin` block;
+    /// returns their (plugin id, instance).
+    fn add_plugin_hooks(&self, runner: &AllocRunner) -> Vec<(String, String)> {
         let mut added = Vec::new();
-        for task in &group.tasks {
+        for task in &runner.group().tasks {
             let Some(spec) = &task.csi_plugin else {
                 continue;
             };
@@ -256,7 +249,9 @@ impl Jobs {
                 tracing::error!(alloc_id = runner.alloc_id(), task = %task.name, error = %e, "cannot supervise the plugin task");
                 continue;
             }
-            if let Ok(plan) = PluginPlan::new(&self.data_dir, runner.alloc_id(), &task.name, spec) {
+            if let Ok(plan) =
+                PluginPlan::new(&self.plugins.data_dir, runner.alloc_id(), &task.name, spec)
+            {
                 added.push((spec.id.clone(), plan.instance));
             }
         }
@@ -427,11 +422,10 @@ impl Jobs {
             allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
         };
         self.save(&job_id, &rec)?;
-        let groups: Vec<GroupSpec> = specs.iter().map(|s| s.group.clone()).collect();
         let runners = AllocRunner::new_all(specs, self.deps.clone())
             .map_err(|e| ApiError::Internal(e.to_string()))?;
-        for (runner, group) in runners.into_iter().zip(&groups) {
-            self.add_plugin_hooks(&runner, group);
+        for runner in runners {
+            self.add_plugin_hooks(&runner);
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");

@@ -362,6 +362,11 @@ impl AllocRunner {
         &self.inner.spec.alloc_id
     }
 
+    /// The alloc's group: its tasks and volumes.
+    pub fn group(&self) -> &berth_job::GroupSpec {
+        &self.inner.spec.group
+    }
+
     /// The alloc's directory: `<task>/` working directories and `logs/<task>.stdout|stderr`.
     pub fn alloc_dir(&self) -> &Path {
         &self.inner.alloc_dir
