@@ -486,7 +486,7 @@ fn slaves_for(config: &TaskConfig) -> Result<Option<Vec<PathBuf>>, DriverError> 
     if sources.is_empty() {
         return Ok(None);
     }
-    let table = berth_sys::read_mountinfo(Path::new("/proc/self/mountinfo")).map_err(|e| {
+    let table = berth_sys::Mounter::mounts(&berth_sys::LinuxMounter).map_err(|e| {
         DriverError::InvalidConfig {
             task_id: config.id.clone(),
             field: "mounts".into(),
@@ -508,6 +508,8 @@ fn slaves_for(config: &TaskConfig) -> Result<Option<Vec<PathBuf>>, DriverError> 
         .filter(|e| !sources.iter().any(|(_, s)| e.mount_point.starts_with(s)))
         .map(|e| e.mount_point.clone())
         .collect();
+    // Stacked mounts repeat a mount point, not always next to each other.
+    points.sort();
     points.dedup();
     Ok(Some(points))
 }
