@@ -66,9 +66,10 @@ fn host_error(e: ApiError) -> VolumeHostError {
         ApiError::Unavailable(m) | ApiError::Internal(m) => VolumeHostError::retryable(m),
         // A failed claim being rolled back: it is gone soon, and the claim can be tried again.
         ApiError::Conflict(m) if m.contains("is being released") => VolumeHostError::retryable(m),
-        ApiError::BadRequest(m) | ApiError::NotFound(m) | ApiError::Conflict(m) => {
-            VolumeHostError::fatal(m)
-        }
+        ApiError::BadRequest(m)
+        | ApiError::NotFound(m)
+        | ApiError::Conflict(m)
+        | ApiError::Unprocessable(m) => VolumeHostError::fatal(m),
     }
 }
 

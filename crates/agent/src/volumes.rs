@@ -524,6 +524,7 @@ impl Volumes {
             ApiError::BadRequest(_) => ApiError::BadRequest(text),
             ApiError::NotFound(_) => ApiError::NotFound(text),
             ApiError::Conflict(_) => ApiError::Conflict(text),
+            ApiError::Unprocessable(_) => ApiError::Unprocessable(text),
             ApiError::Internal(_) => ApiError::Internal(text),
             ApiError::Unavailable(_) => ApiError::Unavailable(text),
         }

@@ -40,6 +40,39 @@ pub enum ModelError {
         /// The value as given.
         value: String,
     },
+    /// A filesystem type that no filesystem could have: too long, or with characters other
+    /// than ASCII letters, digits, `.`, `_` and `-`. The value is not repeated (it may be
+    /// anything, of any size).
+    #[error(
+        "{field}: not a filesystem type ({len} bytes; expected at most {MAX_FS_TYPE_LEN} of \
+         a-z, A-Z, 0-9, '.', '_', '-')"
+    )]
+    InvalidFsType {
+        /// Dotted path of the field.
+        field: &'static str,
+        /// Its length in bytes.
+        len: usize,
+    },
+}
+
+/// Longest filesystem type accepted (`fuse.` plus a helper name fits with room to spare).
+pub const MAX_FS_TYPE_LEN: usize = 64;
+
+/// Checks a filesystem type (`ext4`, `xfs`, `nfs4`, `fuse.sshfs`…); empty means the plugin's
+/// default and passes. `field` names it in the error.
+pub fn validate_fs_type(field: &'static str, value: &str) -> Result<(), ModelError> {
+    let ok = value.len() <= MAX_FS_TYPE_LEN
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidFsType {
+            field,
+            len: value.len(),
+        })
+    }
 }
 
 /// The provider's id of a volume: what the wire calls `volume_id`. Never empty.
@@ -764,6 +797,29 @@ impl From<&pb::NodeGetVolumeStatsResponse> for VolumeStats {
                 .as_ref()
                 .filter(|c| c.abnormal)
                 .map(|c| c.message.clone()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod fs_type_tests {
+    use super::*;
+
+    #[test]
+    fn fs_types() {
+        for ok in ["", "ext4", "xfs", "nfs4", "fuse.sshfs", "ceph_fuse-2"] {
+            assert_eq!(validate_fs_type("fs_type", ok), Ok(()), "{ok:?}");
+        }
+        let long = "x".repeat(1 << 20);
+        for bad in ["ext4,ro", "../../x", "a\0b", "ext4 ro", "é", long.as_str()] {
+            let err = validate_fs_type("mount_options.fs_type", bad)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.starts_with("mount_options.fs_type: not a filesystem type"),
+                "{err}"
+            );
+            assert!(err.len() < 200, "the value is not echoed: {err}");
         }
     }
 }

@@ -39,6 +39,9 @@ pub enum IdRule {
     Dots,
     /// The id contains a NUL byte.
     Nul,
+    /// The id contains a control character (newline, tab, ESC…) or a bidirectional text
+    /// control (U+202E…), which would forge lines or reorder text where the id is printed.
+    Control,
 }
 
 impl fmt::Display for IdRule {
@@ -51,12 +54,21 @@ impl fmt::Display for IdRule {
             Self::Slash => f.write_str("must not contain '/'"),
             Self::Dots => f.write_str("must not be '.' or '..'"),
             Self::Nul => f.write_str("must not contain a NUL byte"),
+            Self::Control => f.write_str("must not contain control characters"),
         }
     }
 }
 
+/// Whether `c` is a control character (C0, DEL, C1) or a Unicode bidirectional text control:
+/// characters that must never reach a terminal or a table from an id.
+pub fn is_unprintable(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
 /// Checks that `id` can be used as one path segment: non-empty, at most [`MAX_SEGMENT_LEN`]
-/// bytes, no `/`, no NUL, and not `.` or `..`. The error names `kind` and the rule broken.
+/// bytes, no `/`, no NUL, no control or bidirectional-text characters, and not `.` or `..`.
+/// The error names `kind` and the rule broken; it quotes the id escaped and cut short.
 pub fn validate_path_segment(kind: &'static str, id: &str) -> Result<(), InvalidId> {
     let rule = if id.is_empty() {
         Some(IdRule::Empty)
@@ -66,6 +78,8 @@ pub fn validate_path_segment(kind: &'static str, id: &str) -> Result<(), Invalid
         Some(IdRule::Slash)
     } else if id.contains('\0') {
         Some(IdRule::Nul)
+    } else if id.chars().any(is_unprintable) {
+        Some(IdRule::Control)
     } else if id == "." || id == ".." {
         Some(IdRule::Dots)
     } else {
@@ -113,6 +127,26 @@ mod tests {
         assert_eq!(rule("."), Some(IdRule::Dots));
         assert_eq!(rule(".."), Some(IdRule::Dots));
         assert_eq!(rule("a\0b"), Some(IdRule::Nul));
+        for id in [
+            "a\nb",
+            "a\tb",
+            "a\x1b[2Jb",
+            "a\u{202e}b",
+            "a\u{7f}",
+            "a\u{85}b",
+            "\u{2066}x",
+        ] {
+            assert_eq!(rule(id), Some(IdRule::Control), "{id:?}");
+        }
+    }
+
+    #[test]
+    fn control_characters_are_escaped_in_messages() {
+        let err = validate_path_segment("alloc id", "a\nb\x1b")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains('\n') && !err.contains('\x1b'), "{err}");
+        assert!(err.contains(r"a\nb\u{1b}"), "{err}");
     }
 
     #[test]

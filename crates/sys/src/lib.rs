@@ -17,7 +17,7 @@ pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_private_dir, fs_stats, hostname,
     write_atomic,
 };
-pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, validate_path_segment};
+pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, is_unprintable, validate_path_segment};
 pub use mount::{
     LinuxMounter, MountCall, MountEntry, MountError, Mounter, RecordingMounter, containing_mount,
     ensure_shared_mount, top_mount_at, unmount_all_under,

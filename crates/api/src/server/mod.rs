@@ -210,6 +210,11 @@ pub enum ApiError {
     /// another socket); nothing changed.
     #[error("{0}")]
     Conflict(String),
+    /// 422: a plugin refused the request for a reason the caller must fix (no capacity, no
+    /// node in the requested topology, an operation the plugin does not implement); nothing
+    /// was retried, and the text names the plugin and its reason.
+    #[error("{0}")]
+    Unprocessable(String),
     /// 500: the agent failed.
     #[error("{0}")]
     Internal(String),
@@ -229,6 +234,7 @@ impl ApiError {
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Conflict(_) => StatusCode::CONFLICT,
+            Self::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Self::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
