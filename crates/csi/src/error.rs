@@ -26,7 +26,7 @@ pub enum CsiError {
         already_done: bool,
     },
     /// Retryable failures went on until the overall deadline.
-    #[error("{rpc} gave up after {attempts} attempt(s) in {elapsed:?} (overall deadline {deadline:?}); last: {}: {message}", code_name(*code))]
+    #[error("{rpc} gave up after {attempts} attempt(s) in {} (overall deadline {}); last: {}: {message}", short_duration(*elapsed), short_duration(*deadline), code_name(*code))]
     Exhausted {
         /// The RPC.
         rpc: Rpc,
@@ -76,6 +76,25 @@ pub enum CsiError {
         #[source]
         source: ModelError,
     },
+}
+
+/// A duration as an operator reads it: `850ms`, `1.5s`, `42s`, `2m3s`.
+pub fn short_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        format!("{ms}ms")
+    } else if ms < 10_000 {
+        format!("{}.{}s", ms / 1000, (ms % 1000) / 100)
+    } else if ms < 60_000 {
+        format!("{}s", ms / 1000)
+    } else {
+        let s = d.as_secs();
+        match (s / 3600, (s % 3600) / 60, s % 60) {
+            (0, m, 0) => format!("{m}m"),
+            (0, m, s) => format!("{m}m{s}s"),
+            (h, m, _) => format!("{h}h{m}m"),
+        }
+    }
 }
 
 /// The spec's name of a code: `UNAVAILABLE`, `NOT_FOUND`, `OK`.
@@ -137,6 +156,47 @@ impl CsiError {
                 ..
             }
         )
+    }
+
+    /// True when the plugin refused the call for a reason the caller must fix before trying
+    /// again (the spec's recovery column): `INVALID_ARGUMENT`, `NOT_FOUND` (unless it means
+    /// "already done"), `ALREADY_EXISTS`, `FAILED_PRECONDITION`, `OUT_OF_RANGE`,
+    /// `RESOURCE_EXHAUSTED` where it is not retried, `UNIMPLEMENTED`, `PERMISSION_DENIED`,
+    /// `UNAUTHENTICATED`. Such a call was made once and not retried.
+    pub fn is_refusal(&self) -> bool {
+        match self {
+            Self::Rpc {
+                rpc,
+                code,
+                already_done,
+                ..
+            } => {
+                !already_done
+                    && !rpc.policy().retries(*code)
+                    && matches!(
+                        code,
+                        Code::InvalidArgument
+                            | Code::NotFound
+                            | Code::AlreadyExists
+                            | Code::FailedPrecondition
+                            | Code::OutOfRange
+                            | Code::ResourceExhausted
+                            | Code::Unimplemented
+                            | Code::PermissionDenied
+                            | Code::Unauthenticated
+                    )
+            }
+            _ => false,
+        }
+    }
+
+    /// The plugin's own message, for a plugin's answer; `None` for failures that are not the
+    /// plugin's answer (cancelled, socket, invalid request or response).
+    pub fn plugin_message(&self) -> Option<&str> {
+        match self {
+            Self::Rpc { message, .. } | Self::Exhausted { message, .. } => Some(message),
+            _ => None,
+        }
     }
 
     /// True when the call was cancelled by the caller.
@@ -206,6 +266,38 @@ fn replace_words(text: &str, word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_read_as_an_operator_writes_them() {
+        let ms = Duration::from_millis;
+        assert_eq!(short_duration(Duration::from_nanos(707_874_794)), "707ms");
+        assert_eq!(short_duration(ms(1_540)), "1.5s");
+        assert_eq!(short_duration(ms(42_900)), "42s");
+        assert_eq!(short_duration(ms(123_000)), "2m3s");
+        assert_eq!(short_duration(ms(300_000)), "5m");
+        assert_eq!(short_duration(ms(3_723_000)), "1h2m");
+    }
+
+    fn rpc_err(rpc: Rpc, code: Code, already_done: bool) -> CsiError {
+        CsiError::Rpc {
+            rpc,
+            code,
+            message: "m".into(),
+            attempts: 1,
+            already_done,
+        }
+    }
+
+    #[test]
+    fn refusals_are_what_the_caller_must_fix() {
+        use Rpc::*;
+        assert!(rpc_err(CreateVolume, Code::ResourceExhausted, false).is_refusal());
+        assert!(rpc_err(NodeStageVolume, Code::FailedPrecondition, false).is_refusal());
+        assert!(rpc_err(ValidateVolumeCapabilities, Code::NotFound, false).is_refusal());
+        assert!(!rpc_err(NodeUnstageVolume, Code::NotFound, true).is_refusal());
+        assert!(!rpc_err(NodeStageVolume, Code::Internal, false).is_refusal());
+        assert!(!rpc_err(NodeStageVolume, Code::Unavailable, false).is_refusal());
+    }
 
     #[test]
     fn sanitize_scrubs_values_controls_and_length() {

@@ -3,8 +3,13 @@
 //! Every CSI RPC is idempotent by spec, so each one retries `UNAVAILABLE`,
 //! `RESOURCE_EXHAUSTED` and `DEADLINE_EXCEEDED`; those that act on one volume or snapshot also
 //! retry `ABORTED` ("an operation is pending for it"). List calls do not, because there
-//! `ABORTED` means a stale paging token. Delays grow exponentially with jitter, each attempt has
-//! its own deadline, and the overall deadline bounds the whole call.
+//! `ABORTED` means a stale paging token. Where the spec's recovery column says the caller must
+//! change something first, the call fails at once: `RESOURCE_EXHAUSTED` from CreateVolume (no
+//! capacity in the requested topology), ControllerPublishVolume (the node has its maximum of
+//! volumes) and CreateSnapshot (no space); every `INVALID_ARGUMENT`, `NOT_FOUND`,
+//! `ALREADY_EXISTS`, `FAILED_PRECONDITION` and `OUT_OF_RANGE` is never retried. Delays grow
+//! exponentially with jitter, each attempt has its own deadline, and the overall deadline bounds
+//! the whole call.
 
 use std::{fmt, time::Duration};
 
@@ -76,6 +81,9 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// Whether `ABORTED` (operation pending) is retried.
     pub retry_aborted: bool,
+    /// Whether `RESOURCE_EXHAUSTED` is retried (not where the spec says the caller must free
+    /// something first).
+    pub retry_exhausted: bool,
     /// Whether `NOT_FOUND` means the work is already done (unpublish, unstage, delete).
     pub not_found_is_done: bool,
 }
@@ -96,7 +104,16 @@ const fn policy(
         initial_backoff: Duration::from_millis(100),
         max_backoff: secs(5),
         retry_aborted,
+        retry_exhausted: true,
         not_found_is_done,
+    }
+}
+
+/// [`policy`] for a call whose `RESOURCE_EXHAUSTED` the caller must act on before a retry.
+const fn refuses_when_exhausted(policy: RetryPolicy) -> RetryPolicy {
+    RetryPolicy {
+        retry_exhausted: false,
+        ..policy
     }
 }
 
@@ -112,6 +129,7 @@ impl Rpc {
                 initial_backoff: Duration::from_millis(50),
                 max_backoff: Duration::from_millis(500),
                 retry_aborted: false,
+                retry_exhausted: true,
                 not_found_is_done: false,
             },
             GetPluginInfo => policy(5, 15, false, false),
@@ -119,14 +137,14 @@ impl Rpc {
             ControllerGetCapabilities => policy(5, 15, false, false),
             NodeGetCapabilities => policy(5, 15, false, false),
             NodeGetInfo => policy(5, 15, false, false),
-            CreateVolume => policy(120, 300, true, false),
+            CreateVolume => refuses_when_exhausted(policy(120, 300, true, false)),
             DeleteVolume => policy(120, 300, true, true),
-            ControllerPublishVolume => policy(60, 180, true, false),
+            ControllerPublishVolume => refuses_when_exhausted(policy(60, 180, true, false)),
             ControllerUnpublishVolume => policy(60, 180, true, true),
             ValidateVolumeCapabilities => policy(30, 60, true, false),
             ListVolumes => policy(30, 60, false, false),
             GetCapacity => policy(30, 60, false, false),
-            CreateSnapshot => policy(120, 300, true, false),
+            CreateSnapshot => refuses_when_exhausted(policy(120, 300, true, false)),
             DeleteSnapshot => policy(120, 300, true, true),
             ListSnapshots => policy(30, 60, false, false),
             GetSnapshot => policy(30, 60, true, false),
@@ -159,7 +177,8 @@ impl RetryPolicy {
     /// Whether a failure with `code` is tried again (time permitting).
     pub fn retries(&self, code: Code) -> bool {
         match code {
-            Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => true,
+            Code::Unavailable | Code::DeadlineExceeded => true,
+            Code::ResourceExhausted => self.retry_exhausted,
             Code::Aborted => self.retry_aborted,
             _ => false,
         }
@@ -220,6 +239,31 @@ mod tests {
         }
         assert!(!Rpc::ListVolumes.policy().retries(Code::Aborted));
         assert!(Rpc::ListVolumes.policy().retries(Code::Unavailable));
+    }
+
+    #[test]
+    fn resource_exhausted_fails_fast_where_the_caller_must_act() {
+        use Rpc::*;
+        for rpc in [CreateVolume, ControllerPublishVolume, CreateSnapshot] {
+            assert!(!rpc.policy().retries(Code::ResourceExhausted), "{rpc}");
+            assert!(rpc.policy().retries(Code::Unavailable), "{rpc}");
+            assert!(rpc.policy().retries(Code::Aborted), "{rpc}");
+        }
+        for rpc in Rpc::ALL {
+            for code in [
+                Code::InvalidArgument,
+                Code::NotFound,
+                Code::AlreadyExists,
+                Code::FailedPrecondition,
+                Code::OutOfRange,
+                Code::Unimplemented,
+                Code::PermissionDenied,
+                Code::Unauthenticated,
+            ] {
+                assert!(!rpc.policy().retries(code), "{rpc} {code:?}");
+            }
+        }
+        assert!(NodeStageVolume.policy().retries(Code::ResourceExhausted));
     }
 
     #[test]

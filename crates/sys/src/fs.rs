@@ -172,14 +172,39 @@ pub fn hostname() -> io::Result<String> {
 /// Creates `dir` and any missing parents with mode 0700, and makes `dir` itself 0700 if it
 /// already existed with wider permissions.
 pub fn create_private_dir(dir: &Path) -> io::Result<()> {
+    create_dir_with_mode(dir, 0o700)
+}
+
+/// Creates `dir` and every missing parent with `mode` (whatever the umask), and gives `dir`
+/// itself exactly `mode` if it already existed. Refuses (`NotADirectory`) when something other
+/// than a directory is at `dir` (a symlink to a directory counts as one).
+pub fn create_dir_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)?;
+    match std::fs::metadata(dir) {
+        Ok(m) if !m.is_dir() => {
+            return Err(io::Error::new(
+                io::ErrorKind::NotADirectory,
+                format!("{} exists and is not a directory", dir.display()),
+            ));
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
+                && !parent.exists()
+            {
+                create_dir_with_mode(parent, mode)?;
+            }
+            match std::fs::DirBuilder::new().mode(mode).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    }
     let meta = std::fs::metadata(dir)?;
-    if meta.permissions().mode() & 0o777 != 0o700 {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    if meta.permissions().mode() & 0o7777 != mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
@@ -189,6 +214,31 @@ mod tests {
     use std::os::unix::fs::PermissionsExt as _;
 
     use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        fs::metadata(p).expect("stat").permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn create_dir_with_mode_sets_every_created_dir_and_the_leaf() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o711)).expect("chmod");
+        let leaf = dir.path().join("a/b/c");
+        create_dir_with_mode(&leaf, 0o750).expect("create");
+        for p in ["a", "a/b", "a/b/c"] {
+            assert_eq!(mode(&dir.path().join(p)), 0o750, "{p}");
+        }
+        assert_eq!(mode(dir.path()), 0o711, "an existing parent is left alone");
+        fs::set_permissions(&leaf, fs::Permissions::from_mode(0o777)).expect("chmod");
+        create_dir_with_mode(&leaf, 0o750).expect("again");
+        assert_eq!(mode(&leaf), 0o750, "an existing leaf gets the mode");
+        let file = dir.path().join("f");
+        fs::write(&file, b"x").expect("file");
+        let err = create_dir_with_mode(&file, 0o750).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory);
+        let err = create_dir_with_mode(&file.join("below"), 0o750).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::NotADirectory, "{err}");
+    }
 
     #[test]
     fn write_atomic_replaces_content_and_leaves_no_temp() {

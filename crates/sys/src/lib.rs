@@ -14,8 +14,8 @@ mod mountinfo;
 pub mod procs;
 
 pub use fs::{
-    AtomicWriteError, FsStats, FsStatsError, WriteStep, create_private_dir, fs_stats, hostname,
-    write_atomic,
+    AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
+    fs_stats, hostname, write_atomic,
 };
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, is_unprintable, validate_path_segment};
 pub use mount::{

@@ -21,6 +21,10 @@ use crate::{
     record::{PublishState, StageState, StoredMountOptions, UsageRecord, record_key},
 };
 
+/// Mode of the directories the CO creates for a plugin: the staging directory and the
+/// target's parent (kubelet's mode for them).
+pub const CO_DIR_MODE: u32 = 0o750;
+
 /// The mount table the manager checks targets against: the one the plugin mounts into.
 pub trait MountTable: Send + Sync {
     /// Every mount, as `/proc/<pid>/mountinfo` lists them.
@@ -689,9 +693,8 @@ impl VolumeManager {
     ) -> Result<(), VolumeError> {
         rec.staging = Some(StageState::Staging);
         self.save(ctx, rec)?;
-        if let Some(parent) = staging.parent() {
-            self.private_dir(ctx, parent)?;
-        }
+        // The CO's duty (CSI, NodeStageVolume): the staging directory exists before the call.
+        self.co_dir(ctx, staging)?;
         let usage = rec.full_usage();
         let req = NodeStage {
             external_id: rec.external_id.clone(),
@@ -728,8 +731,10 @@ impl VolumeManager {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Publishing);
         self.save(ctx, rec)?;
+        // The CO's duty (CSI, NodePublishVolume): the target's parent exists; the target itself
+        // is the plugin's to create (a directory, or a file for a block volume).
         if let Some(parent) = target.parent() {
-            self.private_dir(ctx, parent)?;
+            self.co_dir(ctx, parent)?;
         }
         let usage = rec.full_usage();
         let req = NodePublish {
@@ -778,13 +783,9 @@ impl VolumeManager {
         self.step(StepRpc::NodeUnpublishVolume, Phase::After);
         rec.allocs.remove(alloc_id);
         self.save(ctx, rec)?;
-        // Best effort: the alloc's now empty directories (the plugin removes the target).
-        if let Some(vol_dir) = target.parent() {
-            let _ = std::fs::remove_dir(vol_dir);
-            if let Some(alloc_dir) = vol_dir.parent() {
-                let _ = std::fs::remove_dir(alloc_dir);
-            }
-        }
+        // As kubelet does: the target, if the plugin left it unmounted, then the alloc's
+        // directories, when empty.
+        self.remove_co_path(ctx, target, 2);
         tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "unpublished");
         Ok(())
     }
@@ -811,9 +812,9 @@ impl VolumeManager {
                 Err(e) => return Err(self.csi_err(ctx, None, e)),
             }
             self.step(StepRpc::NodeUnstageVolume, Phase::After);
-            if let Some(parent) = staging.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
+            // The staging directory is the CO's: removed (with the volume's directory, when
+            // empty) once nothing is mounted there.
+            self.remove_co_path(ctx, staging, 1);
             tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "unstaged");
         }
         self.store
@@ -869,12 +870,54 @@ impl VolumeManager {
             .map_err(|source| self.store_err(ctx, source))
     }
 
-    fn private_dir(&self, ctx: &Ctx<'_>, dir: &Path) -> Result<(), VolumeError> {
-        berth_sys::create_private_dir(dir).map_err(|source| VolumeError::Dir {
+    /// Creates `dir` and every missing parent with kubelet's mode for the directories it
+    /// hands to plugins (0750), as the CO's side of the CSI contract requires.
+    fn co_dir(&self, ctx: &Ctx<'_>, dir: &Path) -> Result<(), VolumeError> {
+        berth_sys::create_dir_with_mode(dir, CO_DIR_MODE).map_err(|source| VolumeError::Dir {
             volume_id: ctx.volume_id.to_string(),
             path: dir.to_path_buf(),
             source,
         })
+    }
+
+    /// After a successful unstage or unpublish: removes `path` (the staging directory, or a
+    /// target the plugin should have removed: an empty directory, or the empty file of a block
+    /// volume) unless something is still mounted there or it holds data, then up to `parents`
+    /// of its now empty parent directories. Never fails the operation: what stays is logged.
+    fn remove_co_path(&self, ctx: &Ctx<'_>, path: &Path, parents: usize) {
+        let mounted = match self.mounts.mounts() {
+            Ok(table) => top_mount_at(&table, path).is_some(),
+            Err(e) => {
+                tracing::warn!(volume_id = ctx.volume_id, path = %path.display(), error = %e,
+                    "cannot read the mount table; leaving the path in place");
+                return;
+            }
+        };
+        if mounted {
+            tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage, path = %path.display(),
+                "the plugin answered OK but left a mount there; leaving it in place");
+            return;
+        }
+        let removed = match std::fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+            Ok(m) if m.is_dir() => std::fs::remove_dir(path),
+            Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(path),
+            Ok(_) => Err(io::Error::other("not an empty file or directory")),
+        };
+        if let Err(e) = removed {
+            tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage, path = %path.display(),
+                error = %e, "leaving a path the plugin did not clean up");
+            return;
+        }
+        let mut dir = path.parent();
+        for _ in 0..parents {
+            let Some(d) = dir else { break };
+            if std::fs::remove_dir(d).is_err() {
+                break;
+            }
+            dir = d.parent();
+        }
     }
 
     fn store_err(&self, ctx: &Ctx<'_>, source: berth_state::StateError) -> VolumeError {
