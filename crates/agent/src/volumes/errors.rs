@@ -1,0 +1,85 @@
+//! How failed volume steps become API errors.
+
+use super::*;
+
+pub(super) fn cp_error(e: ControlPlaneError) -> ApiError {
+    match e {
+        ControlPlaneError::NoVolume(_) => ApiError::NotFound(e.to_string()),
+        ControlPlaneError::Invalid(_) => ApiError::BadRequest(e.to_string()),
+        ControlPlaneError::Refused { .. } | ControlPlaneError::Conflict(_) => {
+            ApiError::Conflict(e.to_string())
+        }
+        ControlPlaneError::Unavailable { .. } => ApiError::Unavailable(e.to_string()),
+        ControlPlaneError::Csi { .. } | ControlPlaneError::Store(_) => {
+            ApiError::Internal(error_chain(&e))
+        }
+    }
+}
+
+pub(super) fn vol_error(e: &VolumeError) -> ApiError {
+    match e {
+        VolumeError::InvalidPath { .. } => ApiError::BadRequest(error_chain(e)),
+        VolumeError::Conflict { .. } => ApiError::Conflict(error_chain(e)),
+        _ => ApiError::Internal(error_chain(e)),
+    }
+}
+
+/// An error and its sources, `: `-joined. Every error in these chains is already free of
+/// secrets and mount flags.
+pub(super) fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// A failed step of a claim or release, for the background retry.
+#[derive(Debug)]
+pub(super) enum StepError {
+    Cp(ControlPlaneError),
+    Node(VolumeError),
+    Api(ApiError),
+}
+
+impl StepError {
+    pub(super) fn text(&self) -> String {
+        match self {
+            Self::Cp(e) => error_chain(e),
+            Self::Node(e) => error_chain(e),
+            Self::Api(e) => e.to_string(),
+        }
+    }
+
+    /// Whether trying again may help.
+    pub(super) fn is_retryable(&self) -> bool {
+        match self {
+            Self::Cp(ControlPlaneError::Unavailable { .. } | ControlPlaneError::Store(_)) => true,
+            Self::Cp(ControlPlaneError::Csi { source, .. }) => source.is_retryable(),
+            Self::Cp(_) => false,
+            Self::Node(VolumeError::Csi { source, .. }) => source.is_retryable(),
+            Self::Node(
+                VolumeError::Cancelled { .. }
+                | VolumeError::Store { .. }
+                | VolumeError::Dir { .. }
+                | VolumeError::MountTable(_),
+            ) => true,
+            Self::Node(_) => false,
+            Self::Api(e) => matches!(e, ApiError::Unavailable(_) | ApiError::Internal(_)),
+        }
+    }
+
+    pub(super) fn into_api(self) -> ApiError {
+        match self {
+            Self::Cp(e) => cp_error(e),
+            Self::Node(e) => vol_error(&e),
+            Self::Api(e) => e,
+        }
+    }
+}
