@@ -149,6 +149,10 @@ pub struct VolumeRecord {
     /// for a healthy controller instead of skipping the step.
     #[serde(default)]
     pub controller_publish: bool,
+    /// The controller instance that created it (CreateVolume), when berth created it. A
+    /// DeleteVolume answered `NOT_FOUND` by another instance does not delete it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_by: Option<String>,
 }
 
 impl VolumeRecord {
@@ -186,6 +190,7 @@ impl VolumeRecord {
             claims: BTreeMap::new(),
             publications: BTreeMap::new(),
             controller_publish: false,
+            created_by: None,
         }
     }
 

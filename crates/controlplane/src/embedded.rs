@@ -18,6 +18,8 @@ use crate::{
 /// A healthy controller instance of a plugin.
 #[derive(Debug, Clone)]
 pub struct ControllerHandle {
+    /// The plugin instance that answers (its registry instance name).
+    pub instance: String,
     /// A client for its socket.
     pub client: CsiClient,
     /// ControllerGetCapabilities.
@@ -79,11 +81,16 @@ pub enum ControlPlaneError {
         /// Why.
         reason: String,
     },
-    /// A CSI call failed.
-    #[error("volume {volume_id:?}: {source}")]
+    /// A CSI call failed. When the plugin refused it for a reason the caller must fix
+    /// ([`CsiError::is_refusal`]), the text says so and gives the plugin's reason.
+    #[error("{}", csi_failure_text(plugin_id, volume_id.as_deref(), source))]
     Csi {
-        /// The volume (or plugin, for snapshot calls).
-        volume_id: String,
+        /// The plugin called.
+        plugin_id: String,
+        /// The volume, when the call was about one.
+        volume_id: Option<String>,
+        /// The alloc whose claim made the call (ControllerPublish/Unpublish).
+        alloc_id: Option<String>,
         /// The client's error (already scrubbed of secrets).
         #[source]
         source: CsiError,
@@ -91,6 +98,46 @@ pub enum ControlPlaneError {
     /// The store failed.
     #[error("state store: {0}")]
     Store(#[from] StateError),
+}
+
+fn csi_failure_text(plugin_id: &str, volume_id: Option<&str>, source: &CsiError) -> String {
+    let about = volume_id
+        .map(|v| format!(" for volume {v:?}"))
+        .unwrap_or_default();
+    match source.plugin_message() {
+        Some(message) if source.is_refusal() => format!(
+            "plugin {plugin_id:?} refused {}{about}: {} ({})",
+            source.rpc(),
+            message,
+            berth_csi::code_name(source.code())
+        ),
+        _ => format!("plugin {plugin_id:?}{about}: {source}"),
+    }
+}
+
+/// The error of a failed controller RPC, logged at warn with the ids it is about (the
+/// client's error is already free of secrets and mount flags).
+fn csi_failed(
+    plugin_id: &str,
+    volume_id: Option<&str>,
+    alloc_id: Option<&str>,
+    source: CsiError,
+) -> ControlPlaneError {
+    tracing::warn!(
+        plugin = plugin_id,
+        volume_id,
+        alloc_id,
+        rpc = %source.rpc(),
+        code = %berth_csi::code_name(source.code()),
+        error = %source,
+        "controller RPC failed"
+    );
+    ControlPlaneError::Csi {
+        plugin_id: plugin_id.to_string(),
+        volume_id: volume_id.map(str::to_string),
+        alloc_id: alloc_id.map(str::to_string),
+        source,
+    }
 }
 
 /// A claim a node asks for.
@@ -331,12 +378,10 @@ impl<C: Controllers> Embedded<C> {
                 let req = spec
                     .create_request()
                     .ok_or_else(|| ControlPlaneError::Invalid("not a create spec".to_string()))?;
-                let vol = h.client.create_volume(&req).await.map_err(|source| {
-                    ControlPlaneError::Csi {
-                        volume_id: spec.id.clone(),
-                        source,
-                    }
-                })?;
+                let vol =
+                    h.client.create_volume(&req).await.map_err(|source| {
+                        csi_failed(&spec.plugin_id, Some(&spec.id), None, source)
+                    })?;
                 let mut context = vol.context.clone();
                 // The spec's context adds to what the plugin returned.
                 for (k, v) in &spec.context {
@@ -351,6 +396,7 @@ impl<C: Controllers> Embedded<C> {
                     vol.accessible_topology,
                     now_ms(),
                 );
+                rec.created_by = Some(h.instance.clone());
                 rec.controller_publish = h
                     .capabilities
                     .has(ControllerCapability::PublishUnpublishVolume);
@@ -377,10 +423,7 @@ impl<C: Controllers> Embedded<C> {
                 &rec.secrets.to_secrets(),
             )
             .await
-            .map_err(|source| ControlPlaneError::Csi {
-                volume_id: rec.id.clone(),
-                source,
-            })?;
+            .map_err(|source| csi_failed(&rec.plugin_id, Some(&rec.id), None, source))?;
         match verdict {
             Validation::Confirmed => Ok(()),
             Validation::NotConfirmed(message) => Err(ControlPlaneError::Invalid(format!(
@@ -428,13 +471,26 @@ impl<C: Controllers> Embedded<C> {
             .await
         {
             Ok(()) => {}
-            Err(e) if e.is_already_done() => {}
-            Err(source) => {
-                return Err(ControlPlaneError::Csi {
-                    volume_id: id.to_string(),
-                    source,
-                });
-            }
+            // NOT_FOUND from another instance than the one that created the volume says
+            // nothing about the data: forgetting the volume would orphan it.
+            Err(e) if e.is_already_done() => match &rec.created_by {
+                Some(owner) if *owner != h.instance => {
+                    tracing::warn!(volume_id = id, plugin = %rec.plugin_id, created_by = %owner,
+                        answered_by = %h.instance, "DeleteVolume: NOT_FOUND from another instance; volume kept");
+                    return Err(ControlPlaneError::Conflict(format!(
+                        "volume {id:?} was created through instance {owner:?} of plugin {:?}, \
+                         and instance {:?}, which serves now, has no such volume: deleting it \
+                         here would leave its data behind. Run that instance again, or forget \
+                         the volume with `volume deregister`",
+                        rec.plugin_id, h.instance
+                    )));
+                }
+                _ => tracing::info!(
+                    volume_id = id,
+                    "DeleteVolume: the plugin has no such volume any more"
+                ),
+            },
+            Err(source) => return Err(csi_failed(&rec.plugin_id, Some(id), None, source)),
         }
         self.store.delete(Table::VOLUMES, id)?;
         tracing::info!(volume_id = id, "volume deleted");
@@ -466,10 +522,7 @@ impl<C: Controllers> Embedded<C> {
                         &rec.secrets.to_secrets(),
                     )
                     .await
-                    .map_err(|source| ControlPlaneError::Csi {
-                        volume_id: id.to_string(),
-                        source,
-                    })?
+                    .map_err(|source| csi_failed(&rec.plugin_id, Some(id), None, source))?
             }
             ControllerAccess::Unhealthy(reason) => {
                 return Err(ControlPlaneError::Unavailable {
@@ -500,10 +553,7 @@ impl<C: Controllers> Embedded<C> {
             .client
             .create_snapshot(&rec.external_id, name, parameters, &secrets)
             .await
-            .map_err(|source| ControlPlaneError::Csi {
-                volume_id: id.to_string(),
-                source,
-            })?;
+            .map_err(|source| csi_failed(&rec.plugin_id, Some(id), None, source))?;
         Ok((rec, snap))
     }
 
@@ -518,10 +568,7 @@ impl<C: Controllers> Embedded<C> {
         match h.client.delete_snapshot(snapshot_id, secrets).await {
             Ok(()) => Ok(()),
             Err(e) if e.is_already_done() => Ok(()),
-            Err(source) => Err(ControlPlaneError::Csi {
-                volume_id: plugin_id.to_string(),
-                source,
-            }),
+            Err(source) => Err(csi_failed(plugin_id, None, None, source)),
         }
     }
 
@@ -538,10 +585,7 @@ impl<C: Controllers> Embedded<C> {
                 .client
                 .list_snapshots(None, None, 0, &token, &Secrets::default())
                 .await
-                .map_err(|source| ControlPlaneError::Csi {
-                    volume_id: plugin_id.to_string(),
-                    source,
-                })?;
+                .map_err(|source| csi_failed(plugin_id, None, None, source))?;
             out.extend(page.entries);
             if page.next_token.is_empty() {
                 return Ok(out);
@@ -560,11 +604,13 @@ impl<C: Controllers> Embedded<C> {
         Ok(out)
     }
 
-    fn controller_err(&self, rec: &VolumeRecord, source: CsiError) -> ControlPlaneError {
-        ControlPlaneError::Csi {
-            volume_id: rec.id.clone(),
-            source,
-        }
+    fn controller_err(
+        &self,
+        rec: &VolumeRecord,
+        alloc_id: &str,
+        source: CsiError,
+    ) -> ControlPlaneError {
+        csi_failed(&rec.plugin_id, Some(&rec.id), Some(alloc_id), source)
     }
 }
 
@@ -679,7 +725,7 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
             .client
             .controller_publish(&publish)
             .await
-            .map_err(|e| self.controller_err(&rec, e))?;
+            .map_err(|e| self.controller_err(&rec, &req.claim.alloc_id, e))?;
         self.step("ControllerPublishVolume:after");
         self.update(&mut rec, |r| {
             if let Some(p) = r.publications.get_mut(&node_id) {
@@ -786,7 +832,7 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
             {
                 Ok(()) => {}
                 Err(e) if e.is_already_done() => {}
-                Err(e) => return Err(self.controller_err(&rec, e)),
+                Err(e) => return Err(self.controller_err(&rec, alloc_id, e)),
             }
             self.step("ControllerUnpublishVolume:after");
             rec.publications.remove(&node_id);

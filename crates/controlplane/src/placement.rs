@@ -293,6 +293,7 @@ mod tests {
             claims: BTreeMap::new(),
             publications: BTreeMap::new(),
             controller_publish: false,
+            created_by: None,
         }
     }
 

@@ -23,6 +23,8 @@ pub enum VolumeError {
     /// [`reconcile`](crate::VolumeManager::reconcile) to drive again.
     #[error("volume {volume_id}, alloc {}, usage {usage}: CSI call failed", alloc_id.as_deref().unwrap_or("-"))]
     Csi {
+        /// The node plugin called.
+        plugin_id: String,
         /// berth's volume id.
         volume_id: String,
         /// The alloc, for publish and unpublish.

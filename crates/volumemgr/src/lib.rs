@@ -31,6 +31,7 @@ mod record;
 pub use error::VolumeError;
 pub use hook::{ParseStepError, Phase, Step, StepHook, StepRpc};
 pub use manager::{
-    MountRequest, MountTable, ProcMountTable, ReconcileAction, ReconcileReport, VolumeManager,
+    CO_DIR_MODE, MountRequest, MountTable, ProcMountTable, ReconcileAction, ReconcileReport,
+    VolumeManager, volume_records,
 };
 pub use record::{PublishState, StageState, StoredMountOptions, UsageRecord, record_key};

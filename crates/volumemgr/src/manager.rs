@@ -444,7 +444,9 @@ impl VolumeManager {
 
     /// NodeGetVolumeStats on the alloc's published target of the volume (with its staging path
     /// when the plugin stages). `None` when the plugin lacks `GET_VOLUME_STATS` or the alloc
-    /// has no published target of the volume.
+    /// has no published target of the volume. Never waits for an operation on the volume (it
+    /// reads the persisted record: a publish in flight is not published yet); callers bound
+    /// the plugin call itself with a timeout.
     pub async fn stats(
         &self,
         volume_id: &str,
@@ -454,7 +456,6 @@ impl VolumeManager {
         if !self.node_caps.has(NodeCapability::GetVolumeStats) {
             return Ok(None);
         }
-        let _guard = self.locks.lock(volume_id).await;
         let Some((rec, target)) = self.alloc_target(volume_id, alloc_id)? else {
             return Ok(None);
         };
@@ -842,7 +843,7 @@ impl VolumeManager {
 
     /// The records of one (already checked) volume id.
     fn volume_records(&self, volume_id: &str) -> Result<Vec<UsageRecord>, VolumeError> {
-        self.list(&format!("{}/{volume_id}/", self.plugin_id), volume_id)
+        volume_records(&self.store, &self.plugin_id, volume_id)
     }
 
     fn list(&self, prefix: &str, volume_id: &str) -> Result<Vec<UsageRecord>, VolumeError> {
@@ -938,14 +939,34 @@ impl VolumeManager {
                 usage: ctx.usage,
             };
         }
-        tracing::warn!(volume_id, alloc_id, usage = %ctx.usage, error = %e, "CSI call failed");
+        tracing::warn!(plugin = %self.plugin_id, volume_id, alloc_id, usage = %ctx.usage,
+            rpc = %e.rpc(), code = %berth_csi::code_name(e.code()), error = %e, "node RPC failed");
         VolumeError::Csi {
+            plugin_id: self.plugin_id.clone(),
             volume_id,
             alloc_id,
             usage: ctx.usage,
             source: e,
         }
     }
+}
+
+/// Every persisted record of one volume of `plugin_id` on this node, in key order, read
+/// straight from the store: what the node holds of the volume even before a manager for the
+/// plugin exists (after a restart, while its plugin is not back yet). Never waits for an
+/// operation in flight; a record in an intent state (`staging`, `publishing`…) says one is.
+pub fn volume_records(
+    store: &Store,
+    plugin_id: &str,
+    volume_id: &str,
+) -> Result<Vec<UsageRecord>, VolumeError> {
+    let rows = store
+        .list_prefix::<UsageRecord>(Table::USAGES, &format!("{plugin_id}/{volume_id}/"))
+        .map_err(|source| VolumeError::Store {
+            volume_id: volume_id.to_string(),
+            source,
+        })?;
+    Ok(rows.into_iter().map(|(_, r)| r).collect())
 }
 
 fn invalid(volume_id: &str, source: PathError) -> VolumeError {

@@ -50,6 +50,7 @@ impl Controllers for AgentControllers {
                         self.clients.get(plugin_id, &r.socket),
                     ) {
                         return ControllerAccess::Healthy(ControllerHandle {
+                            instance: r.instance.clone(),
                             client,
                             capabilities: caps,
                         });

@@ -1,8 +1,32 @@
 //! How failed volume steps become API errors.
 
+use berth_csi::{Code, CsiError};
+
 use super::*;
 
+/// The API error for a plugin's refusal of a call ([`CsiError::is_refusal`]): a 4xx that names
+/// the plugin, the call and the plugin's reason. `None` for any other failure.
+fn refusal(text: String, source: &CsiError) -> Option<ApiError> {
+    if !source.is_refusal() {
+        return None;
+    }
+    Some(match source.code() {
+        Code::InvalidArgument | Code::OutOfRange => ApiError::BadRequest(text),
+        Code::AlreadyExists | Code::FailedPrecondition => ApiError::Conflict(text),
+        _ => ApiError::Unprocessable(text),
+    })
+}
+
 pub(super) fn cp_error(e: ControlPlaneError) -> ApiError {
+    cp_api_error(&e)
+}
+
+fn cp_api_error(e: &ControlPlaneError) -> ApiError {
+    if let ControlPlaneError::Csi { source, .. } = e
+        && let Some(api) = refusal(e.to_string(), source)
+    {
+        return api;
+    }
     match e {
         ControlPlaneError::NoVolume(_) => ApiError::NotFound(e.to_string()),
         ControlPlaneError::Invalid(_) => ApiError::BadRequest(e.to_string()),
@@ -11,12 +35,34 @@ pub(super) fn cp_error(e: ControlPlaneError) -> ApiError {
         }
         ControlPlaneError::Unavailable { .. } => ApiError::Unavailable(e.to_string()),
         ControlPlaneError::Csi { .. } | ControlPlaneError::Store(_) => {
-            ApiError::Internal(error_chain(&e))
+            ApiError::Internal(error_chain(e))
         }
     }
 }
 
 pub(super) fn vol_error(e: &VolumeError) -> ApiError {
+    if let VolumeError::Csi {
+        plugin_id,
+        volume_id,
+        alloc_id,
+        source,
+        ..
+    } = e
+        && let Some(message) = source.plugin_message()
+    {
+        let alloc = alloc_id
+            .as_deref()
+            .map(|a| format!(", alloc {a:?}"))
+            .unwrap_or_default();
+        let text = format!(
+            "plugin {plugin_id:?} refused {} for volume {volume_id:?}{alloc}: {message} ({})",
+            source.rpc(),
+            berth_csi::code_name(source.code())
+        );
+        if let Some(api) = refusal(text, source) {
+            return api;
+        }
+    }
     match e {
         VolumeError::InvalidPath { .. } => ApiError::BadRequest(error_chain(e)),
         VolumeError::Conflict { .. } => ApiError::Conflict(error_chain(e)),
@@ -49,10 +95,11 @@ pub(super) enum StepError {
 }
 
 impl StepError {
+    /// What the API answers for it (not yet scrubbed of the volume's secrets).
     pub(super) fn text(&self) -> String {
         match self {
-            Self::Cp(e) => error_chain(e),
-            Self::Node(e) => error_chain(e),
+            Self::Cp(e) => cp_api_error(e).to_string(),
+            Self::Node(e) => vol_error(e).to_string(),
             Self::Api(e) => e.to_string(),
         }
     }
@@ -77,7 +124,7 @@ impl StepError {
 
     pub(super) fn into_api(self) -> ApiError {
         match self {
-            Self::Cp(e) => cp_error(e),
+            Self::Cp(e) => cp_api_error(&e),
             Self::Node(e) => vol_error(&e),
             Self::Api(e) => e,
         }

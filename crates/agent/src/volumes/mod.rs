@@ -54,7 +54,7 @@ use berth_csi::{
 };
 use berth_state::{KeyedLocks, Store, Table};
 use berth_volume::{
-    Operation, PluginDir, Usage, VolumeSpec, check_mount_flags, merge_mount_options,
+    Operation, PluginDir, PluginPaths, Usage, VolumeSpec, check_mount_flags, merge_mount_options,
 };
 use berth_volumemgr::{
     MountRequest, ProcMountTable, PublishState, StageState, Step, StepHook, VolumeError,

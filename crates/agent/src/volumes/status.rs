@@ -2,54 +2,81 @@
 
 use super::*;
 
-/// How long a volume status waits for one target's NodeGetVolumeStats.
-pub(super) const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a volume status waits, in all, for the NodeGetVolumeStats of its targets (asked
+/// at once): a status answers promptly even when the plugin hangs.
+pub(super) const STATS_BUDGET: Duration = Duration::from_millis(500);
 
 impl Volumes {
-    /// `GET /v1/volume/csi/{id}`.
+    /// `GET /v1/volume/csi/{id}`: the catalog's record and this node's usages as persisted
+    /// (whether or not the node plugin is back after a restart), with stats from the live
+    /// node instance when it answers within [`STATS_BUDGET`]. Never waits for an operation on
+    /// the volume: a stage or publish in flight shows as `staging` / `publishing`.
     pub async fn status(self: &Arc<Self>, id: &str) -> Result<VolumeStatus, ApiError> {
         let vol = self
             .cp
             .volume(id)
             .map_err(cp_error)?
             .ok_or_else(|| ApiError::NotFound(format!("no volume {id:?}")))?;
+        let records = berth_volumemgr::volume_records(&self.store, &vol.plugin_id, id)
+            .map_err(|e| vol_error(&e))?;
+        if records.is_empty() {
+            return Ok(status_of(&vol, Vec::new()));
+        }
+        let Some(paths) = self.plugin_paths(&vol.plugin_id) else {
+            return Err(ApiError::Internal(format!(
+                "volume {id:?}: this node holds usages of plugin {:?}, which is not registered",
+                vol.plugin_id
+            )));
+        };
+        // Stats only from the instance that serves now.
+        let live = self
+            .existing_node_plugin(&vol.plugin_id)
+            .filter(|p| self.active_node_socket(&vol.plugin_id).as_ref() == Some(&p.socket));
+        let deadline = tokio::time::Instant::now() + STATS_BUDGET;
         let mut usages = Vec::new();
-        if let Some(plugin) = self.existing_node_plugin(&vol.plugin_id) {
-            // Stats only from the instance that serves now, and never for long: a status
-            // must not hang on a plugin that went away.
-            let live = self.active_node_socket(&vol.plugin_id).as_ref() == Some(&plugin.socket);
-            for rec in plugin.manager.usages_of(id).map_err(|e| vol_error(&e))? {
-                let mut allocs = Vec::new();
-                for (alloc_id, state) in &rec.allocs {
-                    let target = plugin
-                        .manager
-                        .paths()
-                        .publish(id, alloc_id, rec.usage)
-                        .unwrap_or_default();
-                    let stats = if live && *state == PublishState::Published {
-                        tokio::time::timeout(STATS_TIMEOUT, plugin.manager.stats(id, alloc_id))
-                            .await
-                            .ok()
-                            .and_then(|r| r.ok().flatten())
-                    } else {
-                        None
-                    };
-                    allocs.push(PublishedView {
-                        alloc_id: alloc_id.clone(),
-                        state: publish_state(*state).into(),
-                        target,
-                        stats,
-                    });
+        for rec in records {
+            let asks = rec.allocs.iter().map(|(alloc_id, state)| {
+                let live = live.as_ref().filter(|_| *state == PublishState::Published);
+                async move {
+                    let plugin = live?;
+                    tokio::time::timeout_at(deadline, plugin.manager.stats(id, alloc_id))
+                        .await
+                        .ok()
+                        .and_then(|r| r.ok().flatten())
                 }
-                usages.push(UsageView {
-                    usage: rec.usage.dir_name(),
-                    mount_options: options_view(&rec.full_usage().mount_options),
-                    staging: rec.staging.map(|s| stage_state(s).to_string()),
-                    allocs,
-                });
-            }
+            });
+            let stats = futures::future::join_all(asks).await;
+            let allocs = rec
+                .allocs
+                .iter()
+                .zip(stats)
+                .map(|((alloc_id, state), stats)| PublishedView {
+                    alloc_id: alloc_id.clone(),
+                    state: publish_state(*state).into(),
+                    target: paths.publish(id, alloc_id, rec.usage).unwrap_or_default(),
+                    stats,
+                })
+                .collect();
+            usages.push(UsageView {
+                usage: rec.usage.dir_name(),
+                mount_options: options_view(&rec.full_usage().mount_options),
+                staging: rec.staging.map(|s| stage_state(s).to_string()),
+                allocs,
+            });
         }
         Ok(status_of(&vol, usages))
+    }
+
+    /// Where the plugin's staging and publish paths are on this node: from its registered
+    /// node instance's type.
+    fn plugin_paths(&self, plugin_id: &str) -> Option<PluginPaths> {
+        let record = self
+            .registry
+            .instances(plugin_id)
+            .into_iter()
+            .find(|r| r.plugin_type.is_node())?;
+        let dir: PluginDir = record.plugin_type.as_str().parse().ok()?;
+        PluginPaths::new(&self.data_dir, dir, plugin_id).ok()
     }
 }
 
