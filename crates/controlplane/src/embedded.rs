@@ -93,7 +93,7 @@ pub enum ControlPlaneError {
         alloc_id: Option<String>,
         /// The client's error (already scrubbed of secrets).
         #[source]
-        source: CsiError,
+        source: Box<CsiError>,
     },
     /// The store failed.
     #[error("state store: {0}")]
@@ -136,7 +136,7 @@ fn csi_failed(
         plugin_id: plugin_id.to_string(),
         volume_id: volume_id.map(str::to_string),
         alloc_id: alloc_id.map(str::to_string),
-        source,
+        source: Box::new(source),
     }
 }
 

@@ -33,7 +33,7 @@ pub enum VolumeError {
         usage: UsageKey,
         /// The client's error.
         #[source]
-        source: CsiError,
+        source: Box<CsiError>,
     },
     /// The call was cancelled; the plugin may or may not have acted. The record stays in its
     /// intent state.

@@ -946,7 +946,7 @@ impl VolumeManager {
             volume_id,
             alloc_id,
             usage: ctx.usage,
-            source: e,
+            source: Box::new(e),
         }
     }
 }
