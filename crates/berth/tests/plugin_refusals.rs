@@ -10,9 +10,7 @@ use std::{path::PathBuf, time::Duration};
 use agent_support::AgentProcess;
 use berth_api::{
     Client, ClientError,
-    volumes::{
-        ClaimRequest, ReleaseRequest, SnapshotCreateRequest, SpecFormat, VolumeSpecRequest,
-    },
+    volumes::{ClaimRequest, ReleaseRequest, SnapshotCreateRequest, SpecFormat, VolumeSpecRequest},
 };
 use berth_csi::model::{AccessMode, AttachmentMode};
 use berth_hostpath::calllog;
@@ -177,8 +175,14 @@ async fn register_of_an_unknown_external_id_is_a_4xx_naming_the_plugin() {
 async fn refused_snapshot_and_controller_publish_fail_fast_and_leave_no_claim() {
     let agent = start().await;
     let client = agent.client();
-    client.create_volume(&spec("a", SIZE)).await.expect("create a");
-    client.create_volume(&spec("b", SIZE)).await.expect("create b");
+    client
+        .create_volume(&spec("a", SIZE))
+        .await
+        .expect("create a");
+    client
+        .create_volume(&spec("b", SIZE))
+        .await
+        .expect("create b");
 
     inject(&agent, "CreateSnapshot", "INVALID_ARGUMENT");
     let err = client
@@ -201,7 +205,10 @@ async fn refused_snapshot_and_controller_publish_fail_fast_and_leave_no_claim() 
         attachment_mode: AttachmentMode::FileSystem,
         mount_options: None,
     };
-    client.claim_volume("a", &claim("a1")).await.expect("claim a");
+    client
+        .claim_volume("a", &claim("a1"))
+        .await
+        .expect("claim a");
     // The plugin takes one volume per node: the second ControllerPublishVolume is refused
     // with RESOURCE_EXHAUSTED, which the caller must act on (release a volume) first.
     let before = attempts(&agent, "ControllerPublishVolume");
