@@ -465,32 +465,45 @@ impl<C: Controllers> Embedded<C> {
         }
         let h =
             self.healthy_controller(&rec.plugin_id, ControllerCapability::CreateDeleteVolume)?;
-        match h
+        // DeleteVolume answers OK for a volume the plugin does not have (the spec makes it
+        // idempotent), so an OK alone proves nothing: the serving instance must first say it
+        // has the volume (ValidateVolumeCapabilities, which every controller implements, answers
+        // NOT_FOUND otherwise). Another instance with its own backend would delete nothing
+        // and the volume's data would be orphaned.
+        match self.validate(&rec, &h).await {
+            // The volume is there (whether or not its capabilities are confirmed).
+            Ok(()) | Err(ControlPlaneError::Invalid(_)) => {}
+            Err(ControlPlaneError::Csi { source, .. })
+                if source.code() == berth_csi::Code::NotFound =>
+            {
+                let created = match &rec.created_by {
+                    Some(owner) if *owner != h.instance => {
+                        format!(
+                            " It was created through instance {owner:?}; run that instance again."
+                        )
+                    }
+                    _ => String::new(),
+                };
+                tracing::warn!(volume_id = id, plugin = %rec.plugin_id, instance = %h.instance,
+                "DeleteVolume not sent: the serving instance has no such volume; volume kept");
+                return Err(ControlPlaneError::Conflict(format!(
+                    "volume {id:?}: instance {:?} of plugin {:?}, which serves now, has no volume \
+                 {:?}, so deleting it would delete nothing.{created} If the volume is gone \
+                 for good, forget it with `volume deregister`.",
+                    h.instance,
+                    rec.plugin_id,
+                    rec.external_id.as_str()
+                )));
+            }
+            Err(e) => return Err(e),
+        }
+        if let Err(source) = h
             .client
             .delete_volume(&rec.external_id, &rec.secrets.to_secrets())
             .await
+            && !source.is_already_done()
         {
-            Ok(()) => {}
-            // NOT_FOUND from another instance than the one that created the volume says
-            // nothing about the data: forgetting the volume would orphan it.
-            Err(e) if e.is_already_done() => match &rec.created_by {
-                Some(owner) if *owner != h.instance => {
-                    tracing::warn!(volume_id = id, plugin = %rec.plugin_id, created_by = %owner,
-                        answered_by = %h.instance, "DeleteVolume: NOT_FOUND from another instance; volume kept");
-                    return Err(ControlPlaneError::Conflict(format!(
-                        "volume {id:?} was created through instance {owner:?} of plugin {:?}, \
-                         and instance {:?}, which serves now, has no such volume: deleting it \
-                         here would leave its data behind. Run that instance again, or forget \
-                         the volume with `volume deregister`",
-                        rec.plugin_id, h.instance
-                    )));
-                }
-                _ => tracing::info!(
-                    volume_id = id,
-                    "DeleteVolume: the plugin has no such volume any more"
-                ),
-            },
-            Err(source) => return Err(csi_failed(&rec.plugin_id, Some(id), None, source)),
+            return Err(csi_failed(&rec.plugin_id, Some(id), None, source));
         }
         self.store.delete(Table::VOLUMES, id)?;
         tracing::info!(volume_id = id, "volume deleted");
