@@ -1,0 +1,39 @@
+//! NodeExpandVolume.
+
+use berth_csi::pb;
+use tonic::{Code, Status};
+
+use crate::{caps, locks::volume_key, plugin::Plugin};
+
+impl Plugin {
+    pub(super) async fn node_expand_volume(
+        &self,
+        req: &pb::NodeExpandVolumeRequest,
+    ) -> Result<pb::NodeExpandVolumeResponse, Status> {
+        let id = caps::id(&req.volume_id, "volume_id")?;
+        let path = caps::node_path(&req.volume_path, "volume_path")?;
+        if let Some(cap) = &req.volume_capability {
+            caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
+        }
+        let required = req.capacity_range.map_or(0, |r| r.required_bytes);
+        if required < 0 || req.capacity_range.is_some_and(|r| r.limit_bytes < 0) {
+            return Err(Status::invalid_argument(
+                "capacity_range.required_bytes and limit_bytes must not be negative",
+            ));
+        }
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.node_volume(id).await?;
+        self.require_mounted(id, &path, "volume_path")?;
+        if required > v.capacity_bytes {
+            return Err(Status::out_of_range(format!(
+                "volume {id} has {} bytes, less than the {required} required; expand it with \
+                 ControllerExpandVolume first",
+                v.capacity_bytes
+            )));
+        }
+        // A directory has no filesystem to grow: the new capacity is already in effect.
+        Ok(pb::NodeExpandVolumeResponse {
+            capacity_bytes: v.capacity_bytes,
+        })
+    }
+}
