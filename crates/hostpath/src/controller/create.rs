@@ -1,6 +1,6 @@
 //! CreateVolume.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use berth_csi::pb::{self, volume_content_source};
 use tonic::{Code, Status};
@@ -139,6 +139,7 @@ impl Plugin {
             published_nodes: BTreeMap::new(),
             staged: BTreeMap::new(),
             published: BTreeMap::new(),
+            created_targets: BTreeSet::new(),
         };
         let saved = self
             .store

@@ -8,6 +8,7 @@ use crate::{
     locks::volume_key,
     plugin::{PUBLISH_CONTEXT_NODE_KEY, Plugin},
     state::ControllerPublication,
+    strict,
 };
 
 impl Plugin {
@@ -34,6 +35,10 @@ impl Plugin {
                 "node {node} does not exist; this plugin serves node {}",
                 self.settings.node_id
             )));
+        }
+        if self.settings.strict {
+            strict::controller_readonly(req.readonly)?;
+            strict::volume_context(&req.volume_context)?;
         }
         let context = pb::ControllerPublishVolumeResponse {
             publish_context: [(PUBLISH_CONTEXT_NODE_KEY.to_owned(), node.to_owned())].into(),
@@ -100,6 +105,9 @@ impl Plugin {
                 })
             })
             .await;
+        if published && self.settings.strict {
+            self.require_node_done(id, node)?;
+        }
         if published {
             self.store
                 .update(|s| {
@@ -115,5 +123,24 @@ impl Plugin {
                 .await?;
         }
         Ok(pb::ControllerUnpublishVolumeResponse {})
+    }
+
+    /// Strict mode: the spec makes the CO finish NodeUnpublishVolume and NodeUnstageVolume
+    /// before ControllerUnpublishVolume, so a volume still mounted on this node (the one node
+    /// this plugin serves) is refused (`FAILED_PRECONDITION`).
+    fn require_node_done(&self, id: &str, node: &str) -> Result<(), Status> {
+        if !node.is_empty() && node != self.settings.node_id {
+            return Ok(());
+        }
+        match self.volume_mounts(id)?.first() {
+            None => Ok(()),
+            Some(m) => Err(Status::failed_precondition(format!(
+                "volume {id} is still mounted at {} on node {}: the CSI spec makes the CO \
+                 finish NodeUnpublishVolume and NodeUnstageVolume before \
+                 ControllerUnpublishVolume (refused in strict mode)",
+                m.mount_point.display(),
+                self.settings.node_id
+            ))),
+        }
     }
 }

@@ -3,7 +3,7 @@
 use berth_csi::pb::{self, validate_volume_capabilities_response};
 use tonic::{Code, Status};
 
-use crate::{caps, plugin::Plugin};
+use crate::{caps, plugin::Plugin, strict};
 
 impl Plugin {
     pub(super) async fn validate_volume_capabilities(
@@ -26,6 +26,9 @@ impl Plugin {
             }
         }
         self.volume(id).await?;
+        if self.settings.strict {
+            strict::volume_context(&req.volume_context)?;
+        }
         Ok(match unsupported {
             Some(message) => pb::ValidateVolumeCapabilitiesResponse {
                 confirmed: None,

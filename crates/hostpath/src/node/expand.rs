@@ -23,6 +23,9 @@ impl Plugin {
         }
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let v = self.node_volume(id).await?;
+        if self.settings.strict {
+            self.check_staging_hint(id, &req.staging_target_path)?;
+        }
         self.require_mounted(id, &path, "volume_path")?;
         if required > v.capacity_bytes {
             return Err(Status::out_of_range(format!(

@@ -11,10 +11,12 @@ use berth_sys::{MountEntry, MountError};
 use tonic::Status;
 
 use crate::{
+    caps,
     error::internal,
     files,
     plugin::{MountAt, Plugin},
     state::VolumeRecord,
+    strict,
 };
 
 mod expand;
@@ -77,11 +79,12 @@ fn ensure_dir(path: &Path, field: &str) -> Result<bool, Status> {
     }
 }
 
-/// Removes the directory `path` if it is empty; leaves anything else alone.
-fn remove_empty_dir(path: &Path) -> Result<(), Status> {
+/// Removes the directory `path` if it is empty; leaves anything else alone. Whether nothing is
+/// left at `path`.
+fn remove_empty_dir(path: &Path) -> Result<bool, Status> {
     match fs::remove_dir(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
         Err(e)
             if matches!(
                 e.kind(),
@@ -89,7 +92,7 @@ fn remove_empty_dir(path: &Path) -> Result<(), Status> {
             ) =>
         {
             tracing::warn!(path = %path.display(), error = %e, "leaving a non-empty path in place");
-            Ok(())
+            Ok(false)
         }
         Err(source) => Err(internal(&files::FsError {
             action: "removing",
@@ -181,6 +184,25 @@ impl Plugin {
         )))
     }
 
+    /// Strict mode, NodeGetVolumeStats and NodeExpandVolume: `staging_target_path` is given
+    /// exactly when the plugin stages, and the volume is staged there (`FAILED_PRECONDITION`
+    /// if not: the CO must stage before it asks).
+    fn check_staging_hint(&self, id: &str, value: &str) -> Result<(), Status> {
+        strict::staging_hint(value, self.settings.stage)?;
+        if value.is_empty() {
+            return Ok(());
+        }
+        let path = caps::node_path(value, "staging_target_path")?;
+        match self.mount_at(&path, id)? {
+            MountAt::Volume(_) => Ok(()),
+            _ => Err(Status::failed_precondition(format!(
+                "volume {id} is not staged at staging_target_path {}: the CO must stage it \
+                 there first (refused in strict mode)",
+                path.display()
+            ))),
+        }
+    }
+
     /// The volume's mount at `field` = `path`, or `NOT_FOUND`.
     fn require_mounted(&self, id: &str, path: &Path, field: &str) -> Result<(), Status> {
         match self.mount_at(path, id)? {
@@ -238,11 +260,10 @@ mod tests {
         AccessMode, AccessType, MountVolume, access_mode::Mode,
     };
     use berth_sys::{MountCall, Mounter as _, RecordingMounter};
-
     use tonic::Code;
 
     use super::*;
-    use crate::plugin::test_plugin;
+    use crate::plugin::{strict_test_plugin, test_plugin};
 
     fn cap(mode: Mode) -> pb::VolumeCapability {
         pb::VolumeCapability {
@@ -502,5 +523,67 @@ mod tests {
         );
         assert!(!staging.exists());
         assert!(p.store.read(|s| s.volumes[&id].staged.is_empty()).await);
+    }
+
+    #[tokio::test]
+    async fn strict_mode_creates_no_staging_dir_and_adopts_a_target_it_recorded_making() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = Arc::new(RecordingMounter::new());
+        let p = strict_test_plugin(dir.path(), mounter.clone(), true, false);
+        let id = create(&p, Mode::SingleNodeWriter).await;
+        let staging = dir.path().join("staging");
+        let stage = pb::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        };
+        let status = p.node_stage_volume(&stage).await.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(!staging.exists());
+        assert_eq!(mounter.take_calls(), vec![], "no mount was tried");
+        std::fs::create_dir(&staging).expect("the CO makes it");
+        p.node_stage_volume(&stage).await.expect("stage");
+
+        // A crash after the plugin made the target but before it recorded the publication
+        // leaves the directory and the record that the plugin made it: a retry adopts it.
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).expect("mkdir");
+        p.store
+            .update(|s| {
+                if let Some(v) = s.volumes.get_mut(&id) {
+                    v.created_targets.insert(target.clone());
+                }
+                Ok::<_, Status>(())
+            })
+            .await
+            .expect("record");
+        let publish = pb::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        };
+        p.node_publish_volume(&publish).await.expect("publish");
+        p.node_unpublish_volume(&pb::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish");
+        assert!(!target.exists(), "the plugin's own target goes");
+        assert!(
+            p.store
+                .read(|s| s.volumes[&id].created_targets.is_empty())
+                .await
+        );
+        p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .expect("unstage");
+        assert!(staging.is_dir(), "the CO's staging directory stays");
     }
 }

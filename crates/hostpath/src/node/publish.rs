@@ -1,16 +1,19 @@
 //! NodePublishVolume and NodeUnpublishVolume.
 
-use std::path::Path;
+use std::{fs, io, path::Path};
 
 use berth_csi::pb;
 use tonic::{Code, Status};
 
-use super::{bind_failed, ensure_dir, remove_empty_dir};
+use super::{bind_failed, remove_empty_dir};
 use crate::{
     caps,
+    error::internal,
+    files,
     locks::volume_key,
     plugin::{MountAt, Plugin},
-    state::{NodePublication, VolumeRecord},
+    state::{Capability, NodePublication, VolumeRecord},
+    strict,
 };
 
 impl Plugin {
@@ -44,6 +47,14 @@ impl Plugin {
         };
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let v = self.node_volume(id).await?;
+        if self.settings.strict {
+            strict::publish_context(
+                &req.publish_context,
+                self.settings.attach,
+                &self.settings.node_id,
+            )?;
+            strict::volume_context(&req.volume_context)?;
+        }
         let source = match &staging {
             Some(path) => match self.mount_at(path, id)? {
                 MountAt::Volume(_) => path.clone(),
@@ -96,14 +107,107 @@ impl Plugin {
             MountAt::Nothing => {}
         }
         self.check_other_targets(&v, &target, &capability)?;
-
-        let created = ensure_dir(&target, "target_path")?;
+        if self.settings.strict {
+            self.require_same_capability(&v, &target, &capability)?;
+            strict::target_parent(&target)?;
+        }
+        let created = self.make_target(&v, &target).await?;
         if let Err(e) = self.mounter.bind(&source, &target, read_only) {
-            return Err(bind_failed(&e, &target, created));
+            let status = bind_failed(&e, &target, created);
+            if created && !target.exists() {
+                self.forget_target(id, &target).await?;
+            }
+            return Err(status);
         }
         self.record_publication(id, &target, wanted).await?;
         tracing::info!(volume_id = %id, path = %target.display(), read_only, "published");
         Ok(pb::NodePublishVolumeResponse {})
+    }
+
+    /// Makes sure the directory `target` exists, creating it if missing: the spec gives that
+    /// job to the plugin. A directory it creates is recorded first (so a retry after a crash
+    /// knows whose it is), and NodeUnpublishVolume removes it. Returns whether this call
+    /// created it. In strict mode a directory that this plugin did not create is refused.
+    async fn make_target(&self, v: &VolumeRecord, target: &Path) -> Result<bool, Status> {
+        let ours = v.created_targets.contains(target);
+        match fs::symlink_metadata(target) {
+            Ok(m) if !m.is_dir() => Err(Status::invalid_argument(format!(
+                "target_path {} exists and is not a directory",
+                target.display()
+            ))),
+            Ok(_) if ours || !self.settings.strict => Ok(false),
+            Ok(_) => Err(strict::target_made_by_co(target)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !ours {
+                    self.store
+                        .update(|s| {
+                            if let Some(v) = s.volumes.get_mut(&v.id) {
+                                v.created_targets.insert(target.to_path_buf());
+                            }
+                            Ok::<_, Status>(())
+                        })
+                        .await?;
+                }
+                let made = if self.settings.strict {
+                    fs::create_dir(target)
+                } else {
+                    fs::create_dir_all(target)
+                };
+                made.map_err(|source| {
+                    internal(&files::FsError {
+                        action: "creating",
+                        path: target.to_path_buf(),
+                        source,
+                    })
+                })?;
+                Ok(true)
+            }
+            Err(source) => Err(internal(&files::FsError {
+                action: "inspecting",
+                path: target.to_path_buf(),
+                source,
+            })),
+        }
+    }
+
+    /// Drops `target` from the volume's created targets (it has been removed).
+    async fn forget_target(&self, id: &str, target: &Path) -> Result<(), Status> {
+        self.store
+            .update(|s| {
+                if let Some(v) = s.volumes.get_mut(id) {
+                    v.created_targets.remove(target);
+                }
+                Ok::<_, Status>(())
+            })
+            .await
+    }
+
+    /// Strict mode: the spec asks the CO not to publish a volume a second time with another
+    /// capability (and the plugin to answer `FAILED_PRECONDITION` if it does).
+    fn require_same_capability(
+        &self,
+        v: &VolumeRecord,
+        target: &Path,
+        capability: &Capability,
+    ) -> Result<(), Status> {
+        let others = v
+            .published
+            .iter()
+            .filter(|(t, p)| t.as_path() != target && p.capability != *capability);
+        for (other, p) in others {
+            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is published at {} with access mode {} and fs_type {:?}: the CSI \
+                     spec asks the CO not to publish it again with another volume_capability \
+                     (refused in strict mode)",
+                    v.id,
+                    other.display(),
+                    p.capability.access_mode,
+                    p.capability.fs_type
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A second target path on this node is refused (`FAILED_PRECONDITION`) when this or the
@@ -112,7 +216,7 @@ impl Plugin {
         &self,
         v: &VolumeRecord,
         target: &Path,
-        capability: &crate::state::Capability,
+        capability: &Capability,
     ) -> Result<(), Status> {
         for (other, p) in v.published.iter().filter(|(t, _)| t.as_path() != target) {
             if !caps::single_target(capability) && !caps::single_target(&p.capability) {
@@ -168,8 +272,14 @@ impl Plugin {
                 })
                 .await?;
         }
-        if free {
-            remove_empty_dir(&target)?;
+        // The spec: the plugin deletes what it created at target_path. Outside strict mode an
+        // empty directory the CO made goes too.
+        let ours = v.created_targets.contains(&target);
+        if free && (ours || !self.settings.strict) {
+            let gone = remove_empty_dir(&target)?;
+            if gone && ours {
+                self.forget_target(id, &target).await?;
+            }
         }
         tracing::info!(volume_id = %id, path = %target.display(), "unpublished");
         Ok(pb::NodeUnpublishVolumeResponse {})

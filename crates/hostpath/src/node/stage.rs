@@ -10,7 +10,8 @@ use crate::{
     caps,
     locks::volume_key,
     plugin::{MountAt, Plugin},
-    state::Staging,
+    state::{Staging, VolumeRecord},
+    strict,
 };
 
 impl Plugin {
@@ -37,6 +38,14 @@ impl Plugin {
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let v = self.node_volume(id).await?;
         self.require_controller_published(&v)?;
+        if self.settings.strict {
+            strict::publish_context(
+                &req.publish_context,
+                self.settings.attach,
+                &self.settings.node_id,
+            )?;
+            strict::volume_context(&req.volume_context)?;
+        }
         let record = v.staged.get(&staging);
         let read_only = caps::reader_only(&capability);
         match self.mount_at(&staging, id)? {
@@ -69,7 +78,13 @@ impl Plugin {
             }
             MountAt::Nothing => {}
         }
-        let created = ensure_dir(&staging, "staging_target_path")?;
+        let created = if self.settings.strict {
+            strict::staging_dir(&staging)?;
+            self.require_one_staging_path(&v, &staging)?;
+            false
+        } else {
+            ensure_dir(&staging, "staging_target_path")?
+        };
         if let Err(e) = self.mounter.bind(&self.volume_dir(id), &staging, read_only) {
             return Err(bind_failed(&e, &staging, created));
         }
@@ -78,6 +93,44 @@ impl Plugin {
             .await?;
         tracing::info!(volume_id = %id, path = %staging.display(), read_only, "staged");
         Ok(pb::NodeStageVolumeResponse {})
+    }
+
+    /// Strict mode: the spec makes the CO keep one staging path per volume, so staging a volume
+    /// that is still staged at another path is refused (`FAILED_PRECONDITION`).
+    fn require_one_staging_path(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
+        for other in v.staged.keys().filter(|p| p.as_path() != staging) {
+            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is still staged at {}: the CSI spec makes the CO keep one \
+                     staging_target_path per volume; unstage it there first (refused in strict \
+                     mode)",
+                    v.id,
+                    other.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Strict mode: the spec makes the CO unpublish every target before unstaging, so unstaging
+    /// a volume still published from `staging` is refused (`FAILED_PRECONDITION`).
+    fn require_unpublished(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
+        let from_here = v
+            .published
+            .iter()
+            .filter(|(_, p)| p.staging_path.as_deref() == Some(staging));
+        for (target, _) in from_here {
+            if matches!(self.mount_at(target, &v.id)?, MountAt::Volume(_)) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is still published at {}: the CSI spec makes the CO call \
+                     NodeUnpublishVolume for every target before NodeUnstageVolume (refused in \
+                     strict mode)",
+                    v.id,
+                    target.display()
+                )));
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn record_staging(
@@ -117,6 +170,11 @@ impl Plugin {
             &self.settings.statedir,
         )?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
+        if self.settings.strict
+            && let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await
+        {
+            self.require_unpublished(&v, &staging)?;
+        }
         // Unmount first: whatever the answer, the volume is not staged here afterwards (callers
         // take NOT_FOUND as "already unstaged", so it must be true). Without a record, nothing
         // says who made the directory: it stays.
@@ -133,6 +191,7 @@ impl Plugin {
                 })
                 .await?;
         }
+        // Only a directory this plugin made goes (never one in strict mode).
         if free && record.is_some_and(|r| r.created_dir) {
             remove_empty_dir(&staging)?;
         }

@@ -16,6 +16,9 @@ impl Plugin {
         let id = caps::id(&req.volume_id, "volume_id")?;
         let path = caps::node_path(&req.volume_path, "volume_path")?;
         let v = self.node_volume(id).await?;
+        if self.settings.strict {
+            self.check_staging_hint(id, &req.staging_target_path)?;
+        }
         self.require_mounted(id, &path, "volume_path")?;
         let condition = self.condition(id);
         let walk_path = path.clone();
