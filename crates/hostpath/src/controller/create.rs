@@ -15,30 +15,23 @@ use crate::{
 };
 
 impl Plugin {
+    /// The size of a content source: 0 for none, `None` if it does not exist.
+    async fn source_size(&self, source: Option<&ContentSource>) -> Option<i64> {
+        self.store
+            .read(|s| match source {
+                None => Some(0),
+                Some(ContentSource::Snapshot(id)) => s.snapshots.get(id).map(|s| s.size_bytes),
+                Some(ContentSource::Volume(id)) => s.volumes.get(id).map(|v| v.capacity_bytes),
+            })
+            .await
+    }
+
     pub(crate) async fn create_volume(
         &self,
         req: &pb::CreateVolumeRequest,
     ) -> Result<pb::CreateVolumeResponse, Status> {
-        let name = caps::name(&req.name, "name")?;
-        if req.volume_capabilities.is_empty() {
-            return Err(Status::invalid_argument("volume_capabilities is required"));
-        }
-        for (i, cap) in req.volume_capabilities.iter().enumerate() {
-            caps::capability(
-                cap,
-                &format!("volume_capabilities[{i}]"),
-                Code::InvalidArgument,
-            )?;
-        }
-        let range = req.capacity_range.as_ref();
-        caps::choose_capacity(range, 0, self.settings.max_volume_size)?;
-        if !caps::topology_allows(req.accessibility_requirements.as_ref(), &self.topology()) {
-            return Err(Status::resource_exhausted(format!(
-                "no requisite topology includes this node ({}={})",
-                crate::plugin::TOPOLOGY_KEY,
-                self.settings.node_id
-            )));
-        }
+        // The content source first: an unknown one is NOT_FOUND whatever the other fields hold
+        // (except in a retry of a create from it that succeeded, answered from the volume).
         let source = match req.volume_content_source.as_ref().map(|s| &s.r#type) {
             None => None,
             Some(None) => {
@@ -59,23 +52,60 @@ impl Plugin {
             .store
             .read(|s| new_id("vol", |c| s.volumes.contains_key(c)))
             .await;
-        let mut keys = vec![volume_name_key(name), volume_key(&id)];
+        let mut keys = vec![volume_name_key(&req.name), volume_key(&id)];
         match &source {
             Some(ContentSource::Snapshot(id)) => keys.push(snapshot_key(id)),
             Some(ContentSource::Volume(id)) => keys.push(volume_key(id)),
             None => {}
         }
         let _guard = self.locks.lock(&keys).await;
+        let existing = self
+            .store
+            .read(|s| {
+                let named = s.volumes.values().find(|v| v.name == req.name);
+                named.filter(|_| !req.name.is_empty()).cloned()
+            })
+            .await;
+        let floor = match (self.source_size(source.as_ref()).await, &existing) {
+            (Some(size), _) => size,
+            (None, Some(v)) if v.source == source => 0,
+            (None, _) => {
+                return Err(Status::not_found(match &source {
+                    Some(ContentSource::Snapshot(id)) => {
+                        format!("source snapshot {id} does not exist")
+                    }
+                    Some(ContentSource::Volume(id)) => format!("source volume {id} does not exist"),
+                    None => "the content source does not exist".to_owned(),
+                }));
+            }
+        };
+
+        let name = caps::name(&req.name, "name")?;
+        if req.volume_capabilities.is_empty() {
+            return Err(Status::invalid_argument("volume_capabilities is required"));
+        }
+        for (i, cap) in req.volume_capabilities.iter().enumerate() {
+            caps::capability(
+                cap,
+                &format!("volume_capabilities[{i}]"),
+                Code::InvalidArgument,
+            )?;
+        }
+        let range = req.capacity_range.as_ref();
+        caps::choose_capacity(range, 0, self.settings.max_volume_size)?;
+        if !caps::topology_allows(req.accessibility_requirements.as_ref(), &self.topology()) {
+            return Err(Status::resource_exhausted(format!(
+                "no requisite topology includes this node ({}={})",
+                crate::plugin::TOPOLOGY_KEY,
+                self.settings.node_id
+            )));
+        }
         let parameters: BTreeMap<String, String> = req
             .parameters
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
 
-        let existing = self
-            .store
-            .read(|s| s.volumes.values().find(|v| v.name == name).cloned())
-            .await;
         if let Some(v) = existing {
             let conflict = if !caps::capacity_fits(v.capacity_bytes, range) {
                 Some(format!(
@@ -100,28 +130,10 @@ impl Plugin {
             };
         }
 
-        let (source_dir, floor) = match &source {
-            None => (None, 0),
-            Some(ContentSource::Snapshot(id)) => {
-                let size = self
-                    .store
-                    .read(|s| s.snapshots.get(id).map(|s| s.size_bytes))
-                    .await
-                    .ok_or_else(|| {
-                        Status::not_found(format!("source snapshot {id} does not exist"))
-                    })?;
-                (Some(self.snapshot_dir(id)), size)
-            }
-            Some(ContentSource::Volume(id)) => {
-                let size = self
-                    .store
-                    .read(|s| s.volumes.get(id).map(|v| v.capacity_bytes))
-                    .await
-                    .ok_or_else(|| {
-                        Status::not_found(format!("source volume {id} does not exist"))
-                    })?;
-                (Some(self.volume_dir(id)), size)
-            }
+        let source_dir = match &source {
+            None => None,
+            Some(ContentSource::Snapshot(id)) => Some(self.snapshot_dir(id)),
+            Some(ContentSource::Volume(id)) => Some(self.volume_dir(id)),
         };
         let capacity = caps::choose_capacity(range, floor, self.settings.max_volume_size)?;
         self.store.read(|s| self.check_pool(s, capacity)).await?;

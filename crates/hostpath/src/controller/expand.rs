@@ -10,7 +10,10 @@ impl Plugin {
         &self,
         req: &pb::ControllerExpandVolumeRequest,
     ) -> Result<pb::ControllerExpandVolumeResponse, Status> {
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.volume(id).await?;
         let range = req
             .capacity_range
             .as_ref()
@@ -35,8 +38,6 @@ impl Plugin {
             )));
         }
         let target = if required > 0 { required } else { limit };
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.volume(id).await?;
         let done = |capacity_bytes| pb::ControllerExpandVolumeResponse {
             capacity_bytes,
             node_expansion_required: true,

@@ -21,21 +21,23 @@ impl Plugin {
                 "ControllerPublishVolume is disabled (--enable-attach=false)",
             ));
         }
+        // The volume first, then the node: unknown ones are NOT_FOUND whatever the other
+        // fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
-        let node = caps::required(&req.node_id, "node_id")?;
-        let capability = caps::required_capability(
-            req.volume_capability.as_ref(),
-            "volume_capability",
-            Code::InvalidArgument,
-        )?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let v = self.volume(id).await?;
+        let node = caps::required(&req.node_id, "node_id")?;
         if node != self.settings.node_id {
             return Err(Status::not_found(format!(
                 "node {node} does not exist; this plugin serves node {}",
                 self.settings.node_id
             )));
         }
+        let capability = caps::required_capability(
+            req.volume_capability.as_ref(),
+            "volume_capability",
+            Code::InvalidArgument,
+        )?;
         if self.settings.strict {
             strict::controller_readonly(req.readonly)?;
             strict::volume_context(&req.volume_context)?;

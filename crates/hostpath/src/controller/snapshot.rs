@@ -18,16 +18,32 @@ impl Plugin {
         &self,
         req: &pb::CreateSnapshotRequest,
     ) -> Result<pb::CreateSnapshotResponse, Status> {
+        // The source volume first: an unknown one is NOT_FOUND whatever the other fields hold
+        // (except in a retry of a snapshot of it that succeeded, answered from the snapshot).
         let source = caps::id(&req.source_volume_id, "source_volume_id")?;
-        let name = caps::name(&req.name, "name")?;
         let _guard = self
             .locks
-            .lock(&[snapshot_name_key(name), volume_key(source)])
+            .lock(&[snapshot_name_key(&req.name), volume_key(source)])
             .await;
-        let existing = self
+        let (volume, existing) = self
             .store
-            .read(|s| s.snapshots.values().find(|s| s.name == name).cloned())
+            .read(|s| {
+                let named = s.snapshots.values().find(|s| s.name == req.name);
+                (
+                    s.volumes.get(source).cloned(),
+                    named.filter(|_| !req.name.is_empty()).cloned(),
+                )
+            })
             .await;
+        let retry = existing
+            .as_ref()
+            .is_some_and(|snap| snap.source_volume_id == source);
+        if volume.is_none() && !retry {
+            return Err(Status::not_found(format!(
+                "source volume {source} does not exist"
+            )));
+        }
+        let name = caps::name(&req.name, "name")?;
         if let Some(snap) = existing {
             if snap.source_volume_id != source {
                 return Err(Status::already_exists(format!(
@@ -39,11 +55,11 @@ impl Plugin {
                 snapshot: Some(snap.to_pb()),
             });
         }
-        let volume = self
-            .store
-            .read(|s| s.volumes.get(source).cloned())
-            .await
-            .ok_or_else(|| Status::not_found(format!("source volume {source} does not exist")))?;
+        let Some(volume) = volume else {
+            return Err(Status::not_found(format!(
+                "source volume {source} does not exist"
+            )));
+        };
         let id = self
             .store
             .read(|s| new_id("snap", |c| s.snapshots.contains_key(c)))

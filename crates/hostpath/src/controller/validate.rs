@@ -10,7 +10,9 @@ impl Plugin {
         &self,
         req: &pb::ValidateVolumeCapabilitiesRequest,
     ) -> Result<pb::ValidateVolumeCapabilitiesResponse, Status> {
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
+        self.volume(id).await?;
         if req.volume_capabilities.is_empty() {
             return Err(Status::invalid_argument("volume_capabilities is required"));
         }
@@ -25,7 +27,6 @@ impl Plugin {
                 Err(s) => return Err(s),
             }
         }
-        self.volume(id).await?;
         if self.settings.strict {
             strict::volume_context(&req.volume_context)?;
         }

@@ -10,19 +10,28 @@ impl Plugin {
         &self,
         req: &pb::NodeExpandVolumeRequest,
     ) -> Result<pb::NodeExpandVolumeResponse, Status> {
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.node_volume(id).await?;
         let path = caps::node_path(&req.volume_path, "volume_path")?;
+        caps::optional_node_path(&req.staging_target_path, "staging_target_path")?;
         if let Some(cap) = &req.volume_capability {
             caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
         }
-        let required = req.capacity_range.map_or(0, |r| r.required_bytes);
-        if required < 0 || req.capacity_range.is_some_and(|r| r.limit_bytes < 0) {
+        let (required, limit) = req
+            .capacity_range
+            .map_or((0, 0), |r| (r.required_bytes, r.limit_bytes));
+        if required < 0 || limit < 0 {
             return Err(Status::invalid_argument(
                 "capacity_range.required_bytes and limit_bytes must not be negative",
             ));
         }
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
+        if limit > 0 && required > limit {
+            return Err(Status::out_of_range(format!(
+                "capacity_range.limit_bytes {limit} is less than required_bytes {required}"
+            )));
+        }
         if self.settings.strict {
             self.check_staging_hint(id, &req.staging_target_path)?;
         }

@@ -1,7 +1,11 @@
 //! The CSI Node service: staging and publishing are bind mounts, decided from the real mount
 //! table (so the plugin's view stays right across its own restarts).
 
-use std::{fs, io, path::Path, sync::Arc};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use berth_csi::pb::{
     self, NodeServiceCapability,
@@ -182,6 +186,20 @@ impl Plugin {
             "more than {MAX_STACKED_MOUNTS} mounts of volume {id} are stacked at {}",
             path.display()
         )))
+    }
+
+    /// The answer to NodeUnstageVolume or NodeUnpublishVolume of volume `id` when it has no
+    /// record: `NOT_FOUND`, which callers take as "already done", so it must be true: whatever
+    /// of the volume is still mounted at `path` (the request's path, if valid; nothing is ever
+    /// mounted at a path this plugin refuses) is unmounted first. Without a record nothing says
+    /// who made the directory: it stays.
+    fn volume_gone(&self, id: &str, path: Result<PathBuf, Status>) -> Status {
+        if let Ok(path) = path
+            && let Err(status) = self.unmount_volume_at(&path, id)
+        {
+            return status;
+        }
+        Status::not_found(format!("volume {id} does not exist"))
     }
 
     /// Strict mode, NodeGetVolumeStats and NodeExpandVolume: `staging_target_path` is given

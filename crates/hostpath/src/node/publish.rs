@@ -22,7 +22,10 @@ impl Plugin {
         req: &pb::NodePublishVolumeRequest,
     ) -> Result<pb::NodePublishVolumeResponse, Status> {
         let statedir = &self.settings.statedir;
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.node_volume(id).await?;
         let target = caps::mount_path(&req.target_path, "target_path", statedir)?;
         let capability = caps::required_capability(
             req.volume_capability.as_ref(),
@@ -45,8 +48,6 @@ impl Plugin {
         } else {
             None
         };
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
         if self.settings.strict {
             strict::publish_context(
                 &req.publish_context,
@@ -255,13 +256,13 @@ impl Plugin {
         req: &pb::NodeUnpublishVolumeRequest,
     ) -> Result<pb::NodeUnpublishVolumeResponse, Status> {
         let id = caps::id(&req.volume_id, "volume_id")?;
-        let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir)?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
-        // Unmount first: whatever the answer, the volume is not published here afterwards
-        // (callers take NOT_FOUND as "already unpublished", so it must be true).
-        // Without a record, nothing says who made the directory: it stays.
+        let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir);
+        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await else {
+            return Err(self.volume_gone(id, target));
+        };
+        let target = target?;
         let free = self.unmount_volume_at(&target, id)?;
-        let v = self.node_volume(id).await?;
         if v.published.contains_key(&target) {
             self.store
                 .update(|s| {

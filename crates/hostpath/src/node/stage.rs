@@ -24,7 +24,10 @@ impl Plugin {
                 "NodeStageVolume is disabled (--enable-stage=false)",
             ));
         }
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.node_volume(id).await?;
         let staging = caps::mount_path(
             &req.staging_target_path,
             "staging_target_path",
@@ -35,8 +38,6 @@ impl Plugin {
             "volume_capability",
             Code::FailedPrecondition,
         )?;
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
         self.require_controller_published(&v)?;
         if self.settings.strict {
             strict::publish_context(
@@ -164,22 +165,20 @@ impl Plugin {
             ));
         }
         let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
         let staging = caps::mount_path(
             &req.staging_target_path,
             "staging_target_path",
             &self.settings.statedir,
-        )?;
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        if self.settings.strict
-            && let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await
-        {
+        );
+        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await else {
+            return Err(self.volume_gone(id, staging));
+        };
+        let staging = staging?;
+        if self.settings.strict {
             self.require_unpublished(&v, &staging)?;
         }
-        // Unmount first: whatever the answer, the volume is not staged here afterwards (callers
-        // take NOT_FOUND as "already unstaged", so it must be true). Without a record, nothing
-        // says who made the directory: it stays.
         let free = self.unmount_volume_at(&staging, id)?;
-        let v = self.node_volume(id).await?;
         let record = v.staged.get(&staging).cloned();
         if record.is_some() {
             self.store

@@ -13,9 +13,11 @@ impl Plugin {
         &self,
         req: &pb::NodeGetVolumeStatsRequest,
     ) -> Result<pb::NodeGetVolumeStatsResponse, Status> {
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
         let id = caps::id(&req.volume_id, "volume_id")?;
-        let path = caps::node_path(&req.volume_path, "volume_path")?;
         let v = self.node_volume(id).await?;
+        let path = caps::node_path(&req.volume_path, "volume_path")?;
+        caps::optional_node_path(&req.staging_target_path, "staging_target_path")?;
         if self.settings.strict {
             self.check_staging_hint(id, &req.staging_target_path)?;
         }
