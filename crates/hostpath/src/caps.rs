@@ -128,6 +128,15 @@ pub(crate) fn node_path(value: &str, field: &str) -> Result<PathBuf, Status> {
     Ok(path)
 }
 
+/// An optional node path: empty, or a [`node_path`].
+pub(crate) fn optional_node_path(value: &str, field: &str) -> Result<Option<PathBuf>, Status> {
+    if value.is_empty() {
+        Ok(None)
+    } else {
+        node_path(value, field).map(Some)
+    }
+}
+
 /// A path the plugin mounts on: a [`node_path`] that is neither inside the state directory nor
 /// above it (so deleting a volume never reaches into a mount, and no mount hides the state).
 pub(crate) fn mount_path(value: &str, field: &str, statedir: &Path) -> Result<PathBuf, Status> {

@@ -13,7 +13,31 @@ pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.berth.dev";
 /// Default `--statedir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth-hostpath";
 
-const FAULT_HELP: &str = "\
+const LONG_HELP: &str = "\
+Strict mode (--strict):
+  Refuse, instead of covering for it, a request where the CO skipped a duty the CSI spec puts
+  on it: INVALID_ARGUMENT when a field holds what the spec rules out, FAILED_PRECONDITION when
+  a step the CO owes is missing. Without --strict the plugin is forgiving (it creates missing
+  staging directories and target parents, and removes them again).
+    NodeStageVolume       staging_target_path is an existing directory (the CO creates it; the
+                          plugin never creates or removes it); one staging path per volume
+    NodeUnstageVolume     every target published from that staging path is unpublished
+    NodePublishVolume     the parent of target_path exists; target_path itself does not,
+                          unless this plugin made it; no second publication with another
+                          volume_capability
+    NodeStageVolume, NodePublishVolume
+                          publish_context is what ControllerPublishVolume returned (empty
+                          without attach); volume_context is the volume's (empty)
+    NodeGetVolumeStats, NodeExpandVolume
+                          staging_target_path is set exactly when staging is on, and the
+                          volume is staged there
+    ControllerPublishVolume
+                          readonly is false (no PUBLISH_READONLY); volume_context is empty
+    ControllerUnpublishVolume
+                          nothing of the volume is mounted on this node any more
+    ValidateVolumeCapabilities
+                          volume_context is empty
+
 Fault injection (for tests only):
   --fault SPEC, BERTH_HOSTPATH_FAULTS=SPEC,SPEC…, or <statedir>/faults (one SPEC per line, read
   again on every RPC so a test can change faults in a running plugin; blank lines and # comments
@@ -54,7 +78,7 @@ pub enum LogFormat {
     version,
     about = "A single-node CSI plugin (Identity, Controller and Node services) that serves \
              directories under its state directory as volumes, through bind mounts.",
-    after_long_help = FAULT_HELP
+    after_long_help = LONG_HELP
 )]
 pub struct Config {
     /// CSI endpoint: unix:///absolute/path.sock, unix:/absolute/path.sock, or an absolute socket
@@ -98,6 +122,12 @@ pub struct Config {
           num_args = 0..=1, default_missing_value = "true")]
     pub enable_attach: bool,
 
+    /// Refuse requests where the CO skipped a duty the CSI spec puts on it (see the section
+    /// below).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub strict: bool,
+
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -134,6 +164,7 @@ impl Config {
             max_volumes_per_node: 0,
             enable_stage: true,
             enable_attach: true,
+            strict: false,
             log_format: LogFormat::Human,
             log_level: None,
             faults: Vec::new(),
@@ -216,6 +247,7 @@ mod tests {
         assert_eq!(c.statedir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(c.drivername, DEFAULT_DRIVER_NAME);
         assert!(c.enable_stage && c.enable_attach);
+        assert!(!c.strict);
         assert_eq!(c.capacity, None);
         assert!(c.faults.is_empty());
         assert_eq!(c.call_log, None);
@@ -240,6 +272,16 @@ mod tests {
         let c = parse(&["--endpoint=/x.sock", "--enable-stage"]).expect("parses");
         assert!(c.enable_stage);
         assert!(parse(&["--endpoint=/x.sock", "--enable-stage=maybe"]).is_err());
+        assert!(
+            parse(&["--endpoint=/x.sock", "--strict"])
+                .expect("parses")
+                .strict
+        );
+        assert!(
+            !parse(&["--endpoint=/x.sock", "--strict=false"])
+                .expect("parses")
+                .strict
+        );
     }
 
     #[test]

@@ -11,6 +11,14 @@
 //!
 //! Topology: one segment, `topology.hostpath.csi.berth.dev/node` = the node id.
 //!
+//! # Strict mode
+//!
+//! With `--strict` the plugin refuses (`INVALID_ARGUMENT` or `FAILED_PRECONDITION`) every
+//! request in which the CO skipped a duty the CSI spec puts on it and the plugin can see it
+//! (the staging directory and the target's parent exist, ordering, contexts…; the list is in
+//! `--help`). Without it the plugin covers for such a CO: it creates a missing staging directory
+//! or target parent itself and removes it again.
+//!
 //! # Fault switch (tests only)
 //!
 //! Faults are given with `--fault SPEC` (repeatable), `BERTH_HOSTPATH_FAULTS=SPEC,SPEC…`, or the
@@ -81,6 +89,7 @@ mod locks;
 mod node;
 mod plugin;
 mod state;
+mod strict;
 
 use std::{fs, io, os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc, time::Duration};
 
@@ -156,6 +165,7 @@ pub async fn run_with_mounter(
         max_volumes_per_node: config.max_volumes_per_node,
         stage: config.enable_stage,
         attach: config.enable_attach,
+        strict: config.strict,
     };
     let plugin = Arc::new(
         Plugin::new(settings, store, mounter, faults, shutdown.clone())
@@ -171,6 +181,7 @@ pub async fn run_with_mounter(
         statedir = %plugin.settings.statedir.display(),
         stage = plugin.settings.stage,
         attach = plugin.settings.attach,
+        strict = plugin.settings.strict,
         "serving CSI"
     );
     let server = tonic::transport::Server::builder()

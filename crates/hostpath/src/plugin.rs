@@ -35,6 +35,8 @@ pub(crate) struct Settings {
     pub max_volumes_per_node: u32,
     pub stage: bool,
     pub attach: bool,
+    /// `--strict`: refuse requests where the CO skipped a duty of its own.
+    pub strict: bool,
 }
 
 #[derive(Debug)]
@@ -290,6 +292,19 @@ pub(crate) fn test_plugin(
     Arc::new(unshared_test_plugin(dir, mounter, stage, attach))
 }
 
+/// [`test_plugin`] in strict mode (`--strict`).
+#[cfg(test)]
+pub(crate) fn strict_test_plugin(
+    dir: &Path,
+    mounter: Arc<dyn Mounter>,
+    stage: bool,
+    attach: bool,
+) -> Arc<Plugin> {
+    let mut plugin = unshared_test_plugin(dir, mounter, stage, attach);
+    plugin.settings.strict = true;
+    Arc::new(plugin)
+}
+
 #[cfg(test)]
 fn unshared_test_plugin(
     dir: &Path,
@@ -310,6 +325,7 @@ fn unshared_test_plugin(
         max_volumes_per_node: 0,
         stage,
         attach,
+        strict: false,
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");

@@ -1,7 +1,7 @@
 //! The persisted state: `<statedir>/state.json`, rewritten atomically on every change.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     io,
     path::{Path, PathBuf},
 };
@@ -93,6 +93,10 @@ pub(crate) struct VolumeRecord {
     /// Node publications, by target path.
     #[serde(default)]
     pub published: BTreeMap<PathBuf, NodePublication>,
+    /// Target paths NodePublishVolume created (recorded before it creates them) and
+    /// NodeUnpublishVolume has not removed yet.
+    #[serde(default)]
+    pub created_targets: BTreeSet<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -280,6 +284,7 @@ mod tests {
             published_nodes: BTreeMap::new(),
             staged: BTreeMap::new(),
             published: BTreeMap::new(),
+            created_targets: BTreeSet::new(),
         }
     }
 

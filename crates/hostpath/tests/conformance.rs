@@ -1901,3 +1901,617 @@ async fn sigterm_stops_the_plugin_and_removes_its_socket() {
     let mut c = clients(&plugin).await;
     ok(c.identity.probe(pb::ProbeRequest {}).await);
 }
+
+/// An id no volume or snapshot has.
+const UNKNOWN_ID: &str = "vol-0123456789abcdef";
+
+/// One broken variant of a request: what is wrong with it, how to break it, and the code the
+/// spec's tables give for it when the volume (or snapshot) exists.
+struct Breakage<R> {
+    what: &'static str,
+    breaks: Box<dyn Fn(&mut R)>,
+    known: Code,
+}
+
+/// The check order of one RPC: its request for an id (`base`), how to send it, and broken
+/// variants of it. [`check`](Self::check) sends each variant with an unknown id (which must get
+/// `unknown`: NOT_FOUND, or OK where the spec makes the call succeed for an unknown id), with no
+/// id (INVALID_ARGUMENT), and with the `known` id (the variant's code), in that order.
+struct Order<'a, R, B, S> {
+    rpc: &'a str,
+    known: &'a str,
+    unknown: Code,
+    base: B,
+    send: S,
+    cases: Vec<Breakage<R>>,
+}
+
+impl<'a, R, B, S> Order<'a, R, B, S>
+where
+    B: Fn(&str) -> R,
+    S: AsyncFn(R) -> Code,
+{
+    fn new(rpc: &'a str, known: &'a str, unknown: Code, base: B, send: S) -> Self {
+        Self {
+            rpc,
+            known,
+            unknown,
+            base,
+            send,
+            cases: Vec::new(),
+        }
+    }
+
+    /// A variant with `what` broken by `breaks`; `known` is the code for the known id.
+    fn broken(
+        mut self,
+        what: &'static str,
+        known: Code,
+        breaks: impl Fn(&mut R) + 'static,
+    ) -> Self {
+        self.cases.push(Breakage {
+            what,
+            breaks: Box::new(breaks),
+            known,
+        });
+        self
+    }
+
+    /// The request as it is; `known` is the code for the known id.
+    fn unbroken(self, known: Code) -> Self {
+        self.broken("nothing", known, |_| {})
+    }
+
+    fn with(self, cases: impl FnOnce(Self) -> Self) -> Self {
+        cases(self)
+    }
+
+    async fn check(self) {
+        for case in &self.cases {
+            for (id, expected) in [
+                (UNKNOWN_ID, self.unknown),
+                ("", Code::InvalidArgument),
+                (self.known, case.known),
+            ] {
+                let mut req = (self.base)(id);
+                (case.breaks)(&mut req);
+                let got = (self.send)(req).await;
+                assert_eq!(
+                    got, expected,
+                    "{} with id {id:?} and {} wrong: {got:?}, the spec wants {expected:?}",
+                    self.rpc, case.what
+                );
+            }
+        }
+    }
+}
+
+fn range(required_bytes: i64, limit_bytes: i64) -> Option<pb::CapacityRange> {
+    Some(pb::CapacityRange {
+        required_bytes,
+        limit_bytes,
+    })
+}
+
+/// The broken variants of a CreateVolume from a content source.
+fn create_volume_cases<'a, B, S>(
+    o: Order<'a, pb::CreateVolumeRequest, B, S>,
+) -> Order<'a, pb::CreateVolumeRequest, B, S>
+where
+    B: Fn(&str) -> pb::CreateVolumeRequest,
+    S: AsyncFn(pb::CreateVolumeRequest) -> Code,
+{
+    o.broken("name (missing)", Code::InvalidArgument, |r| r.name.clear())
+        .broken("volume_capabilities (none)", Code::InvalidArgument, |r| {
+            r.volume_capabilities.clear()
+        })
+        .broken("access type (block)", Code::InvalidArgument, |r| {
+            r.volume_capabilities = vec![block_cap()]
+        })
+        .broken("capacity_range (negative)", Code::InvalidArgument, |r| {
+            r.capacity_range = range(-1, 0)
+        })
+        .broken("capacity_range (below the source)", Code::OutOfRange, |r| {
+            r.capacity_range = range(MIB, MIB)
+        })
+        .broken(
+            "accessibility_requirements (elsewhere)",
+            Code::ResourceExhausted,
+            |r| {
+                r.accessibility_requirements = Some(pb::TopologyRequirement {
+                    requisite: vec![topology("another-node")],
+                    preferred: vec![],
+                })
+            },
+        )
+        .unbroken(Code::Ok)
+}
+
+fn no_mode() -> pb::VolumeCapability {
+    pb::VolumeCapability {
+        access_mode: None,
+        ..rw()
+    }
+}
+
+fn no_type() -> pb::VolumeCapability {
+    pb::VolumeCapability {
+        access_type: None,
+        ..rw()
+    }
+}
+
+#[tokio::test]
+async fn every_rpc_looks_up_the_volume_before_it_checks_the_other_fields() {
+    use volume_content_source::{SnapshotSource, Type, VolumeSource};
+    let plugin = HostpathPlugin::builder()
+        .arg("--max-volume-size=4Gi")
+        .spawn()
+        .await;
+    let c = clients(&plugin).await;
+    let node = plugin.nodeid().to_owned();
+    let v = create(&mut c.clone(), "v").await.volume_id;
+    let w = create(&mut c.clone(), "w").await.volume_id;
+    ok(c.controller
+        .clone()
+        .create_snapshot(pb::CreateSnapshotRequest {
+            source_volume_id: w.clone(),
+            name: "taken".into(),
+            ..Default::default()
+        })
+        .await);
+    let in_statedir = plugin.statedir().join("x").display().to_string();
+    let staging = plugin.tmp().join("staging");
+    let target = plugin.tmp().join("target");
+    let elsewhere = plugin.tmp().join("elsewhere");
+    fs::create_dir(&elsewhere).expect("mkdir");
+    let (staging_s, target_s) = (staging.display().to_string(), target.display().to_string());
+
+    // Controller side.
+    let ctl = c.controller.clone();
+    let sd = in_statedir.clone();
+    Order::new(
+        "ControllerPublishVolume",
+        &v,
+        Code::NotFound,
+        |id| publish_req(id, &node, false),
+        async |r| code(ctl.clone().controller_publish_volume(r).await),
+    )
+    .broken("node_id (missing)", Code::InvalidArgument, |r| {
+        r.node_id.clear()
+    })
+    .broken("node_id (unknown)", Code::NotFound, |r| {
+        r.node_id = "no-such-node".into()
+    })
+    .broken("volume_capability (missing)", Code::InvalidArgument, |r| {
+        r.volume_capability = None
+    })
+    .broken("access mode", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(no_mode())
+    })
+    .broken("access type (block)", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(block_cap())
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "ValidateVolumeCapabilities",
+        &v,
+        Code::NotFound,
+        |id| pb::ValidateVolumeCapabilitiesRequest {
+            volume_id: id.into(),
+            volume_capabilities: vec![rw()],
+            ..Default::default()
+        },
+        async |r| code(ctl.clone().validate_volume_capabilities(r).await),
+    )
+    .broken("volume_capabilities (none)", Code::InvalidArgument, |r| {
+        r.volume_capabilities.clear()
+    })
+    .broken("access mode", Code::InvalidArgument, |r| {
+        r.volume_capabilities = vec![no_mode()]
+    })
+    .broken("access type", Code::InvalidArgument, |r| {
+        r.volume_capabilities = vec![no_type()]
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "ControllerExpandVolume",
+        &v,
+        Code::NotFound,
+        |id| pb::ControllerExpandVolumeRequest {
+            volume_id: id.into(),
+            capacity_range: range(2 * GIB, 0),
+            ..Default::default()
+        },
+        async |r| code(ctl.clone().controller_expand_volume(r).await),
+    )
+    .broken("capacity_range (missing)", Code::InvalidArgument, |r| {
+        r.capacity_range = None
+    })
+    .broken(
+        "capacity_range (negative)",
+        Code::InvalidArgument,
+        move |r| r.capacity_range = range(-1, 0),
+    )
+    .broken("capacity_range (empty)", Code::InvalidArgument, move |r| {
+        r.capacity_range = range(0, 0)
+    })
+    .broken(
+        "capacity_range (limit below required)",
+        Code::OutOfRange,
+        move |r| r.capacity_range = range(2 * GIB, GIB),
+    )
+    .broken(
+        "capacity_range (over the maximum)",
+        Code::OutOfRange,
+        move |r| r.capacity_range = range(8 * GIB, 0),
+    )
+    .broken("volume_capability (block)", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(block_cap())
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "ControllerGetVolume",
+        &v,
+        Code::NotFound,
+        |id| pb::ControllerGetVolumeRequest {
+            volume_id: id.into(),
+        },
+        async |r| code(ctl.clone().controller_get_volume(r).await),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "CreateSnapshot",
+        &v,
+        Code::NotFound,
+        |id| pb::CreateSnapshotRequest {
+            source_volume_id: id.into(),
+            name: "snap-v".into(),
+            ..Default::default()
+        },
+        async |r| code(ctl.clone().create_snapshot(r).await),
+    )
+    .broken("name (missing)", Code::InvalidArgument, |r| r.name.clear())
+    .broken("name (control character)", Code::InvalidArgument, |r| {
+        r.name = "bad\u{1}name".into()
+    })
+    .broken("name (too long)", Code::InvalidArgument, |r| {
+        r.name = "n".repeat(129)
+    })
+    .broken(
+        "name (a snapshot of another volume's)",
+        Code::AlreadyExists,
+        |r| r.name = "taken".into(),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    let snap = ok(ctl
+        .clone()
+        .list_snapshots(pb::ListSnapshotsRequest {
+            source_volume_id: v.clone(),
+            ..Default::default()
+        })
+        .await)
+    .entries[0]
+        .snapshot
+        .clone()
+        .expect("snapshot")
+        .snapshot_id;
+    let from = |name: &str, source: Type| pb::CreateVolumeRequest {
+        volume_content_source: Some(pb::VolumeContentSource {
+            r#type: Some(source),
+        }),
+        ..create_req(name)
+    };
+    Order::new(
+        "CreateVolume (from a snapshot)",
+        &snap,
+        Code::NotFound,
+        |id| {
+            from(
+                "from-snapshot",
+                Type::Snapshot(SnapshotSource {
+                    snapshot_id: id.into(),
+                }),
+            )
+        },
+        async |r| code(ctl.clone().create_volume(r).await),
+    )
+    .with(create_volume_cases)
+    .check()
+    .await;
+    Order::new(
+        "CreateVolume (from a volume)",
+        &v,
+        Code::NotFound,
+        |id| {
+            from(
+                "from-volume",
+                Type::Volume(VolumeSource {
+                    volume_id: id.into(),
+                }),
+            )
+        },
+        async |r| code(ctl.clone().create_volume(r).await),
+    )
+    .with(create_volume_cases)
+    .check()
+    .await;
+
+    // Node side, in lifecycle order.
+    let nd = c.node.clone();
+    let (sd1, sd2, sd3) = (sd.clone(), sd.clone(), sd.clone());
+    Order::new(
+        "NodeStageVolume",
+        &v,
+        Code::NotFound,
+        |id| stage_req(id, &staging, rw()),
+        async |r| code(nd.clone().node_stage_volume(r).await),
+    )
+    .broken(
+        "staging_target_path (missing)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path.clear(),
+    )
+    .broken(
+        "staging_target_path (relative)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path = "rel/staging".into(),
+    )
+    .broken(
+        "staging_target_path (in the state dir)",
+        Code::InvalidArgument,
+        move |r| r.staging_target_path = sd1.clone(),
+    )
+    .broken("volume_capability (missing)", Code::InvalidArgument, |r| {
+        r.volume_capability = None
+    })
+    .broken("access mode", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(no_mode())
+    })
+    .broken("access type (missing)", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(no_type())
+    })
+    .broken("access type (block)", Code::FailedPrecondition, |r| {
+        r.volume_capability = Some(block_cap())
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    let (st1, el1) = (staging_s.clone(), elsewhere.display().to_string());
+    Order::new(
+        "NodePublishVolume",
+        &v,
+        Code::NotFound,
+        |id| node_publish_req(id, Some(&staging), &target, rw(), false),
+        async |r| code(nd.clone().node_publish_volume(r).await),
+    )
+    .broken("target_path (missing)", Code::InvalidArgument, |r| {
+        r.target_path.clear()
+    })
+    .broken("target_path (relative)", Code::InvalidArgument, |r| {
+        r.target_path = "rel/target".into()
+    })
+    .broken(
+        "target_path (in the state dir)",
+        Code::InvalidArgument,
+        move |r| r.target_path = sd2.clone(),
+    )
+    .broken(
+        "target_path (the staging path)",
+        Code::InvalidArgument,
+        move |r| r.target_path = st1.clone(),
+    )
+    .broken(
+        "staging_target_path (missing)",
+        Code::FailedPrecondition,
+        |r| r.staging_target_path.clear(),
+    )
+    .broken(
+        "staging_target_path (relative)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path = "rel/staging".into(),
+    )
+    .broken(
+        "staging_target_path (not staged there)",
+        Code::FailedPrecondition,
+        move |r| r.staging_target_path = el1.clone(),
+    )
+    .broken("volume_capability (missing)", Code::InvalidArgument, |r| {
+        r.volume_capability = None
+    })
+    .broken("access mode", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(no_mode())
+    })
+    .broken("access type (block)", Code::FailedPrecondition, |r| {
+        r.volume_capability = Some(block_cap())
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    let (el2, el3) = (
+        elsewhere.display().to_string(),
+        elsewhere.display().to_string(),
+    );
+    Order::new(
+        "NodeGetVolumeStats",
+        &v,
+        Code::NotFound,
+        |id| pb::NodeGetVolumeStatsRequest {
+            volume_id: id.into(),
+            volume_path: target_s.clone(),
+            staging_target_path: staging_s.clone(),
+        },
+        async |r| code(nd.clone().node_get_volume_stats(r).await),
+    )
+    .broken("volume_path (missing)", Code::InvalidArgument, |r| {
+        r.volume_path.clear()
+    })
+    .broken("volume_path (relative)", Code::InvalidArgument, |r| {
+        r.volume_path = "rel/target".into()
+    })
+    .broken(
+        "volume_path (not published there)",
+        Code::NotFound,
+        move |r| r.volume_path = el2.clone(),
+    )
+    .broken(
+        "staging_target_path (relative)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path = "rel/staging".into(),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "NodeExpandVolume",
+        &v,
+        Code::NotFound,
+        |id| pb::NodeExpandVolumeRequest {
+            volume_id: id.into(),
+            volume_path: target_s.clone(),
+            staging_target_path: staging_s.clone(),
+            capacity_range: range(GIB, 0),
+            ..Default::default()
+        },
+        async |r| code(nd.clone().node_expand_volume(r).await),
+    )
+    .broken("volume_path (missing)", Code::InvalidArgument, |r| {
+        r.volume_path.clear()
+    })
+    .broken("volume_path (relative)", Code::InvalidArgument, |r| {
+        r.volume_path = "rel/target".into()
+    })
+    .broken(
+        "volume_path (not published there)",
+        Code::NotFound,
+        move |r| r.volume_path = el3.clone(),
+    )
+    .broken(
+        "staging_target_path (relative)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path = "rel/staging".into(),
+    )
+    .broken("volume_capability (block)", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(block_cap())
+    })
+    .broken("access mode", Code::InvalidArgument, |r| {
+        r.volume_capability = Some(no_mode())
+    })
+    .broken(
+        "capacity_range (negative)",
+        Code::InvalidArgument,
+        move |r| r.capacity_range = range(-1, 0),
+    )
+    .broken(
+        "capacity_range (limit below required)",
+        Code::OutOfRange,
+        move |r| r.capacity_range = range(2 * GIB, GIB),
+    )
+    .broken(
+        "capacity_range (more than the volume has)",
+        Code::OutOfRange,
+        move |r| r.capacity_range = range(3 * GIB, 0),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "NodeUnpublishVolume",
+        &v,
+        Code::NotFound,
+        |id| node_unpublish_req(id, &target),
+        async |r| code(nd.clone().node_unpublish_volume(r).await),
+    )
+    .broken("target_path (missing)", Code::InvalidArgument, |r| {
+        r.target_path.clear()
+    })
+    .broken("target_path (relative)", Code::InvalidArgument, |r| {
+        r.target_path = "rel/target".into()
+    })
+    .broken(
+        "target_path (in the state dir)",
+        Code::InvalidArgument,
+        move |r| r.target_path = sd3.clone(),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    assert_not_mounted(&plugin, &target);
+    Order::new(
+        "NodeUnstageVolume",
+        &v,
+        Code::NotFound,
+        |id| unstage_req(id, &staging),
+        async |r| code(nd.clone().node_unstage_volume(r).await),
+    )
+    .broken(
+        "staging_target_path (missing)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path.clear(),
+    )
+    .broken(
+        "staging_target_path (relative)",
+        Code::InvalidArgument,
+        |r| r.staging_target_path = "rel/staging".into(),
+    )
+    .broken(
+        "staging_target_path (in the state dir)",
+        Code::InvalidArgument,
+        move |r| r.staging_target_path = sd.clone(),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    assert_not_mounted(&plugin, &staging);
+
+    // Calls the spec makes succeed for an unknown id.
+    Order::new(
+        "ControllerUnpublishVolume",
+        &v,
+        Code::Ok,
+        |id| unpublish_req(id, &node),
+        async |r| code(ctl.clone().controller_unpublish_volume(r).await),
+    )
+    .broken("node_id (unknown)", Code::Ok, |r| {
+        r.node_id = "no-such-node".into()
+    })
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "DeleteSnapshot",
+        &snap,
+        Code::Ok,
+        |id| pb::DeleteSnapshotRequest {
+            snapshot_id: id.into(),
+            ..Default::default()
+        },
+        async |r| code(ctl.clone().delete_snapshot(r).await),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+    Order::new(
+        "DeleteVolume",
+        &v,
+        Code::Ok,
+        |id| pb::DeleteVolumeRequest {
+            volume_id: id.into(),
+            ..Default::default()
+        },
+        async |r| code(ctl.clone().delete_volume(r).await),
+    )
+    .unbroken(Code::Ok)
+    .check()
+    .await;
+}

@@ -55,6 +55,7 @@ pub enum SpawnError {
 pub struct HostpathPluginBuilder {
     stage: Option<bool>,
     attach: Option<bool>,
+    strict: Option<bool>,
     faults: Vec<String>,
     nodeid: String,
     log_level: String,
@@ -82,6 +83,13 @@ impl HostpathPluginBuilder {
     /// `--enable-attach=<on>` (the plugin's default is on).
     pub fn attach(mut self, on: bool) -> Self {
         self.attach = Some(on);
+        self
+    }
+
+    /// `--strict=<on>`: refuse requests where the CO skipped a duty the CSI spec puts on it
+    /// (the plugin's default is off).
+    pub fn strict(mut self, on: bool) -> Self {
+        self.strict = Some(on);
         self
     }
 
@@ -169,6 +177,9 @@ impl HostpathPluginBuilder {
         if let Some(on) = self.attach {
             args.push(format!("--enable-attach={on}").into());
         }
+        if let Some(on) = self.strict {
+            args.push(format!("--strict={on}").into());
+        }
         for spec in &self.faults {
             args.push("--fault".into());
             args.push(spec.into());
@@ -249,6 +260,7 @@ impl HostpathPlugin {
         HostpathPluginBuilder {
             stage: None,
             attach: None,
+            strict: None,
             faults: Vec::new(),
             nodeid: DEFAULT_NODE_ID.to_owned(),
             log_level: "debug".to_owned(),

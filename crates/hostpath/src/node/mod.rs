@@ -1,24 +1,32 @@
 //! The CSI Node service: staging and publishing are bind mounts, decided from the real mount
 //! table (so the plugin's view stays right across its own restarts).
 
-use std::{fs, io, path::Path, sync::Arc};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use berth_csi::pb::{
     self, NodeServiceCapability,
     node_service_capability::{self, rpc},
-    volume_usage::Unit,
 };
 use berth_sys::{MountEntry, MountError};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crate::{
     caps,
     error::internal,
     files,
-    locks::volume_key,
-    plugin::{MountAt, Plugin, blocking},
-    state::{NodePublication, Staging, VolumeRecord},
+    plugin::{MountAt, Plugin},
+    state::VolumeRecord,
+    strict,
 };
+
+mod expand;
+mod publish;
+mod stage;
+mod stats;
 
 /// Most mounts of one volume stacked at one path that an unmount call removes.
 const MAX_STACKED_MOUNTS: usize = 16;
@@ -75,11 +83,12 @@ fn ensure_dir(path: &Path, field: &str) -> Result<bool, Status> {
     }
 }
 
-/// Removes the directory `path` if it is empty; leaves anything else alone.
-fn remove_empty_dir(path: &Path) -> Result<(), Status> {
+/// Removes the directory `path` if it is empty; leaves anything else alone. Whether nothing is
+/// left at `path`.
+fn remove_empty_dir(path: &Path) -> Result<bool, Status> {
     match fs::remove_dir(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(true),
         Err(e)
             if matches!(
                 e.kind(),
@@ -87,7 +96,7 @@ fn remove_empty_dir(path: &Path) -> Result<(), Status> {
             ) =>
         {
             tracing::warn!(path = %path.display(), error = %e, "leaving a non-empty path in place");
-            Ok(())
+            Ok(false)
         }
         Err(source) => Err(internal(&files::FsError {
             action: "removing",
@@ -111,7 +120,7 @@ fn bind_failed(err: &MountError, path: &Path, created: bool) -> Status {
 }
 
 impl Plugin {
-    async fn node_volume(&self, id: &str) -> Result<VolumeRecord, Status> {
+    pub(super) async fn node_volume(&self, id: &str) -> Result<VolumeRecord, Status> {
         self.store
             .read(|s| s.volumes.get(id).cloned())
             .await
@@ -179,291 +188,37 @@ impl Plugin {
         )))
     }
 
-    async fn node_stage_volume(
-        &self,
-        req: &pb::NodeStageVolumeRequest,
-    ) -> Result<pb::NodeStageVolumeResponse, Status> {
-        if !self.settings.stage {
-            return Err(Status::unimplemented(
-                "NodeStageVolume is disabled (--enable-stage=false)",
-            ));
+    /// The answer to NodeUnstageVolume or NodeUnpublishVolume of volume `id` when it has no
+    /// record: `NOT_FOUND`, which callers take as "already done", so it must be true: whatever
+    /// of the volume is still mounted at `path` (the request's path, if valid; nothing is ever
+    /// mounted at a path this plugin refuses) is unmounted first. Without a record nothing says
+    /// who made the directory: it stays.
+    fn volume_gone(&self, id: &str, path: Result<PathBuf, Status>) -> Status {
+        if let Ok(path) = path
+            && let Err(status) = self.unmount_volume_at(&path, id)
+        {
+            return status;
         }
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let staging = caps::mount_path(
-            &req.staging_target_path,
-            "staging_target_path",
-            &self.settings.statedir,
-        )?;
-        let capability = caps::required_capability(
-            req.volume_capability.as_ref(),
-            "volume_capability",
-            Code::FailedPrecondition,
-        )?;
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
-        self.require_controller_published(&v)?;
-        let record = v.staged.get(&staging);
-        let read_only = caps::reader_only(&capability);
-        match self.mount_at(&staging, id)? {
-            MountAt::Volume(mount) => match record {
-                Some(s) if s.capability == capability => {
-                    return Ok(pb::NodeStageVolumeResponse {});
-                }
-                Some(s) => {
-                    return Err(Status::already_exists(format!(
-                        "volume {id} is already staged at {} with access mode {}",
-                        staging.display(),
-                        s.capability.access_mode
-                    )));
-                }
-                None => {
-                    // Mounted but not recorded (the record was lost): adopt the mount if it
-                    // is what is asked for.
-                    if self.adoptable(&staging, "staging_target_path", id, &mount, read_only)? {
-                        self.record_staging(id, &staging, capability, false).await?;
-                        return Ok(pb::NodeStageVolumeResponse {});
-                    }
-                }
-            },
-            MountAt::Other(e) => {
-                return Err(Status::failed_precondition(format!(
-                    "staging_target_path {} already has another mount ({})",
-                    staging.display(),
-                    e.fs_type
-                )));
-            }
-            MountAt::Nothing => {}
-        }
-        let created = ensure_dir(&staging, "staging_target_path")?;
-        if let Err(e) = self.mounter.bind(&self.volume_dir(id), &staging, read_only) {
-            return Err(bind_failed(&e, &staging, created));
-        }
-        let created = created || record.is_some_and(|s| s.created_dir);
-        self.record_staging(id, &staging, capability, created)
-            .await?;
-        tracing::info!(volume_id = %id, path = %staging.display(), read_only, "staged");
-        Ok(pb::NodeStageVolumeResponse {})
+        Status::not_found(format!("volume {id} does not exist"))
     }
 
-    async fn record_staging(
-        &self,
-        id: &str,
-        path: &Path,
-        capability: crate::state::Capability,
-        created_dir: bool,
-    ) -> Result<(), Status> {
-        self.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(id) {
-                    let staging = Staging {
-                        capability,
-                        created_dir,
-                    };
-                    v.staged.insert(path.to_path_buf(), staging);
-                }
-                Ok::<_, Status>(())
-            })
-            .await
-    }
-
-    async fn node_unstage_volume(
-        &self,
-        req: &pb::NodeUnstageVolumeRequest,
-    ) -> Result<pb::NodeUnstageVolumeResponse, Status> {
-        if !self.settings.stage {
-            return Err(Status::unimplemented(
-                "NodeUnstageVolume is disabled (--enable-stage=false)",
-            ));
+    /// Strict mode, NodeGetVolumeStats and NodeExpandVolume: `staging_target_path` is given
+    /// exactly when the plugin stages, and the volume is staged there (`FAILED_PRECONDITION`
+    /// if not: the CO must stage before it asks).
+    fn check_staging_hint(&self, id: &str, value: &str) -> Result<(), Status> {
+        strict::staging_hint(value, self.settings.stage)?;
+        if value.is_empty() {
+            return Ok(());
         }
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let staging = caps::mount_path(
-            &req.staging_target_path,
-            "staging_target_path",
-            &self.settings.statedir,
-        )?;
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        // Unmount first: whatever the answer, the volume is not staged here afterwards (callers
-        // take NOT_FOUND as "already unstaged", so it must be true). Without a record, nothing
-        // says who made the directory: it stays.
-        let free = self.unmount_volume_at(&staging, id)?;
-        let v = self.node_volume(id).await?;
-        let record = v.staged.get(&staging).cloned();
-        if record.is_some() {
-            self.store
-                .update(|s| {
-                    if let Some(v) = s.volumes.get_mut(id) {
-                        v.staged.remove(&staging);
-                    }
-                    Ok::<_, Status>(())
-                })
-                .await?;
+        let path = caps::node_path(value, "staging_target_path")?;
+        match self.mount_at(&path, id)? {
+            MountAt::Volume(_) => Ok(()),
+            _ => Err(Status::failed_precondition(format!(
+                "volume {id} is not staged at staging_target_path {}: the CO must stage it \
+                 there first (refused in strict mode)",
+                path.display()
+            ))),
         }
-        if free && record.is_some_and(|r| r.created_dir) {
-            remove_empty_dir(&staging)?;
-        }
-        tracing::info!(volume_id = %id, path = %staging.display(), "unstaged");
-        Ok(pb::NodeUnstageVolumeResponse {})
-    }
-
-    async fn node_publish_volume(
-        &self,
-        req: &pb::NodePublishVolumeRequest,
-    ) -> Result<pb::NodePublishVolumeResponse, Status> {
-        let statedir = &self.settings.statedir;
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let target = caps::mount_path(&req.target_path, "target_path", statedir)?;
-        let capability = caps::required_capability(
-            req.volume_capability.as_ref(),
-            "volume_capability",
-            Code::FailedPrecondition,
-        )?;
-        let staging = if self.settings.stage {
-            if req.staging_target_path.is_empty() {
-                return Err(Status::failed_precondition(
-                    "staging_target_path is required: this plugin has STAGE_UNSTAGE_VOLUME",
-                ));
-            }
-            let path = caps::mount_path(&req.staging_target_path, "staging_target_path", statedir)?;
-            if path == target {
-                return Err(Status::invalid_argument(
-                    "target_path must differ from staging_target_path",
-                ));
-            }
-            Some(path)
-        } else {
-            None
-        };
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
-        let source = match &staging {
-            Some(path) => match self.mount_at(path, id)? {
-                MountAt::Volume(_) => path.clone(),
-                _ => {
-                    return Err(Status::failed_precondition(format!(
-                        "volume {id} is not staged at {}; call NodeStageVolume first",
-                        path.display()
-                    )));
-                }
-            },
-            None => {
-                self.require_controller_published(&v)?;
-                self.volume_dir(id)
-            }
-        };
-        let wanted = NodePublication {
-            readonly: req.readonly,
-            capability: capability.clone(),
-            staging_path: staging.clone(),
-        };
-        let read_only = req.readonly || caps::reader_only(&capability);
-        match self.mount_at(&target, id)? {
-            MountAt::Volume(mount) => match v.published.get(&target) {
-                Some(p) if *p == wanted => return Ok(pb::NodePublishVolumeResponse {}),
-                Some(p) => {
-                    return Err(Status::already_exists(format!(
-                        "volume {id} is already published at {} with readonly={} and access \
-                         mode {}",
-                        target.display(),
-                        p.readonly,
-                        p.capability.access_mode
-                    )));
-                }
-                None => {
-                    // Mounted but not recorded (the record was lost): adopt the mount if it
-                    // is what is asked for.
-                    if self.adoptable(&target, "target_path", id, &mount, read_only)? {
-                        self.record_publication(id, &target, wanted).await?;
-                        return Ok(pb::NodePublishVolumeResponse {});
-                    }
-                }
-            },
-            MountAt::Other(e) => {
-                return Err(Status::failed_precondition(format!(
-                    "target_path {} already has another mount ({})",
-                    target.display(),
-                    e.fs_type
-                )));
-            }
-            MountAt::Nothing => {}
-        }
-        self.check_other_targets(&v, &target, &capability)?;
-
-        let created = ensure_dir(&target, "target_path")?;
-        if let Err(e) = self.mounter.bind(&source, &target, read_only) {
-            return Err(bind_failed(&e, &target, created));
-        }
-        self.record_publication(id, &target, wanted).await?;
-        tracing::info!(volume_id = %id, path = %target.display(), read_only, "published");
-        Ok(pb::NodePublishVolumeResponse {})
-    }
-
-    /// A second target path on this node is refused (`FAILED_PRECONDITION`) when this or the
-    /// existing publication is SINGLE_NODE_SINGLE_WRITER.
-    fn check_other_targets(
-        &self,
-        v: &VolumeRecord,
-        target: &Path,
-        capability: &crate::state::Capability,
-    ) -> Result<(), Status> {
-        for (other, p) in v.published.iter().filter(|(t, _)| t.as_path() != target) {
-            if !caps::single_target(capability) && !caps::single_target(&p.capability) {
-                continue;
-            }
-            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
-                return Err(Status::failed_precondition(format!(
-                    "volume {} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
-                     one target path per node",
-                    v.id,
-                    other.display(),
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    async fn record_publication(
-        &self,
-        id: &str,
-        target: &Path,
-        publication: NodePublication,
-    ) -> Result<(), Status> {
-        self.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(id) {
-                    v.published.insert(target.to_path_buf(), publication);
-                }
-                Ok::<_, Status>(())
-            })
-            .await
-    }
-
-    async fn node_unpublish_volume(
-        &self,
-        req: &pb::NodeUnpublishVolumeRequest,
-    ) -> Result<pb::NodeUnpublishVolumeResponse, Status> {
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir)?;
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        // Unmount first: whatever the answer, the volume is not published here afterwards
-        // (callers take NOT_FOUND as "already unpublished", so it must be true).
-        // Without a record, nothing says who made the directory: it stays.
-        let free = self.unmount_volume_at(&target, id)?;
-        let v = self.node_volume(id).await?;
-        if v.published.contains_key(&target) {
-            self.store
-                .update(|s| {
-                    if let Some(v) = s.volumes.get_mut(id) {
-                        v.published.remove(&target);
-                    }
-                    Ok::<_, Status>(())
-                })
-                .await?;
-        }
-        if free {
-            remove_empty_dir(&target)?;
-        }
-        tracing::info!(volume_id = %id, path = %target.display(), "unpublished");
-        Ok(pb::NodeUnpublishVolumeResponse {})
     }
 
     /// The volume's mount at `field` = `path`, or `NOT_FOUND`.
@@ -475,73 +230,6 @@ impl Plugin {
                 path.display()
             ))),
         }
-    }
-
-    async fn node_get_volume_stats(
-        &self,
-        req: &pb::NodeGetVolumeStatsRequest,
-    ) -> Result<pb::NodeGetVolumeStatsResponse, Status> {
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let path = caps::node_path(&req.volume_path, "volume_path")?;
-        let v = self.node_volume(id).await?;
-        self.require_mounted(id, &path, "volume_path")?;
-        let condition = self.condition(id);
-        let walk_path = path.clone();
-        let (used, _) = blocking(move || files::tree_usage(&walk_path)).await?;
-        let fs = blocking(move || berth_sys::fs_stats(&path)).await?;
-        let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let used = clamp(used);
-        let available = (v.capacity_bytes - used)
-            .min(clamp(fs.available_bytes))
-            .max(0);
-        Ok(pb::NodeGetVolumeStatsResponse {
-            usage: vec![
-                pb::VolumeUsage {
-                    available,
-                    total: v.capacity_bytes,
-                    used,
-                    unit: Unit::Bytes as i32,
-                },
-                pb::VolumeUsage {
-                    available: clamp(fs.available_inodes),
-                    total: clamp(fs.total_inodes),
-                    used: clamp(fs.total_inodes.saturating_sub(fs.free_inodes)),
-                    unit: Unit::Inodes as i32,
-                },
-            ],
-            volume_condition: Some(condition),
-        })
-    }
-
-    async fn node_expand_volume(
-        &self,
-        req: &pb::NodeExpandVolumeRequest,
-    ) -> Result<pb::NodeExpandVolumeResponse, Status> {
-        let id = caps::id(&req.volume_id, "volume_id")?;
-        let path = caps::node_path(&req.volume_path, "volume_path")?;
-        if let Some(cap) = &req.volume_capability {
-            caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
-        }
-        let required = req.capacity_range.map_or(0, |r| r.required_bytes);
-        if required < 0 || req.capacity_range.is_some_and(|r| r.limit_bytes < 0) {
-            return Err(Status::invalid_argument(
-                "capacity_range.required_bytes and limit_bytes must not be negative",
-            ));
-        }
-        let _guard = self.locks.lock(&[volume_key(id)]).await;
-        let v = self.node_volume(id).await?;
-        self.require_mounted(id, &path, "volume_path")?;
-        if required > v.capacity_bytes {
-            return Err(Status::out_of_range(format!(
-                "volume {id} has {} bytes, less than the {required} required; expand it with \
-                 ControllerExpandVolume first",
-                v.capacity_bytes
-            )));
-        }
-        // A directory has no filesystem to grow: the new capacity is already in effect.
-        Ok(pb::NodeExpandVolumeResponse {
-            capacity_bytes: v.capacity_bytes,
-        })
     }
 
     fn node_info(&self) -> pb::NodeGetInfoResponse {
@@ -590,9 +278,10 @@ mod tests {
         AccessMode, AccessType, MountVolume, access_mode::Mode,
     };
     use berth_sys::{MountCall, Mounter as _, RecordingMounter};
+    use tonic::Code;
 
     use super::*;
-    use crate::plugin::test_plugin;
+    use crate::plugin::{strict_test_plugin, test_plugin};
 
     fn cap(mode: Mode) -> pb::VolumeCapability {
         pb::VolumeCapability {
@@ -852,5 +541,67 @@ mod tests {
         );
         assert!(!staging.exists());
         assert!(p.store.read(|s| s.volumes[&id].staged.is_empty()).await);
+    }
+
+    #[tokio::test]
+    async fn strict_mode_creates_no_staging_dir_and_adopts_a_target_it_recorded_making() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = Arc::new(RecordingMounter::new());
+        let p = strict_test_plugin(dir.path(), mounter.clone(), true, false);
+        let id = create(&p, Mode::SingleNodeWriter).await;
+        let staging = dir.path().join("staging");
+        let stage = pb::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        };
+        let status = p.node_stage_volume(&stage).await.unwrap_err();
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(!staging.exists());
+        assert_eq!(mounter.take_calls(), vec![], "no mount was tried");
+        std::fs::create_dir(&staging).expect("the CO makes it");
+        p.node_stage_volume(&stage).await.expect("stage");
+
+        // A crash after the plugin made the target but before it recorded the publication
+        // leaves the directory and the record that the plugin made it: a retry adopts it.
+        let target = dir.path().join("target");
+        std::fs::create_dir(&target).expect("mkdir");
+        p.store
+            .update(|s| {
+                if let Some(v) = s.volumes.get_mut(&id) {
+                    v.created_targets.insert(target.clone());
+                }
+                Ok::<_, Status>(())
+            })
+            .await
+            .expect("record");
+        let publish = pb::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(cap(Mode::SingleNodeWriter)),
+            ..Default::default()
+        };
+        p.node_publish_volume(&publish).await.expect("publish");
+        p.node_unpublish_volume(&pb::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish");
+        assert!(!target.exists(), "the plugin's own target goes");
+        assert!(
+            p.store
+                .read(|s| s.volumes[&id].created_targets.is_empty())
+                .await
+        );
+        p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .expect("unstage");
+        assert!(staging.is_dir(), "the CO's staging directory stays");
     }
 }

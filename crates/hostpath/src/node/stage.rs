@@ -1,0 +1,200 @@
+//! NodeStageVolume and NodeUnstageVolume.
+
+use std::path::Path;
+
+use berth_csi::pb;
+use tonic::{Code, Status};
+
+use super::{bind_failed, ensure_dir, remove_empty_dir};
+use crate::{
+    caps,
+    locks::volume_key,
+    plugin::{MountAt, Plugin},
+    state::{Staging, VolumeRecord},
+    strict,
+};
+
+impl Plugin {
+    pub(super) async fn node_stage_volume(
+        &self,
+        req: &pb::NodeStageVolumeRequest,
+    ) -> Result<pb::NodeStageVolumeResponse, Status> {
+        if !self.settings.stage {
+            return Err(Status::unimplemented(
+                "NodeStageVolume is disabled (--enable-stage=false)",
+            ));
+        }
+        // The volume first: an unknown one is NOT_FOUND whatever the other fields hold.
+        let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let v = self.node_volume(id).await?;
+        let staging = caps::mount_path(
+            &req.staging_target_path,
+            "staging_target_path",
+            &self.settings.statedir,
+        )?;
+        let capability = caps::required_capability(
+            req.volume_capability.as_ref(),
+            "volume_capability",
+            Code::FailedPrecondition,
+        )?;
+        self.require_controller_published(&v)?;
+        if self.settings.strict {
+            strict::publish_context(
+                &req.publish_context,
+                self.settings.attach,
+                &self.settings.node_id,
+            )?;
+            strict::volume_context(&req.volume_context)?;
+        }
+        let record = v.staged.get(&staging);
+        let read_only = caps::reader_only(&capability);
+        match self.mount_at(&staging, id)? {
+            MountAt::Volume(mount) => match record {
+                Some(s) if s.capability == capability => {
+                    return Ok(pb::NodeStageVolumeResponse {});
+                }
+                Some(s) => {
+                    return Err(Status::already_exists(format!(
+                        "volume {id} is already staged at {} with access mode {}",
+                        staging.display(),
+                        s.capability.access_mode
+                    )));
+                }
+                None => {
+                    // Mounted but not recorded (the record was lost): adopt the mount if it
+                    // is what is asked for.
+                    if self.adoptable(&staging, "staging_target_path", id, &mount, read_only)? {
+                        self.record_staging(id, &staging, capability, false).await?;
+                        return Ok(pb::NodeStageVolumeResponse {});
+                    }
+                }
+            },
+            MountAt::Other(e) => {
+                return Err(Status::failed_precondition(format!(
+                    "staging_target_path {} already has another mount ({})",
+                    staging.display(),
+                    e.fs_type
+                )));
+            }
+            MountAt::Nothing => {}
+        }
+        let created = if self.settings.strict {
+            strict::staging_dir(&staging)?;
+            self.require_one_staging_path(&v, &staging)?;
+            false
+        } else {
+            ensure_dir(&staging, "staging_target_path")?
+        };
+        if let Err(e) = self.mounter.bind(&self.volume_dir(id), &staging, read_only) {
+            return Err(bind_failed(&e, &staging, created));
+        }
+        let created = created || record.is_some_and(|s| s.created_dir);
+        self.record_staging(id, &staging, capability, created)
+            .await?;
+        tracing::info!(volume_id = %id, path = %staging.display(), read_only, "staged");
+        Ok(pb::NodeStageVolumeResponse {})
+    }
+
+    /// Strict mode: the spec makes the CO keep one staging path per volume, so staging a volume
+    /// that is still staged at another path is refused (`FAILED_PRECONDITION`).
+    fn require_one_staging_path(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
+        for other in v.staged.keys().filter(|p| p.as_path() != staging) {
+            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is still staged at {}: the CSI spec makes the CO keep one \
+                     staging_target_path per volume; unstage it there first (refused in strict \
+                     mode)",
+                    v.id,
+                    other.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Strict mode: the spec makes the CO unpublish every target before unstaging, so unstaging
+    /// a volume still published from `staging` is refused (`FAILED_PRECONDITION`).
+    fn require_unpublished(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
+        let from_here = v
+            .published
+            .iter()
+            .filter(|(_, p)| p.staging_path.as_deref() == Some(staging));
+        for (target, _) in from_here {
+            if matches!(self.mount_at(target, &v.id)?, MountAt::Volume(_)) {
+                return Err(Status::failed_precondition(format!(
+                    "volume {} is still published at {}: the CSI spec makes the CO call \
+                     NodeUnpublishVolume for every target before NodeUnstageVolume (refused in \
+                     strict mode)",
+                    v.id,
+                    target.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) async fn record_staging(
+        &self,
+        id: &str,
+        path: &Path,
+        capability: crate::state::Capability,
+        created_dir: bool,
+    ) -> Result<(), Status> {
+        self.store
+            .update(|s| {
+                if let Some(v) = s.volumes.get_mut(id) {
+                    let staging = Staging {
+                        capability,
+                        created_dir,
+                    };
+                    v.staged.insert(path.to_path_buf(), staging);
+                }
+                Ok::<_, Status>(())
+            })
+            .await
+    }
+
+    pub(super) async fn node_unstage_volume(
+        &self,
+        req: &pb::NodeUnstageVolumeRequest,
+    ) -> Result<pb::NodeUnstageVolumeResponse, Status> {
+        if !self.settings.stage {
+            return Err(Status::unimplemented(
+                "NodeUnstageVolume is disabled (--enable-stage=false)",
+            ));
+        }
+        let id = caps::id(&req.volume_id, "volume_id")?;
+        let _guard = self.locks.lock(&[volume_key(id)]).await;
+        let staging = caps::mount_path(
+            &req.staging_target_path,
+            "staging_target_path",
+            &self.settings.statedir,
+        );
+        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await else {
+            return Err(self.volume_gone(id, staging));
+        };
+        let staging = staging?;
+        if self.settings.strict {
+            self.require_unpublished(&v, &staging)?;
+        }
+        let free = self.unmount_volume_at(&staging, id)?;
+        let record = v.staged.get(&staging).cloned();
+        if record.is_some() {
+            self.store
+                .update(|s| {
+                    if let Some(v) = s.volumes.get_mut(id) {
+                        v.staged.remove(&staging);
+                    }
+                    Ok::<_, Status>(())
+                })
+                .await?;
+        }
+        // Only a directory this plugin made goes (never one in strict mode).
+        if free && record.is_some_and(|r| r.created_dir) {
+            remove_empty_dir(&staging)?;
+        }
+        tracing::info!(volume_id = %id, path = %staging.display(), "unstaged");
+        Ok(pb::NodeUnstageVolumeResponse {})
+    }
+}
