@@ -34,4 +34,6 @@ pub use manager::{
     CO_DIR_MODE, MountRequest, MountTable, ProcMountTable, ReconcileAction, ReconcileReport,
     VolumeManager, volume_records,
 };
-pub use record::{PublishState, StageState, StoredMountOptions, UsageRecord, record_key};
+pub use record::{
+    PublishState, StageState, StoredMountOptions, UsageRecord, record_key, staging_dir_name,
+};

@@ -293,48 +293,89 @@ impl VolumeManager {
         Ok(Some((rec, target)))
     }
 
-    /// Stages (once per usage and variant, when the plugin stages) and publishes the volume for
-    /// the alloc; returns the target path.
+    /// Stages (once per volume on this node, when the plugin stages) and publishes the volume
+    /// for the alloc; returns the target path.
     ///
-    /// The request's mount options pick the variant: the record of the same (read-only?,
-    /// attachment, access mode) with equal options is used; without one, the lowest free
-    /// variant number gets a new record (its own staging and targets). Publishing an alloc
-    /// that is already published there returns its target without any RPC. A volume id already
-    /// used with another external id is a [`VolumeError::Conflict`]. On error the record stays
-    /// in its intent state.
+    /// The CSI spec allows one staging path per volume on a node (`staging_target_path`: "The
+    /// CO SHALL ensure that there is only one staging_target_path per volume"), and
+    /// NodeStageVolume knows nothing of read-only: the read-only and read-write usages of a
+    /// volume share its one staging, and each alloc is published from it (read-only where
+    /// asked). A usage that would need a second staging while the volume's is in use (other
+    /// mount options, or another access or attachment mode) is a [`VolumeError::Conflict`];
+    /// without staging (no `STAGE_UNSTAGE_VOLUME`), other mount options get their own record
+    /// (the lowest free variant) and targets. Publishing an alloc that is already published
+    /// there returns its target without any RPC. A volume id already used with another
+    /// external id is a [`VolumeError::Conflict`]. On error the record stays in its intent
+    /// state.
     pub async fn mount(&self, req: MountRequest) -> Result<PathBuf, VolumeError> {
         let volume_id = req.volume_id.as_str();
         let base = req.usage.key();
         self.check_ids(volume_id, &req.alloc_id)?;
         let _guard = self.locks.lock(volume_id).await;
         let options = StoredMountOptions::from(&req.usage.mount_options);
-        let existing = self.volume_records(volume_id)?;
+        let mut existing = self.volume_records(volume_id)?;
         if existing.iter().any(|r| r.external_id != req.external_id) {
             return Err(conflict(volume_id, base, "external id"));
         }
-        let same_usage: Vec<&UsageRecord> =
-            existing.iter().filter(|r| r.usage.base() == base).collect();
-        let mut rec = match same_usage.iter().find(|r| r.mount_options == options) {
-            Some(rec) => (*rec).clone(),
+        let stages = self.node_caps.has(NodeCapability::StageUnstageVolume);
+        let found = existing
+            .iter()
+            .find(|r| r.usage.base() == base && r.mount_options == options)
+            .cloned();
+        let mut rec = match found {
+            Some(rec) => rec,
+            None if stages => {
+                let in_use: Vec<&UsageRecord> =
+                    existing.iter().filter(|r| !r.allocs.is_empty()).collect();
+                let (variant, staging) = if in_use.is_empty() {
+                    // Nothing uses the volume's staging: what is left of earlier usages goes
+                    // first, so the new one is the volume's only staging.
+                    for mut old in std::mem::take(&mut existing) {
+                        let ctx = Ctx {
+                            volume_id,
+                            usage: old.usage,
+                        };
+                        let staging = self.staging_path(&old)?;
+                        self.release(&ctx, &mut old, &staging).await?;
+                    }
+                    (0, StageState::Staging)
+                } else {
+                    // Its read-only or read-write twin: same modes and options, same staging.
+                    let twin = in_use
+                        .iter()
+                        .find(|r| {
+                            r.shared_staging
+                                && r.staging.is_some()
+                                && r.usage.attachment_mode == base.attachment_mode
+                                && r.usage.access_mode == base.access_mode
+                                && r.mount_options == options
+                        })
+                        .ok_or_else(|| {
+                            conflict(
+                                volume_id,
+                                base,
+                                "modes or mount options (the CSI spec allows one staging \
+                                 path per volume on a node)",
+                            )
+                        })?;
+                    let staging = match twin.staging {
+                        Some(StageState::Staged) => StageState::Staged,
+                        _ => StageState::Staging,
+                    };
+                    (twin.usage.variant, staging)
+                };
+                self.new_record(&req, base.with_variant(variant), options, Some(staging))
+            }
             None => {
-                let used: BTreeSet<u16> = same_usage.iter().map(|r| r.usage.variant).collect();
+                let used: BTreeSet<u16> = existing
+                    .iter()
+                    .filter(|r| r.usage.base() == base)
+                    .map(|r| r.usage.variant)
+                    .collect();
                 let variant = (0..=u16::MAX)
                     .find(|n| !used.contains(n))
                     .ok_or_else(|| conflict(volume_id, base, "mount options (no variant free)"))?;
-                UsageRecord {
-                    plugin_id: self.plugin_id.clone(),
-                    volume_id: volume_id.to_string(),
-                    external_id: req.external_id.clone(),
-                    usage: base.with_variant(variant),
-                    mount_options: options,
-                    staging: self
-                        .node_caps
-                        .has(NodeCapability::StageUnstageVolume)
-                        .then_some(StageState::Staging),
-                    allocs: BTreeMap::new(),
-                    publish_context: req.publish_context.clone(),
-                    volume_context: req.volume_context.clone(),
-                }
+                self.new_record(&req, base.with_variant(variant), options, None)
             }
         };
         let key = rec.usage;
@@ -342,10 +383,7 @@ impl VolumeManager {
             volume_id,
             usage: key,
         };
-        let staging = self
-            .paths
-            .staging(volume_id, key)
-            .map_err(|source| invalid(volume_id, source))?;
+        let staging = self.staging_path(&rec)?;
         let target = self
             .paths
             .publish(volume_id, &req.alloc_id, key)
@@ -405,10 +443,7 @@ impl VolumeManager {
         for mut rec in self.volume_records(volume_id)? {
             if rec.allocs.is_empty() {
                 let usage = rec.usage;
-                let staging = self
-                    .paths
-                    .staging(volume_id, usage)
-                    .map_err(|source| invalid(volume_id, source))?;
+                let staging = self.staging_path(&rec)?;
                 self.release(&Ctx { volume_id, usage }, &mut rec, &staging)
                     .await?;
                 released += 1;
@@ -433,10 +468,7 @@ impl VolumeManager {
             self.unpublish(&ctx, rec, alloc_id, &target).await?;
         }
         if rec.allocs.is_empty() {
-            let staging = self
-                .paths
-                .staging(volume_id, usage)
-                .map_err(|source| invalid(volume_id, source))?;
+            let staging = self.staging_path(rec)?;
             self.release(&ctx, rec, &staging).await?;
         }
         Ok(())
@@ -577,7 +609,7 @@ impl VolumeManager {
             usage,
         };
         let bad_path = |source| invalid(&volume_id, source);
-        let staging = self.paths.staging(&volume_id, usage).map_err(bad_path)?;
+        let staging = self.staging_path(&rec)?;
         // Asked once, and only when a stage or publish is sent.
         let mut secrets: Option<Secrets> = None;
         let mut secrets = || {
@@ -799,7 +831,16 @@ impl VolumeManager {
         staging: &Path,
     ) -> Result<(), VolumeError> {
         debug_assert!(rec.allocs.is_empty());
-        if rec.staging.is_some() {
+        // Its read-only or read-write twin still publishes from the same staging: only the
+        // record goes.
+        let shared_in_use = rec.staging.is_some()
+            && self.volume_records(ctx.volume_id)?.iter().any(|o| {
+                o.usage != rec.usage
+                    && o.staging.is_some()
+                    && !o.allocs.is_empty()
+                    && o.staging_dir_name() == rec.staging_dir_name()
+            });
+        if rec.staging.is_some() && !shared_in_use {
             rec.staging = Some(StageState::Unstaging);
             self.save(ctx, rec)?;
             self.step(StepRpc::NodeUnstageVolume, Phase::Before);
@@ -859,10 +900,38 @@ impl VolumeManager {
 
     /// The staging path of a record, when its plugin stages.
     fn staging_of(&self, rec: &UsageRecord) -> Result<Option<PathBuf>, VolumeError> {
-        rec.staging
-            .map(|_| self.paths.staging(&rec.volume_id, rec.usage))
-            .transpose()
+        rec.staging.map(|_| self.staging_path(rec)).transpose()
+    }
+
+    /// The record's staging path: the volume's one staging directory (shared by its read-only
+    /// and read-write usages; see [`UsageRecord::staging_dir_name`]).
+    fn staging_path(&self, rec: &UsageRecord) -> Result<PathBuf, VolumeError> {
+        self.paths
+            .volume_staging_dir(&rec.volume_id)
+            .map(|dir| dir.join(rec.staging_dir_name()))
             .map_err(|source| invalid(&rec.volume_id, source))
+    }
+
+    /// A record for a new usage of the volume, not yet saved.
+    fn new_record(
+        &self,
+        req: &MountRequest,
+        usage: UsageKey,
+        mount_options: StoredMountOptions,
+        staging: Option<StageState>,
+    ) -> UsageRecord {
+        UsageRecord {
+            plugin_id: self.plugin_id.clone(),
+            volume_id: req.volume_id.clone(),
+            external_id: req.external_id.clone(),
+            usage,
+            mount_options,
+            staging,
+            allocs: BTreeMap::new(),
+            publish_context: req.publish_context.clone(),
+            volume_context: req.volume_context.clone(),
+            shared_staging: staging.is_some(),
+        }
     }
 
     fn save(&self, ctx: &Ctx<'_>, rec: &UsageRecord) -> Result<(), VolumeError> {

@@ -53,12 +53,30 @@ pub struct UsageRecord {
     pub publish_context: BTreeMap<String, String>,
     /// Volume context from CreateVolume (from the call that created the record).
     pub volume_context: BTreeMap<String, String>,
+    /// Whether its staging is the volume's one staging path on the node, shared with the
+    /// record of the other read-only flag ([`UsageRecord::staging_dir_name`]). Records written
+    /// before the CSI rule of one staging path per volume was kept read `false`: they keep
+    /// the per-usage path they were staged at.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub shared_staging: bool,
 }
 
 impl UsageRecord {
     /// Its key in the store.
     pub fn key(&self) -> String {
         record_key(&self.plugin_id, &self.volume_id, self.usage)
+    }
+
+    /// The name of its staging directory under the volume's: `<attachment>-<access mode>`
+    /// (with `.<variant>`), the same for its read-only and read-write usages, since
+    /// NodeStageVolume knows nothing of read-only and the CSI spec allows one staging path per
+    /// volume; the usage's own name for records staged before that rule was kept.
+    pub fn staging_dir_name(&self) -> String {
+        if self.shared_staging {
+            staging_dir_name(self.usage)
+        } else {
+            self.usage.dir_name()
+        }
     }
 
     /// The usage, options included, as the RPCs need it (its variant is only in `usage`).
@@ -69,6 +87,20 @@ impl UsageRecord {
             access_mode: self.usage.access_mode,
             mount_options: (&self.mount_options).into(),
         }
+    }
+}
+
+/// The volume's one staging directory name for a usage, whatever its read-only flag:
+/// `<attachment>-<access mode>`, with `.<variant>` when not 0.
+pub fn staging_dir_name(usage: UsageKey) -> String {
+    let base = format!(
+        "{}-{}",
+        usage.attachment_mode.as_str(),
+        usage.access_mode.as_str()
+    );
+    match usage.variant {
+        0 => base,
+        n => format!("{base}.{n}"),
     }
 }
 
@@ -107,8 +139,20 @@ mod tests {
             allocs: [("a".to_string(), PublishState::Publishing)].into(),
             publish_context: BTreeMap::new(),
             volume_context: BTreeMap::new(),
+            shared_staging: false,
         };
         assert!(!format!("{rec:?}").contains("hunter2"));
+        assert_eq!(rec.staging_dir_name(), "rw-file-system-single-node-writer");
+        let shared = UsageRecord {
+            shared_staging: true,
+            usage: UsageKey {
+                read_only: true,
+                ..rec.usage
+            },
+            ..rec.clone()
+        };
+        assert_eq!(shared.staging_dir_name(), "file-system-single-node-writer");
+        assert!(serde_json::to_value(&shared).unwrap()["shared_staging"] == true);
         assert_eq!(rec.key(), "p/v/rw-file-system-single-node-writer");
         assert_eq!(
             MountOptions::from(&opts).mount_flags.expose(),

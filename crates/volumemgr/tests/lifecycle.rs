@@ -17,7 +17,7 @@ use berth_csi::{
 };
 use berth_state::{Store, Table};
 use berth_testkit::HostpathPlugin;
-use berth_volume::{PluginDir, Usage};
+use berth_volume::{PluginDir, Usage, UsageKey};
 use berth_volumemgr::{
     MountRequest, ProcMountTable, PublishState, ReconcileAction, StageState, Step, StepHook,
     UsageRecord, VolumeError, VolumeManager,
@@ -33,9 +33,15 @@ struct Env {
 }
 
 async fn env(stage: bool) -> Env {
+    env_with(stage, true).await
+}
+
+/// `strict`: the plugin refuses any request where berth skipped a duty of the CO.
+async fn env_with(stage: bool, strict: bool) -> Env {
     let plugin = HostpathPlugin::builder()
         .attach(false)
         .stage(stage)
+        .strict(strict)
         .spawn()
         .await;
     let state_dir = tempfile::tempdir().expect("tempdir");
@@ -130,6 +136,16 @@ fn usage(read_only: bool) -> Usage {
     }
 }
 
+/// The volume's one staging directory for a usage (shared by its read-only and read-write
+/// usages).
+fn staging(mgr: &VolumeManager, volume_id: &str, key: UsageKey) -> Result<PathBuf, ()> {
+    Ok(mgr
+        .paths()
+        .volume_staging_dir(volume_id)
+        .expect("volume id")
+        .join(berth_volumemgr::staging_dir_name(key)))
+}
+
 fn no_secrets(_: &str) -> Secrets {
     Secrets::default()
 }
@@ -153,7 +169,7 @@ async fn two_allocs_share_one_staging_and_release_in_order() {
     let ext = env.volume("shared").await;
     let u = usage(false);
     let key = u.key();
-    let staging = mgr.paths().staging("vol1", key).unwrap();
+    let staging = staging(&mgr, "vol1", key).unwrap();
 
     let t1 = mgr
         .mount(req("vol1", &ext, "a1", u.clone()))
@@ -241,7 +257,7 @@ async fn a_new_manager_on_the_same_store_keeps_the_other_alloc() {
     mgr.unmount("v", "a1").await.expect("unmount a1");
     assert!(!env.mounted(&t1));
     assert!(env.mounted(&t2));
-    assert!(env.mounted(&mgr.paths().staging("v", key).unwrap()));
+    assert!(env.mounted(&staging(&mgr, "v", key).unwrap()));
     let rec = mgr.record("v", key).unwrap().expect("record");
     assert_eq!(rec.staging, Some(StageState::Staged));
     assert_eq!(rec.allocs.len(), 1);
@@ -264,6 +280,7 @@ async fn reconcile_finishes_an_interrupted_publish() {
         allocs: BTreeMap::from([("a1".to_string(), PublishState::Publishing)]),
         publish_context: BTreeMap::new(),
         volume_context: BTreeMap::new(),
+        shared_staging: true,
     };
     env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
     let mgr = env.manager().await;
@@ -272,7 +289,7 @@ async fn reconcile_finishes_an_interrupted_publish() {
     assert_eq!(report.actions.len(), 2, "{:?}", report.actions);
     let target = mgr.paths().publish("v", "a1", key).unwrap();
     assert!(env.mounted(&target));
-    assert!(env.mounted(&mgr.paths().staging("v", key).unwrap()));
+    assert!(env.mounted(&staging(&mgr, "v", key).unwrap()));
     let rec = mgr.record("v", key).unwrap().expect("record");
     assert_eq!(rec.staging, Some(StageState::Staged));
     assert_eq!(rec.allocs["a1"], PublishState::Published);
@@ -341,7 +358,7 @@ async fn a_plugin_without_staging_publishes_directly() {
     let key = u.key();
     let target = mgr.mount(req("v", &ext, "a1", u)).await.expect("mount");
     assert!(env.mounted(&target));
-    assert!(!env.mounted(&mgr.paths().staging("v", key).unwrap()));
+    assert!(!env.mounted(&staging(&mgr, "v", key).unwrap()));
     assert_eq!(env.mounts_under_data(), vec![target]);
     let rec = mgr.record("v", key).unwrap().expect("record");
     assert_eq!(rec.staging, None);
@@ -351,11 +368,15 @@ async fn a_plugin_without_staging_publishes_directly() {
 }
 
 #[tokio::test]
-async fn two_usages_of_one_volume_get_two_stagings() {
+async fn read_only_and_read_write_usages_share_the_volumes_one_staging() {
     let env = env(true).await;
     let mgr = env.manager().await;
     let ext = env.volume("twousages").await;
-    let (rw, ro) = (usage(false), usage(true));
+    let rw = usage(false);
+    let ro = Usage {
+        read_only: true,
+        ..rw.clone()
+    };
     let t_rw = mgr
         .mount(req("v", &ext, "a1", rw.clone()))
         .await
@@ -364,17 +385,84 @@ async fn two_usages_of_one_volume_get_two_stagings() {
         .mount(req("v", &ext, "a2", ro.clone()))
         .await
         .expect("ro");
-    let s_rw = mgr.paths().staging("v", rw.key()).unwrap();
-    let s_ro = mgr.paths().staging("v", ro.key()).unwrap();
-    assert_ne!(s_rw, s_ro);
-    assert!(env.mounted(&s_rw) && env.mounted(&s_ro));
+    // One staging path per volume (CSI): both usages publish from it.
+    let s = staging(&mgr, "v", rw.key()).unwrap();
+    assert_eq!(s, staging(&mgr, "v", ro.key()).unwrap());
+    assert_eq!(env.mounts_at(&s), 1, "staged once");
     assert!(!env.plugin.mount_at(&t_rw).expect("rw target").read_only);
     assert!(env.plugin.mount_at(&t_ro).expect("ro target").read_only);
     assert_eq!(env.records().len(), 2);
-    mgr.unmount("v", "a2").await.expect("unmount ro");
-    assert!(!env.mounted(&s_ro));
-    assert!(env.mounted(&s_rw) && env.mounted(&t_rw));
+    assert_eq!(
+        env.plugin
+            .mountinfo()
+            .iter()
+            .filter(|m| m
+                .mount_point
+                .starts_with(mgr.paths().root().join("staging")))
+            .count(),
+        1,
+        "no second staging"
+    );
+    // The writer goes first: the reader still publishes from the staging, so it stays.
     mgr.unmount("v", "a1").await.expect("unmount rw");
+    assert!(env.mounted(&s) && env.mounted(&t_ro) && !env.mounted(&t_rw));
+    mgr.unmount("v", "a2").await.expect("unmount ro");
+    assert!(!env.mounted(&s));
+    assert!(env.records().is_empty());
+}
+
+#[tokio::test]
+async fn a_second_staging_of_a_volume_is_refused_while_its_staging_is_in_use() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("onestaging").await;
+    let plain = usage(false);
+    let t1 = mgr
+        .mount(req("v", &ext, "a1", plain.clone()))
+        .await
+        .expect("a1");
+    let mounts = env.mounts_under_data();
+    let before = env.records();
+    // Other mount options, another access mode: each would need a second staging path.
+    let other_mode = Usage {
+        access_mode: AccessMode::SingleNodeMultiWriter,
+        ..plain.clone()
+    };
+    for u in [with_flags(plain.clone(), &["password=hunter2"]), other_mode] {
+        let err = mgr
+            .mount(req("v", &ext, "a2", u))
+            .await
+            .expect_err("one staging per volume");
+        assert!(matches!(err, VolumeError::Conflict { .. }), "{err:?}");
+        assert!(!err.to_string().contains("hunter2"), "{err}");
+    }
+    assert_eq!(env.mounts_under_data(), mounts, "nothing mounted");
+    assert_eq!(env.records(), before, "nothing changed");
+    // The same options share it.
+    let t3 = mgr
+        .mount(req("v", &ext, "a3", plain.clone()))
+        .await
+        .expect("a3");
+    assert_eq!(env.mounts_at(&staging(&mgr, "v", plain.key()).unwrap()), 1);
+    assert_eq!(
+        mgr.allocs().unwrap(),
+        BTreeMap::from([(
+            "v".to_string(),
+            BTreeSet::from(["a1".to_string(), "a3".to_string()])
+        )])
+    );
+    // Once nothing uses the staging, other options take the volume's one staging.
+    mgr.unmount("v", "a1").await.expect("unmount a1");
+    mgr.unmount("v", "a3").await.expect("unmount a3");
+    assert!(!env.mounted(&t1) && !env.mounted(&t3));
+    let flagged = with_flags(plain.clone(), &["noatime"]);
+    let t4 = mgr.mount(req("v", &ext, "a4", flagged)).await.expect("a4");
+    let recs = mgr.usages_of("v").expect("usages");
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0].mount_options.mount_flags, ["noatime"]);
+    assert!(env.mounted(&t4));
+    mgr.unmount("v", "a4").await.expect("unmount a4");
+    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
     assert!(env.records().is_empty());
 }
 
@@ -424,8 +512,8 @@ fn with_flags(mut u: Usage, flags: &[&str]) -> Usage {
 }
 
 #[tokio::test]
-async fn other_mount_options_get_their_own_variant_and_the_same_ones_share_it() {
-    let env = env(true).await;
+async fn without_staging_other_mount_options_get_their_own_variant() {
+    let env = env(false).await;
     let mgr = env.manager().await;
     let ext = env.volume("variants").await;
     let plain = usage(false);
@@ -442,13 +530,8 @@ async fn other_mount_options_get_their_own_variant_and_the_same_ones_share_it() 
         .mount(req("v", &ext, "a2", secret.clone()))
         .await
         .expect("a2: other options are a second variant, not a conflict");
-    let (s0, s1) = (
-        mgr.paths().staging("v", k0).unwrap(),
-        mgr.paths().staging("v", k1).unwrap(),
-    );
     assert_eq!(t1, mgr.paths().publish("v", "a1", k0).unwrap());
     assert_eq!(t2, mgr.paths().publish("v", "a2", k1).unwrap());
-    assert!(env.mounted(&s0) && env.mounted(&s1));
     assert!(env.mounted(&t1) && env.mounted(&t2));
     // Flags never reach a path.
     for m in env.mounts_under_data() {
@@ -460,77 +543,30 @@ async fn other_mount_options_get_their_own_variant_and_the_same_ones_share_it() 
         vec![k0, k1]
     );
     assert_eq!(recs[1].mount_options.mount_flags, ["password=hunter2"]);
+    let (rec, target) = mgr.alloc_target("v", "a2").unwrap().expect("a2's target");
+    assert_eq!((rec.usage, target), (k1, t2.clone()));
+    assert!(mgr.alloc_target("v", "nobody").unwrap().is_none());
 
-    // The same options again: the same variant, staged once.
+    // Releasing variant 0 leaves variant 1 mounted; variant 0 is then free again.
+    mgr.unmount("v", "a1").await.expect("unmount a1");
+    assert!(!env.mounted(&t1) && env.mounted(&t2));
     let t3 = mgr
         .mount(req("v", &ext, "a3", plain.clone()))
         .await
         .expect("a3");
     assert_eq!(t3, mgr.paths().publish("v", "a3", k0).unwrap());
-    assert_eq!(env.mounts_at(&s0), 1);
-    assert_eq!(mgr.usages_of("v").unwrap().len(), 2);
-    let (rec, target) = mgr.alloc_target("v", "a2").unwrap().expect("a2's target");
-    assert_eq!((rec.usage, target), (k1, t2.clone()));
-    assert!(mgr.alloc_target("v", "nobody").unwrap().is_none());
-    assert_eq!(
-        mgr.allocs().unwrap(),
-        BTreeMap::from([(
-            "v".to_string(),
-            BTreeSet::from(["a1".to_string(), "a2".to_string(), "a3".to_string()])
-        )])
-    );
-
-    // Releasing variant 0 leaves variant 1 mounted.
-    mgr.unmount("v", "a1").await.expect("unmount a1");
-    mgr.unmount("v", "a3").await.expect("unmount a3");
-    assert!(!env.mounted(&s0) && !env.mounted(&t1) && !env.mounted(&t3));
-    assert!(env.mounted(&s1) && env.mounted(&t2));
-    assert!(mgr.record("v", k0).unwrap().is_none());
-    assert_eq!(mgr.usages_of("v").unwrap().len(), 1);
-
-    // Variant 0 is free again: the plain options take it, not a third variant.
+    // One alloc in two variants is unmounted from both.
     let t4 = mgr
-        .mount(req("v", &ext, "a4", plain.clone()))
+        .mount(req("v", &ext, "a3", secret.clone()))
         .await
-        .expect("a4");
-    assert_eq!(t4, mgr.paths().publish("v", "a4", k0).unwrap());
-    assert!(env.mounted(&s0) && env.mounted(&t4));
-
-    // Releasing variant 1 leaves variant 0 mounted.
+        .expect("a3 again, other options");
+    assert_eq!(t4, mgr.paths().publish("v", "a3", k1).unwrap());
+    mgr.unmount("v", "a3").await.expect("unmount a3");
+    assert!(!env.mounted(&t3) && !env.mounted(&t4) && env.mounted(&t2));
     mgr.unmount("v", "a2").await.expect("unmount a2");
-    assert!(!env.mounted(&s1) && !env.mounted(&t2));
-    assert!(env.mounted(&s0) && env.mounted(&t4));
-    // Third options while variant 1 is free: variant 1 again (the lowest free).
-    let other = with_flags(plain.clone(), &["noatime"]);
-    let t5 = mgr.mount(req("v", &ext, "a5", other)).await.expect("a5");
-    assert_eq!(t5, mgr.paths().publish("v", "a5", k1).unwrap());
-
-    mgr.unmount("v", "a4").await.expect("unmount a4");
-    mgr.unmount("v", "a5").await.expect("unmount a5");
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
     assert!(env.records().is_empty());
     assert!(mgr.allocs().unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn one_alloc_in_two_variants_is_unmounted_from_both() {
-    let env = env(true).await;
-    let mgr = env.manager().await;
-    let ext = env.volume("twice").await;
-    let plain = usage(false);
-    let t0 = mgr
-        .mount(req("v", &ext, "a1", plain.clone()))
-        .await
-        .expect("plain");
-    let t1 = mgr
-        .mount(req("v", &ext, "a1", with_flags(plain, &["nodev"])))
-        .await
-        .expect("flags");
-    assert_ne!(t0, t1);
-    assert!(env.mounted(&t0) && env.mounted(&t1));
-    mgr.unmount("v", "a1").await.expect("unmount");
-    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
-    assert!(env.records().is_empty());
 }
 
 #[tokio::test]
@@ -594,6 +630,8 @@ async fn reconcile_asks_for_secrets_only_for_what_it_drives_again() {
         ]),
         publish_context: BTreeMap::new(),
         volume_context: BTreeMap::new(),
+        // Written before one staging per volume: staged at the usage's own path.
+        shared_staging: false,
     };
     env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
 
@@ -743,9 +781,11 @@ async fn expand_every_published_target() {
     mgr.mount(req("v", &ext, "a2", plain.clone()))
         .await
         .expect("a2");
-    mgr.mount(req("v", &ext, "a3", with_flags(plain, &["noatime"])))
-        .await
-        .expect("a3");
+    let reader = Usage {
+        read_only: true,
+        ..plain
+    };
+    mgr.mount(req("v", &ext, "a3", reader)).await.expect("a3");
     let within = CapacityRange {
         required_bytes: 1 << 20,
         limit_bytes: 0,
@@ -816,7 +856,9 @@ fn futures_are_send() {
 
 #[tokio::test]
 async fn a_plugin_view_translates_every_path_sent_to_the_plugin() {
-    let env = env(true).await;
+    // The view is not a real bind of the root here, so the directories berth makes are not at
+    // the paths the plugin is sent: a plugin that makes them itself (not strict) stands in.
+    let env = env_with(true, false).await;
     // The plugin sees the root elsewhere (as a task does, through a bind mount).
     let view = env.plugin.tmp().join("plugin-view");
     let mgr = env.manager().await.with_plugin_view(&view);
@@ -851,4 +893,71 @@ async fn a_plugin_view_translates_every_path_sent_to_the_plugin() {
         "unpublish and unstage were sent the plugin's paths"
     );
     assert!(env.records().is_empty());
+}
+
+/// Permission bits of a path.
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+#[tokio::test]
+async fn berth_makes_and_removes_the_directories_the_spec_puts_on_the_co() {
+    // The plugin is strict: it refuses NodeStageVolume without the staging directory and
+    // NodePublishVolume without the target's parent, and makes neither.
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("dirs").await;
+    let u = usage(false);
+    let staging = staging(&mgr, "v", u.key()).unwrap();
+    let t1 = mgr
+        .mount(req("v", &ext, "a1", u.clone()))
+        .await
+        .expect("a1");
+    let t2 = mgr
+        .mount(req("v", &ext, "a2", u.clone()))
+        .await
+        .expect("a2");
+    // kubelet's mode for the staging directory and the target's parent, every level made.
+    assert_eq!(mode(&staging), berth_volumemgr::CO_DIR_MODE);
+    assert_eq!(
+        mode(staging.parent().unwrap()),
+        berth_volumemgr::CO_DIR_MODE
+    );
+    for t in [&t1, &t2] {
+        let parent = t.parent().unwrap();
+        assert_eq!(
+            mode(parent),
+            berth_volumemgr::CO_DIR_MODE,
+            "{}",
+            parent.display()
+        );
+        assert_eq!(mode(parent.parent().unwrap()), berth_volumemgr::CO_DIR_MODE);
+        assert!(env.mounted(t));
+    }
+    assert!(env.mounted(&staging));
+
+    // After NodeUnpublishVolume: the target (the plugin's), then the alloc's directories.
+    let alloc1 = mgr.paths().alloc_dir("a1").unwrap();
+    mgr.unmount("v", "a1").await.expect("unmount a1");
+    assert!(
+        !t1.exists() && !alloc1.exists(),
+        "{} is left",
+        alloc1.display()
+    );
+    assert!(
+        staging.exists() && env.mounted(&staging),
+        "a2 still uses it"
+    );
+
+    // After NodeUnstageVolume: the staging directory and the volume's directory.
+    mgr.unmount("v", "a2").await.expect("unmount a2");
+    assert!(!staging.exists(), "{} is left", staging.display());
+    assert!(!staging.parent().unwrap().exists());
+    assert!(!mgr.paths().alloc_dir("a2").unwrap().exists());
+    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
 }
