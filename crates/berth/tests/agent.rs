@@ -280,7 +280,7 @@ fn managed_config() -> String {
     let hostpath = berth_testkit::bin_path("berth-hostpath");
     let state = "@TMP@/hostpath-state";
     format!(
-        "{FAST_HEALTH}plugin \"managed\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\"]\n}}\n",
+        "{FAST_HEALTH}plugin \"managed\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--strict\"]\n}}\n",
         hostpath.display(),
         state
     )

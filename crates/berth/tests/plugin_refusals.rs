@@ -24,7 +24,7 @@ fn config() -> String {
     format!(
         "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
          plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--max-volumes-per-node\", \"1\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
+         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--max-volumes-per-node\", \"1\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
         hostpath.display()
     )
 }

@@ -36,7 +36,7 @@ job "plugin" {{
       driver = "exec"
       config {{
         command = "{hostpath}"
-        args    = ["--statedir", "{t}/hp", "--nodeid", "n1", "--call-log", "{t}/calls.log"]
+        args    = ["--statedir", "{t}/hp", "--nodeid", "n1", "--strict", "--call-log", "{t}/calls.log"]
       }}
       csi_plugin {{
         id                     = "{PLUGIN}"
@@ -226,7 +226,7 @@ async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event
         )
         .replace(
             &format!(
-                "args    = [\"--statedir\", \"{t}/hp\", \"--nodeid\", \"n1\", \"--call-log\", \"{t}/calls.log\"]",
+                "args    = [\"--statedir\", \"{t}/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--call-log\", \"{t}/calls.log\"]",
                 t = tmp.display()
             ),
             "args    = [\"3600\"]",

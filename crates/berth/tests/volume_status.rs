@@ -25,7 +25,7 @@ fn config() -> String {
     format!(
         "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
          plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\"]\n}}\n",
+         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\"]\n}}\n",
         hostpath.display()
     )
 }

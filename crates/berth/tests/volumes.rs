@@ -30,7 +30,7 @@ fn config() -> String {
     format!(
         "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
          plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--enable-stage\", \"--enable-attach\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
+         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--enable-stage\", \"--enable-attach\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
         hostpath.display()
     )
 }
@@ -141,6 +141,16 @@ fn mounts_under(agent: &AgentProcess, dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The volume's one staging path for a usage named `usage` (`rw-file-system-…`): shared by its
+/// read-only and read-write usages, so named without the `ro-`/`rw-` prefix.
+fn staging_path(agent: &AgentProcess, vol: &str, usage: &str) -> PathBuf {
+    let name = usage
+        .strip_prefix("rw-")
+        .or_else(|| usage.strip_prefix("ro-"))
+        .unwrap_or(usage);
+    staging_dir(agent, vol).join(name)
+}
+
 fn staging_dir(agent: &AgentProcess, vol: &str) -> PathBuf {
     agent
         .data_dir
@@ -182,7 +192,7 @@ async fn two_allocs_share_one_staging_and_release_in_order() {
 
     // Staged once, published twice, one controller publish for the node.
     let ns = agent.namespace();
-    let staging = staging_dir(&agent, "shared").join(&a.usage);
+    let staging = staging_path(&agent, "shared", &a.usage);
     assert!(ns.mount_at(&staging).is_some(), "staging not mounted");
     assert!(ns.mount_at(&a.target).is_some(), "target a not mounted");
     assert!(ns.mount_at(&b.target).is_some(), "target b not mounted");
@@ -418,7 +428,7 @@ async fn access_modes_are_enforced() {
 }
 
 #[tokio::test]
-async fn same_volume_twice_with_different_mount_options() {
+async fn a_second_staging_of_a_volume_is_refused_while_the_first_is_in_use() {
     let agent = start().await;
     let client = agent.client();
     create(&client, "opts", "single-node-multi-writer").await;
@@ -428,13 +438,36 @@ async fn same_volume_twice_with_different_mount_options() {
         fs_type: None,
         mount_flags: Some(FlagsInput(vec!["nodev".into()])),
     });
-    let b = client.claim_volume("opts", &req).await.expect("claim a2");
-    assert_ne!(a.usage, b.usage);
+    // Other options would need a second staging path of the volume: the CSI spec allows one.
+    let before = snapshot_of_state(&client).await;
+    let calls = volume_calls(&agent);
+    let e = client
+        .claim_volume("opts", &req)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.status(), Some(409), "{e}");
+    assert!(e.to_string().contains("one staging path per volume"), "{e}");
+    assert_eq!(snapshot_of_state(&client).await, before, "nothing changed");
+    assert_eq!(volume_calls(&agent), calls, "no RPC");
+    // A read-only claim shares the staging; the other options work once it is free.
+    let ro = client
+        .claim_volume(
+            "opts",
+            &claim_req("r1", AccessMode::SingleNodeMultiWriter, true),
+        )
+        .await
+        .expect("reader shares the staging");
     let ns = agent.namespace();
-    assert!(ns.mount_at(&a.target).is_some() && ns.mount_at(&b.target).is_some());
-    let status = client.volume("opts").await.expect("status");
-    assert_eq!(status.usages.len(), 2);
+    assert!(ns.mount_at(&a.target).is_some() && ns.mount_at(&ro.target).is_some());
+    assert_eq!(
+        mounts_under(&agent, &staging_dir(&agent, "opts")).len(),
+        1,
+        "one staging"
+    );
     release(&client, "opts", "a1").await;
+    release(&client, "opts", "r1").await;
+    let b = client.claim_volume("opts", &req).await.expect("claim a2");
+    assert!(ns.mount_at(&b.target).is_some());
     release(&client, "opts", "a2").await;
     assert_eq!(mounts_under(&agent, &agent.data_dir), Vec::<PathBuf>::new());
 }
@@ -444,7 +477,11 @@ async fn snapshot_of_state(client: &Client) -> String {
     let list = client.volumes().await.expect("volumes");
     let mut out = serde_json::to_string(&list).unwrap();
     for v in &list.volumes {
-        let s = client.volume(&v.id).await.expect("status");
+        let mut s = client.volume(&v.id).await.expect("status");
+        // Stats are live figures (and best effort), not state.
+        for a in s.usages.iter_mut().flat_map(|u| u.allocs.iter_mut()) {
+            a.stats = None;
+        }
         out.push_str(&serde_json::to_string(&s).unwrap());
     }
     out
@@ -787,7 +824,7 @@ async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     );
     release(&client, "keep", "a1").await;
     let ns = agent.namespace();
-    let staging = staging_dir(&agent, "keep").join(&a.usage);
+    let staging = staging_path(&agent, "keep", &a.usage);
     assert!(
         ns.mount_at(&staging).is_some(),
         "unstaged under a live user"
@@ -937,7 +974,7 @@ async fn the_readme_walk_with_berth_agent_dev_and_the_cli() {
     assert!(!status.contains("not-a-real-token"), "{status}");
     let staging = agent
         .data_dir
-        .join("csi/monolith/hostpath/staging/demo/rw-file-system-single-node-multi-writer");
+        .join("csi/monolith/hostpath/staging/demo/file-system-single-node-multi-writer");
     berth(&["volume", "release", "demo", "--alloc", "web-1"]);
     assert!(ns.mount_at(&staging).is_some() && ns.mount_at(&t2).is_some());
     berth(&["volume", "release", "demo", "--alloc", "web-2"]);

@@ -711,7 +711,12 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
             }
         };
 
-        let read_only = req.claim.access_mode.is_read_only();
+        // The spec: "CO MUST set this field to false if SP does not have the PUBLISH_READONLY
+        // controller capability" (the node side still mounts read-only).
+        let read_only = req.claim.access_mode.is_read_only()
+            && handle
+                .capabilities
+                .has(ControllerCapability::PublishReadonly);
         let csi_node_id = req.csi_node_id.clone();
         self.update(&mut rec, |r| {
             r.controller_publish = true;

@@ -157,6 +157,17 @@ impl std::fmt::Debug for VolumeManager {
     }
 }
 
+/// What a mount uses: an existing record, or a new one (after releasing the unused records of
+/// the volume, when `clear`).
+enum Plan {
+    Use(UsageRecord),
+    New {
+        usage: UsageKey,
+        staging: Option<StageState>,
+        clear: bool,
+    },
+}
+
 /// Where one record's RPCs point, and what they send.
 struct Ctx<'a> {
     volume_id: &'a str,
@@ -313,24 +324,18 @@ impl VolumeManager {
         self.check_ids(volume_id, &req.alloc_id)?;
         let _guard = self.locks.lock(volume_id).await;
         let options = StoredMountOptions::from(&req.usage.mount_options);
-        let mut existing = self.volume_records(volume_id)?;
-        if existing.iter().any(|r| r.external_id != req.external_id) {
-            return Err(conflict(volume_id, base, "external id"));
-        }
-        let stages = self.node_caps.has(NodeCapability::StageUnstageVolume);
-        let found = existing
-            .iter()
-            .find(|r| r.usage.base() == base && r.mount_options == options)
-            .cloned();
-        let mut rec = match found {
-            Some(rec) => rec,
-            None if stages => {
-                let in_use: Vec<&UsageRecord> =
-                    existing.iter().filter(|r| !r.allocs.is_empty()).collect();
-                let (variant, staging) = if in_use.is_empty() {
+        let existing = self.volume_records(volume_id)?;
+        let mut rec = match self.plan(volume_id, &existing, &req.external_id, base, &options)? {
+            Plan::Use(rec) => rec,
+            Plan::New {
+                usage,
+                staging,
+                clear,
+            } => {
+                if clear {
                     // Nothing uses the volume's staging: what is left of earlier usages goes
                     // first, so the new one is the volume's only staging.
-                    for mut old in std::mem::take(&mut existing) {
+                    for mut old in existing {
                         let ctx = Ctx {
                             volume_id,
                             usage: old.usage,
@@ -338,44 +343,8 @@ impl VolumeManager {
                         let staging = self.staging_path(&old)?;
                         self.release(&ctx, &mut old, &staging).await?;
                     }
-                    (0, StageState::Staging)
-                } else {
-                    // Its read-only or read-write twin: same modes and options, same staging.
-                    let twin = in_use
-                        .iter()
-                        .find(|r| {
-                            r.shared_staging
-                                && r.staging.is_some()
-                                && r.usage.attachment_mode == base.attachment_mode
-                                && r.usage.access_mode == base.access_mode
-                                && r.mount_options == options
-                        })
-                        .ok_or_else(|| {
-                            conflict(
-                                volume_id,
-                                base,
-                                "modes or mount options (the CSI spec allows one staging \
-                                 path per volume on a node)",
-                            )
-                        })?;
-                    let staging = match twin.staging {
-                        Some(StageState::Staged) => StageState::Staged,
-                        _ => StageState::Staging,
-                    };
-                    (twin.usage.variant, staging)
-                };
-                self.new_record(&req, base.with_variant(variant), options, Some(staging))
-            }
-            None => {
-                let used: BTreeSet<u16> = existing
-                    .iter()
-                    .filter(|r| r.usage.base() == base)
-                    .map(|r| r.usage.variant)
-                    .collect();
-                let variant = (0..=u16::MAX)
-                    .find(|n| !used.contains(n))
-                    .ok_or_else(|| conflict(volume_id, base, "mount options (no variant free)"))?;
-                self.new_record(&req, base.with_variant(variant), options, None)
+                }
+                self.new_record(&req, usage, options, staging)
             }
         };
         let key = rec.usage;
@@ -406,6 +375,109 @@ impl VolumeManager {
         )
         .await?;
         Ok(target)
+    }
+
+    /// Whether [`VolumeManager::mount`] of this usage would be refused for what the node
+    /// already holds of the volume (another external id, or a second staging of the volume while
+    /// its one staging is in use), without changing anything: for callers that check a request
+    /// before acting on it. `mount` checks again.
+    pub fn check_mount(
+        &self,
+        volume_id: &str,
+        external_id: &ExternalId,
+        usage: &Usage,
+    ) -> Result<(), VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .map_err(|source| invalid(volume_id, source))?;
+        let existing = self.volume_records(volume_id)?;
+        let options = StoredMountOptions::from(&usage.mount_options);
+        self.plan(volume_id, &existing, external_id, usage.key(), &options)
+            .map(drop)
+    }
+
+    /// Which record a mount of `base` with `options` uses, given the volume's records on the
+    /// node: see [`VolumeManager::mount`].
+    fn plan(
+        &self,
+        volume_id: &str,
+        existing: &[UsageRecord],
+        external_id: &ExternalId,
+        base: UsageKey,
+        options: &StoredMountOptions,
+    ) -> Result<Plan, VolumeError> {
+        if existing.iter().any(|r| r.external_id != *external_id) {
+            return Err(conflict(volume_id, base, "external id"));
+        }
+        let found = existing
+            .iter()
+            .find(|r| r.usage.base() == base && r.mount_options == *options);
+        if !self.node_caps.has(NodeCapability::StageUnstageVolume) {
+            if let Some(rec) = found {
+                return Ok(Plan::Use(rec.clone()));
+            }
+            let used: BTreeSet<u16> = existing
+                .iter()
+                .filter(|r| r.usage.base() == base)
+                .map(|r| r.usage.variant)
+                .collect();
+            let variant = (0..=u16::MAX)
+                .find(|n| !used.contains(n))
+                .ok_or_else(|| conflict(volume_id, base, "mount options (no variant free)"))?;
+            return Ok(Plan::New {
+                usage: base.with_variant(variant),
+                staging: None,
+                clear: false,
+            });
+        }
+        let in_use: Vec<&UsageRecord> = existing.iter().filter(|r| !r.allocs.is_empty()).collect();
+        if in_use.is_empty() {
+            return Ok(match found {
+                Some(rec) if existing.len() == 1 => Plan::Use(rec.clone()),
+                _ => Plan::New {
+                    usage: base,
+                    staging: Some(StageState::Staging),
+                    clear: !existing.is_empty(),
+                },
+            });
+        }
+        if let Some(rec) = found.filter(|r| !r.allocs.is_empty()) {
+            return Ok(Plan::Use(rec.clone()));
+        }
+        // Its read-only or read-write twin: same modes and options, same staging.
+        let twin = in_use
+            .iter()
+            .find(|r| {
+                r.shared_staging
+                    && r.staging.is_some()
+                    && r.usage.attachment_mode == base.attachment_mode
+                    && r.usage.access_mode == base.access_mode
+                    && r.mount_options == *options
+            })
+            .ok_or_else(|| {
+                conflict(
+                    volume_id,
+                    base,
+                    "modes or mount options (the CSI spec allows one staging path per volume \
+                     on a node)",
+                )
+            })?;
+        let usage = base.with_variant(twin.usage.variant);
+        if let Some(rec) = found.filter(|r| r.usage == usage && r.shared_staging) {
+            // Its own record, unused since its last alloc left, on the same staging.
+            return Ok(Plan::Use(rec.clone()));
+        }
+        if existing.iter().any(|r| r.usage == usage) {
+            return Err(conflict(volume_id, base, "mount options (no variant free)"));
+        }
+        Ok(Plan::New {
+            usage,
+            staging: Some(match twin.staging {
+                Some(StageState::Staged) => StageState::Staged,
+                _ => StageState::Staging,
+            }),
+            clear: false,
+        })
     }
 
     /// Unpublishes the volume for the alloc in every record of the volume that holds the alloc

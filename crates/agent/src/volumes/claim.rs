@@ -111,6 +111,18 @@ impl Volumes {
         // The plugin first, then the alloc's lock (the plugin's recovery takes alloc locks).
         let plugin = self.node_plugin(&vol.plugin_id).await?;
         let lock = self.alloc_locks.lock(&alloc_key(id, &req.alloc_id)).await;
+        // What the node holds of the volume may refuse the usage (one staging per volume):
+        // refused before the control plane grants anything.
+        let usage = Usage {
+            read_only: claim.claim.mode == ClaimMode::Read,
+            attachment_mode: claim.claim.attachment_mode,
+            access_mode: claim.claim.access_mode,
+            mount_options: merged.clone(),
+        };
+        plugin
+            .manager
+            .check_mount(id, &vol.external_id, &usage)
+            .map_err(|e| self.api_error(id, StepError::Node(e)))?;
         let held_before = self
             .cp
             .volume(id)

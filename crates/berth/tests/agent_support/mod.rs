@@ -277,6 +277,7 @@ pub fn alive(pid: i32) -> bool {
 pub async fn hostpath_at(socket: &Path) -> berth_testkit::HostpathPlugin {
     berth_testkit::HostpathPlugin::builder()
         .socket(socket)
+        .strict(true)
         .spawn()
         .await
 }
