@@ -160,7 +160,7 @@ impl std::fmt::Debug for VolumeManager {
 /// What a mount uses: an existing record, or a new one (after releasing the unused records of
 /// the volume, when `clear`).
 enum Plan {
-    Use(UsageRecord),
+    Use(Box<UsageRecord>),
     New {
         usage: UsageKey,
         staging: Option<StageState>,
@@ -326,7 +326,7 @@ impl VolumeManager {
         let options = StoredMountOptions::from(&req.usage.mount_options);
         let existing = self.volume_records(volume_id)?;
         let mut rec = match self.plan(volume_id, &existing, &req.external_id, base, &options)? {
-            Plan::Use(rec) => rec,
+            Plan::Use(rec) => *rec,
             Plan::New {
                 usage,
                 staging,
@@ -414,7 +414,7 @@ impl VolumeManager {
             .find(|r| r.usage.base() == base && r.mount_options == *options);
         if !self.node_caps.has(NodeCapability::StageUnstageVolume) {
             if let Some(rec) = found {
-                return Ok(Plan::Use(rec.clone()));
+                return Ok(Plan::Use(Box::new(rec.clone())));
             }
             let used: BTreeSet<u16> = existing
                 .iter()
@@ -433,7 +433,7 @@ impl VolumeManager {
         let in_use: Vec<&UsageRecord> = existing.iter().filter(|r| !r.allocs.is_empty()).collect();
         if in_use.is_empty() {
             return Ok(match found {
-                Some(rec) if existing.len() == 1 => Plan::Use(rec.clone()),
+                Some(rec) if existing.len() == 1 => Plan::Use(Box::new(rec.clone())),
                 _ => Plan::New {
                     usage: base,
                     staging: Some(StageState::Staging),
@@ -442,7 +442,7 @@ impl VolumeManager {
             });
         }
         if let Some(rec) = found.filter(|r| !r.allocs.is_empty()) {
-            return Ok(Plan::Use(rec.clone()));
+            return Ok(Plan::Use(Box::new(rec.clone())));
         }
         // Its read-only or read-write twin: same modes and options, same staging.
         let twin = in_use
@@ -465,7 +465,7 @@ impl VolumeManager {
         let usage = base.with_variant(twin.usage.variant);
         if let Some(rec) = found.filter(|r| r.usage == usage && r.shared_staging) {
             // Its own record, unused since its last alloc left, on the same staging.
-            return Ok(Plan::Use(rec.clone()));
+            return Ok(Plan::Use(Box::new(rec.clone())));
         }
         if existing.iter().any(|r| r.usage == usage) {
             return Err(conflict(volume_id, base, "mount options (no variant free)"));
