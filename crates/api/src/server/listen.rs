@@ -1,32 +1,54 @@
 //! Binding the API's listeners, and serving a router on them until shutdown.
 
 use std::{
+    collections::BTreeMap,
+    convert::Infallible,
     io,
     net::SocketAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::Poll,
     time::Duration,
 };
 
-use axum::{Extension, Router, extract::Request};
+use axum::{Extension, Router, extract::Request, http::StatusCode, response::Response};
 use berth_csi::MAX_SOCKET_PATH;
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, UnixListener},
+    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::routes::Draining;
+use super::{error_response, routes::Draining};
 
 /// How long [`Listeners::serve`] waits, once shut down, for requests in flight to finish before
 /// it cuts their connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a client may take to send a request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many connections [`Listeners::serve`] serves at once, unix socket and TCP together (set
+/// with [`Listeners::with_max_connections`]).
+///
+/// At the limit, one connection more is accepted and waits for a slot: if some connections
+/// have not sent their request head yet, the oldest of them is closed to make room for it, so
+/// connections opened and left silent cannot keep a real request out; otherwise it waits until
+/// a connection ends. Meanwhile nothing else is accepted: later connections wait in the
+/// kernel's listen backlog, holding no file descriptor of the agent. So the agent holds at most
+/// this many connections plus one. A connection serves one request (no keep-alive); an event
+/// stream holds its slot while it runs.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a connection may take, from its accept, to send its request head before it is
+/// closed (set with [`Listeners::with_head_read_timeout`]). Real clients send it at once; a
+/// client that trickles it (slow-loris) holds a slot at most this long.
+pub const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -135,6 +157,8 @@ pub struct Listeners {
     tcp: Option<TcpListener>,
     socket: SocketFile,
     drain_timeout: Duration,
+    max_connections: usize,
+    head_read_timeout: Duration,
 }
 
 impl Listeners {
@@ -163,6 +187,8 @@ impl Listeners {
             tcp,
             socket,
             drain_timeout: DRAIN_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+            head_read_timeout: HEAD_READ_TIMEOUT,
         })
     }
 
@@ -170,6 +196,20 @@ impl Listeners {
     /// [`DRAIN_TIMEOUT`]).
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// How many connections [`Self::serve`] serves at once (default [`MAX_CONNECTIONS`]; at
+    /// least 1).
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// How long a connection may take to send its request head (default
+    /// [`HEAD_READ_TIMEOUT`]).
+    pub fn with_head_read_timeout(mut self, timeout: Duration) -> Self {
+        self.head_read_timeout = timeout;
         self
     }
 
@@ -183,17 +223,20 @@ impl Listeners {
         self.tcp.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves `router` (HTTP/1.1) on every listener until `shutdown` is cancelled, then stops
-    /// accepting, ends event streams, lets requests in flight finish for up to the drain
-    /// timeout, cuts the connections still open, and removes the socket file. Returns only
-    /// after every connection task has ended. A failed `accept` is logged and retried; it never
-    /// stops the server.
+    /// Serves `router` (HTTP/1.1, one request per connection) on every listener until
+    /// `shutdown` is cancelled, at most the configured number of connections at once (see
+    /// [`MAX_CONNECTIONS`]); then stops accepting, ends event streams, lets requests in flight
+    /// finish for up to the drain timeout, cuts the connections still open, and removes the
+    /// socket file. Returns only after every connection task has ended. A failed `accept` is
+    /// logged and retried; it never stops the server.
     pub async fn serve(self, router: Router, shutdown: CancellationToken) {
         let Self {
             unix,
             tcp,
             socket,
             drain_timeout,
+            max_connections,
+            head_read_timeout,
         } = self;
         let router = router.layer(Extension(Draining(shutdown.clone())));
         let unix_label = socket.path.display().to_string();
@@ -201,26 +244,67 @@ impl Listeners {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map_or_else(String::new, |a| a.to_string());
+        let slots = Arc::new(Semaphore::new(max_connections));
+        let waiting = Arc::new(Waiting::default());
+        let mut next_id = 0u64;
         let mut conns = JoinSet::new();
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = unix.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+        'accept: loop {
+            let free = Arc::clone(&slots).try_acquire_owned().ok();
+            // At the limit this accepts one connection more, which waits for a slot below;
+            // nothing else is accepted meanwhile: the rest wait in the kernel's backlog.
+            let accepted = loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break 'accept,
+                    accepted = unix.accept() => match accepted {
+                        Ok((stream, _)) => break Accepted::Unix(stream),
+                        Err(e) => accept_failed(&unix_label, e).await,
+                    },
+                    accepted = accept_tcp(tcp.as_ref()) => match accepted {
+                        Ok(stream) => {
+                            // Request/response traffic: do not hold small writes back.
+                            let _ = stream.set_nodelay(true);
+                            break Accepted::Tcp(stream);
+                        }
+                        Err(e) => accept_failed(&tcp_label, e).await,
+                    },
+                    Some(joined) = conns.join_next(), if !conns.is_empty() => log_join(joined),
+                }
+            };
+            let free = free.or_else(|| Arc::clone(&slots).try_acquire_owned().ok());
+            let permit = match free {
+                Some(permit) => permit,
+                None => {
+                    // Room is made by closing one connection without a request, now or as soon
+                    // as there is one; else the next connection to end frees a slot.
+                    tracing::debug!(max_connections, "API connections at the limit");
+                    let mut evicted = waiting.evict_oldest();
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break 'accept,
+                            permit = Arc::clone(&slots).acquire_owned() => {
+                                break permit.expect("the slots are never closed");
+                            }
+                            () = waiting.joined.notified(), if !evicted => {
+                                evicted = waiting.evict_oldest();
+                            }
+                            Some(joined) = conns.join_next(), if !conns.is_empty() => {
+                                log_join(joined);
+                            }
+                        }
                     }
-                    Err(e) => accept_failed(&unix_label, e).await,
-                },
-                accepted = accept_tcp(tcp.as_ref()) => match accepted {
-                    Ok(stream) => {
-                        // Request/response traffic: do not hold small writes back.
-                        let _ = stream.set_nodelay(true);
-                        conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
-                    }
-                    Err(e) => accept_failed(&tcp_label, e).await,
-                },
-                Some(joined) = conns.join_next(), if !conns.is_empty() => log_join(joined),
-            }
+                }
+            };
+            next_id += 1;
+            let slot = Slot::new(next_id, Arc::clone(&waiting), permit);
+            let config = ConnConfig {
+                router: router.clone(),
+                shutdown: shutdown.clone(),
+                head_read_timeout,
+            };
+            match accepted {
+                Accepted::Unix(stream) => conns.spawn(serve_connection(stream, config, slot)),
+                Accepted::Tcp(stream) => conns.spawn(serve_connection(stream, config, slot)),
+            };
         }
         drop(unix);
         drop(tcp);
@@ -241,6 +325,94 @@ impl Listeners {
         }
         drop(socket);
     }
+}
+
+/// A connection just accepted, not served yet.
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+/// The connections that were read and hold no request head yet, by accept order, with the
+/// token that closes each: the ones that may be closed to make room.
+#[derive(Debug, Default)]
+struct Waiting {
+    conns: Mutex<BTreeMap<u64, CancellationToken>>,
+    /// Told when a connection joins.
+    joined: Notify,
+}
+
+impl Waiting {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Closes the oldest connection still waiting for its head; false when there is none.
+    fn evict_oldest(&self) -> bool {
+        match self.lock().pop_first() {
+            Some((_, evict)) => {
+                evict.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// One connection's slot: its permit, and its place among the [`Waiting`] from the moment it
+/// is found without a request head until the head arrives. Dropping it frees the slot.
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    waiting: Arc<Waiting>,
+    evict: CancellationToken,
+    admitted: AtomicBool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Slot {
+    fn new(id: u64, waiting: Arc<Waiting>, permit: OwnedSemaphorePermit) -> Self {
+        Self {
+            id,
+            waiting,
+            evict: CancellationToken::new(),
+            admitted: AtomicBool::new(false),
+            _permit: permit,
+        }
+    }
+
+    /// The connection was read and holds no complete request head: from now on it may be
+    /// closed to make room (unless its head came meanwhile).
+    fn wait_for_head(&self) {
+        let mut waiting = self.waiting.lock();
+        if !self.admitted.load(Ordering::SeqCst) {
+            waiting.insert(self.id, self.evict.clone());
+            self.waiting.joined.notify_one();
+        }
+    }
+
+    /// The request head is in: the connection can no longer be evicted. False when it was
+    /// evicted first.
+    fn admit(&self) -> bool {
+        let mut waiting = self.waiting.lock();
+        self.admitted.store(true, Ordering::SeqCst);
+        waiting.remove(&self.id);
+        !self.evict.is_cancelled()
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.waiting.lock().remove(&self.id);
+    }
+}
+
+/// What each connection task needs besides its stream and slot.
+#[derive(Clone)]
+struct ConnConfig {
+    router: Router,
+    shutdown: CancellationToken,
+    head_read_timeout: Duration,
 }
 
 /// Binds the listeners ([`Listeners::bind`]) and serves `router` on them until `shutdown` is
@@ -374,29 +546,69 @@ async fn accept_failed(listener: &str, error: io::Error) {
     tokio::time::sleep(ACCEPT_BACKOFF).await;
 }
 
-/// Serves one connection until the client closes it or, once `shutdown` is cancelled, until
-/// its request in flight is answered.
-async fn serve_connection<S>(stream: S, router: Router, shutdown: CancellationToken)
+/// Serves one connection (one request) until it is answered, the client closes it, it misses
+/// the head read timeout, or it is evicted before sending its head; once `shutdown` is
+/// cancelled, until its request in flight is answered.
+async fn serve_connection<S>(stream: S, config: ConnConfig, slot: Slot)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        tower::ServiceExt::oneshot(router.clone(), req)
-    });
+    let ConnConfig {
+        router,
+        shutdown,
+        head_read_timeout,
+    } = config;
+    let slot = Arc::new(slot);
+    let service = {
+        let slot = Arc::clone(&slot);
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let admitted = slot.admit();
+            let router = router.clone();
+            async move {
+                if !admitted {
+                    return Ok::<Response, Infallible>(evicted());
+                }
+                tower::ServiceExt::oneshot(router, req).await
+            }
+        })
+    };
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(head_read_timeout)
+        .keep_alive(false);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    // One poll first: a head already sent is read and admitted now, so only a connection that
+    // was read and found without one can be evicted.
+    let result = match futures::poll!(conn.as_mut()) {
+        Poll::Ready(result) => result,
+        Poll::Pending => {
+            slot.wait_for_head();
+            tokio::select! {
+                result = conn.as_mut() => result,
+                () = slot.evict.cancelled() => return,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
     };
     if let Err(error) = result {
         tracing::debug!(%error, "API connection ended with an error");
     }
+}
+
+/// The answer to a request whose connection was chosen for eviction just before its head came.
+fn evicted() -> Response {
+    let mut response = error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the agent is serving as many connections as it can; try again".into(),
+    );
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    response
 }

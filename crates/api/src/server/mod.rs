@@ -27,7 +27,7 @@ use axum::{
 use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, RegisterRequest};
 
 pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
-pub use listen::{DRAIN_TIMEOUT, Listeners, ServeError, serve};
+pub use listen::{DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, Listeners, MAX_CONNECTIONS, ServeError, serve};
 pub use routes::router;
 pub use volume_routes::SpecOp;
 
