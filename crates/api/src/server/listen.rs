@@ -1,33 +1,31 @@
 //! Binding the API's listeners, and serving a router on them until shutdown.
 
 use std::{
-    collections::BTreeMap,
     convert::Infallible,
     io,
     net::SocketAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
-    sync::{
-        Arc, Mutex,
-        atomic::{AtomicBool, Ordering},
-    },
+    sync::Arc,
     task::Poll,
     time::Duration,
 };
 
-use axum::{Extension, Router, extract::Request, http::StatusCode, response::Response};
+use axum::{Extension, Router, extract::Request, response::Response};
 use berth_csi::MAX_SOCKET_PATH;
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::{
     io::{AsyncRead, AsyncWrite},
     net::{TcpListener, UnixListener},
-    sync::{Notify, OwnedSemaphorePermit, Semaphore},
     task::JoinSet,
 };
 use tokio_util::sync::CancellationToken;
 
-use super::{error_response, routes::Draining};
+use super::{
+    routes::Draining,
+    slots::{Slot, Slots},
+};
 
 /// How long [`Listeners::serve`] waits, once shut down, for requests in flight to finish before
 /// it cuts their connections.
@@ -244,12 +242,10 @@ impl Listeners {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map_or_else(String::new, |a| a.to_string());
-        let slots = Arc::new(Semaphore::new(max_connections));
-        let waiting = Arc::new(Waiting::default());
-        let mut next_id = 0u64;
+        let mut slots = Slots::new(max_connections);
         let mut conns = JoinSet::new();
         'accept: loop {
-            let free = Arc::clone(&slots).try_acquire_owned().ok();
+            let free = slots.try_reserve();
             // At the limit this accepts one connection more, which waits for a slot below;
             // nothing else is accepted meanwhile: the rest wait in the kernel's backlog.
             let accepted = loop {
@@ -270,32 +266,17 @@ impl Listeners {
                     Some(joined) = conns.join_next(), if !conns.is_empty() => log_join(joined),
                 }
             };
-            let free = free.or_else(|| Arc::clone(&slots).try_acquire_owned().ok());
-            let permit = match free {
+            let permit = match free.or_else(|| slots.try_reserve()) {
                 Some(permit) => permit,
                 None => {
-                    // Room is made by closing one connection without a request, now or as soon
-                    // as there is one; else the next connection to end frees a slot.
                     tracing::debug!(max_connections, "API connections at the limit");
-                    let mut evicted = waiting.evict_oldest();
-                    loop {
-                        tokio::select! {
-                            () = shutdown.cancelled() => break 'accept,
-                            permit = Arc::clone(&slots).acquire_owned() => {
-                                break permit.expect("the slots are never closed");
-                            }
-                            () = waiting.joined.notified(), if !evicted => {
-                                evicted = waiting.evict_oldest();
-                            }
-                            Some(joined) = conns.join_next(), if !conns.is_empty() => {
-                                log_join(joined);
-                            }
-                        }
+                    tokio::select! {
+                        () = shutdown.cancelled() => break 'accept,
+                        permit = slots.make_room() => permit,
                     }
                 }
             };
-            next_id += 1;
-            let slot = Slot::new(next_id, Arc::clone(&waiting), permit);
+            let slot = slots.slot(permit);
             let config = ConnConfig {
                 router: router.clone(),
                 shutdown: shutdown.clone(),
@@ -331,80 +312,6 @@ impl Listeners {
 enum Accepted {
     Unix(tokio::net::UnixStream),
     Tcp(tokio::net::TcpStream),
-}
-
-/// The connections that were read and hold no request head yet, by accept order, with the
-/// token that closes each: the ones that may be closed to make room.
-#[derive(Debug, Default)]
-struct Waiting {
-    conns: Mutex<BTreeMap<u64, CancellationToken>>,
-    /// Told when a connection joins.
-    joined: Notify,
-}
-
-impl Waiting {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, CancellationToken>> {
-        self.conns.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Closes the oldest connection still waiting for its head; false when there is none.
-    fn evict_oldest(&self) -> bool {
-        match self.lock().pop_first() {
-            Some((_, evict)) => {
-                evict.cancel();
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// One connection's slot: its permit, and its place among the [`Waiting`] from the moment it
-/// is found without a request head until the head arrives. Dropping it frees the slot.
-#[derive(Debug)]
-struct Slot {
-    id: u64,
-    waiting: Arc<Waiting>,
-    evict: CancellationToken,
-    admitted: AtomicBool,
-    _permit: OwnedSemaphorePermit,
-}
-
-impl Slot {
-    fn new(id: u64, waiting: Arc<Waiting>, permit: OwnedSemaphorePermit) -> Self {
-        Self {
-            id,
-            waiting,
-            evict: CancellationToken::new(),
-            admitted: AtomicBool::new(false),
-            _permit: permit,
-        }
-    }
-
-    /// The connection was read and holds no complete request head: from now on it may be
-    /// closed to make room (unless its head came meanwhile).
-    fn wait_for_head(&self) {
-        let mut waiting = self.waiting.lock();
-        if !self.admitted.load(Ordering::SeqCst) {
-            waiting.insert(self.id, self.evict.clone());
-            self.waiting.joined.notify_one();
-        }
-    }
-
-    /// The request head is in: the connection can no longer be evicted. False when it was
-    /// evicted first.
-    fn admit(&self) -> bool {
-        let mut waiting = self.waiting.lock();
-        self.admitted.store(true, Ordering::SeqCst);
-        waiting.remove(&self.id);
-        !self.evict.is_cancelled()
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.waiting.lock().remove(&self.id);
-    }
 }
 
 /// What each connection task needs besides its stream and slot.
@@ -566,7 +473,7 @@ where
             let router = router.clone();
             async move {
                 if !admitted {
-                    return Ok::<Response, Infallible>(evicted());
+                    return Ok::<Response, Infallible>(super::slots::evicted());
                 }
                 tower::ServiceExt::oneshot(router, req).await
             }
@@ -587,7 +494,7 @@ where
             slot.wait_for_head();
             tokio::select! {
                 result = conn.as_mut() => result,
-                () = slot.evict.cancelled() => return,
+                () = slot.evicted() => return,
                 () = shutdown.cancelled() => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
@@ -598,17 +505,4 @@ where
     if let Err(error) = result {
         tracing::debug!(%error, "API connection ended with an error");
     }
-}
-
-/// The answer to a request whose connection was chosen for eviction just before its head came.
-fn evicted() -> Response {
-    let mut response = error_response(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "the agent is serving as many connections as it can; try again".into(),
-    );
-    response.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        axum::http::HeaderValue::from_static("1"),
-    );
-    response
 }

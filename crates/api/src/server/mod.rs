@@ -14,6 +14,7 @@ mod job_routes;
 mod json;
 mod listen;
 mod routes;
+mod slots;
 mod volume_routes;
 
 use std::future::Future;
