@@ -40,7 +40,8 @@ use crate::volumes::{
 
 /// What the volume routes need from the agent. Every method has a default that answers 404
 /// "volumes are not served here", so a view without volumes implements it empty. The router
-/// checks ids (as path segments) and parses bodies before it calls any of these.
+/// calls these only with ids that are valid path segments and bodies that parsed and passed
+/// their type's `validate` (see the [module docs](self)).
 pub trait VolumeView: Send + Sync + 'static {
     /// Every volume in the catalog, by id.
     fn volumes(&self) -> Result<VolumeList, ApiError> {
@@ -139,7 +140,7 @@ pub trait VolumeView: Send + Sync + 'static {
 }
 
 /// What the job routes need from the agent; every method defaults to 404 "jobs are not served
-/// here". The router checks ids and parses bodies first.
+/// here". The router checks ids and bodies first, as for [`VolumeView`].
 pub trait JobView: Send + Sync + 'static {
     /// Every job, by id.
     fn jobs(&self) -> Result<crate::jobs::JobList, ApiError> {
