@@ -25,6 +25,15 @@ pub struct JobRunRequest {
     pub file: Option<String>,
 }
 
+impl JobRunRequest {
+    /// Checks what serde cannot: `spec` is at most [`crate::volumes::MAX_SPEC_BYTES`], `file`
+    /// (when given) is non-empty, at most [`crate::volumes::MAX_FILE_NAME_BYTES`] and free of
+    /// control and bidirectional-text characters.
+    pub fn validate(&self) -> Result<(), crate::InvalidField> {
+        crate::volumes::validate_spec(&self.spec, self.file.as_deref())
+    }
+}
+
 impl fmt::Debug for JobRunRequest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("JobRunRequest")

@@ -30,10 +30,18 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//!
+//! Every id in a path, a query or a body is checked before the agent is called (see
+//! [`server`]); bodies are at most [`server::MAX_BODY_BYTES`] (413 beyond) and must arrive
+//! within [`server::BODY_READ_TIMEOUT`] (408); no error repeats a value of the body. The
+//! server serves at most [`server::MAX_CONNECTIONS`] connections at once, one request each, and
+//! closes a connection that has not sent its request head within
+//! [`server::HEAD_READ_TIMEOUT`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod checks;
 pub mod client;
 pub mod jobs;
 pub mod server;

@@ -119,37 +119,43 @@ pub struct InvalidField {
 
 impl RegisterRequest {
     /// Checks what serde cannot: `id` and `instance` (when given) are valid path segments
-    /// ([`berth_sys::validate_path_segment`]), and `socket` is an absolute path without NUL that
-    /// fits in a unix socket address ([`berth_csi::MAX_SOCKET_PATH`] bytes). The first broken
-    /// rule is returned, naming its field.
+    /// ([`berth_sys::validate_path_segment`]), and `socket` is an absolute path without NUL,
+    /// control or bidirectional-text characters that fits in a unix socket address
+    /// ([`berth_csi::MAX_SOCKET_PATH`] bytes). The first broken rule is returned, naming its
+    /// field; a path it quotes is escaped and cut.
     pub fn validate(&self) -> Result<(), InvalidField> {
         let invalid = |field, reason: String| InvalidField { field, reason };
-        berth_sys::validate_path_segment("plugin id", &self.id)
-            .map_err(|e| invalid("id", e.to_string()))?;
+        crate::checks::segment("id", "plugin id", &self.id)?;
         if let Some(instance) = &self.instance {
-            berth_sys::validate_path_segment("instance name", instance)
-                .map_err(|e| invalid("instance", e.to_string()))?;
+            crate::checks::segment("instance", "instance name", instance)?;
         }
         let bytes = self.socket.as_os_str().as_bytes();
         if bytes.contains(&0) {
             return Err(invalid("socket", "must not contain a NUL byte".into()));
         }
-        if !self.socket.is_absolute() {
-            return Err(invalid(
-                "socket",
-                format!("{:?} is not an absolute path", self.socket),
-            ));
-        }
         if bytes.len() > berth_csi::MAX_SOCKET_PATH {
             return Err(invalid(
                 "socket",
                 format!(
-                    "{:?} is {} bytes; a unix socket path must fit in {} bytes",
-                    self.socket,
+                    "is {} bytes; a unix socket path must fit in {} bytes",
                     bytes.len(),
                     berth_csi::MAX_SOCKET_PATH
                 ),
             ));
+        }
+        if self
+            .socket
+            .to_string_lossy()
+            .chars()
+            .any(berth_sys::is_unprintable)
+        {
+            return Err(invalid(
+                "socket",
+                "must not contain control characters".into(),
+            ));
+        }
+        if !self.socket.is_absolute() {
+            return Err(invalid("socket", "must be an absolute path".into()));
         }
         Ok(())
     }

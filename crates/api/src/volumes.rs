@@ -5,11 +5,28 @@
 
 use std::{collections::BTreeMap, fmt, path::PathBuf};
 
-use berth_csi::model::{AccessMode, AttachmentMode, VolumeStats};
+use berth_csi::model::{AccessMode, AttachmentMode, MountFlags, VolumeStats};
 use serde::{Deserialize, Serialize};
+
+use crate::{checks, types::InvalidField};
 
 /// What mount flags are shown as.
 pub const REDACTED: &str = "[REDACTED]";
+
+/// Longest spec text a request may carry (volume and job specs), in bytes.
+pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+
+/// Longest `file` name a spec request may give, in bytes: the agent repeats it in its errors.
+pub const MAX_FILE_NAME_BYTES: usize = 256;
+
+/// Checks the `spec` and `file` of a spec request (volume or job).
+pub(crate) fn validate_spec(spec: &str, file: Option<&str>) -> Result<(), InvalidField> {
+    checks::bounded("spec", spec, MAX_SPEC_BYTES)?;
+    if let Some(file) = file {
+        checks::printable("file", file, MAX_FILE_NAME_BYTES)?;
+    }
+    Ok(())
+}
 
 /// A key/value map that is sent but never shown: `Debug` prints `[REDACTED]` (or `{}` when empty).
 /// For secrets in requests.
@@ -66,6 +83,15 @@ pub struct VolumeSpecRequest {
     /// The name errors use for it, e.g. the file name; `request body` when absent.
     #[serde(default)]
     pub file: Option<String>,
+}
+
+impl VolumeSpecRequest {
+    /// Checks what serde cannot: `spec` is at most [`MAX_SPEC_BYTES`], `file` (when given) is
+    /// non-empty, at most [`MAX_FILE_NAME_BYTES`] and free of control and
+    /// bidirectional-text characters. The spec itself is the agent's to parse.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        validate_spec(&self.spec, self.file.as_deref())
+    }
 }
 
 impl fmt::Debug for VolumeSpecRequest {
@@ -265,6 +291,41 @@ pub struct ClaimRequest {
     pub mount_options: Option<MountOptionsInput>,
 }
 
+impl ClaimRequest {
+    /// Checks what serde cannot: `alloc_id` is a valid path segment, `mount_options.fs_type` a
+    /// filesystem type ([`berth_csi::model::validate_fs_type`]), and `mount_options.mount_flags`
+    /// at most [`berth_volume::MAX_MOUNT_FLAGS_BYTES`] joined, without NUL. No error quotes a
+    /// flag.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        checks::segment("alloc_id", "alloc id", &self.alloc_id)?;
+        let Some(options) = &self.mount_options else {
+            return Ok(());
+        };
+        if let Some(fs_type) = &options.fs_type {
+            const FIELD: &str = "mount_options.fs_type";
+            berth_csi::model::validate_fs_type(FIELD, fs_type).map_err(|e| {
+                let text = e.to_string();
+                InvalidField {
+                    field: FIELD,
+                    reason: text
+                        .strip_prefix(&format!("{FIELD}: "))
+                        .unwrap_or(&text)
+                        .to_string(),
+                }
+            })?;
+        }
+        if let Some(flags) = &options.mount_flags {
+            berth_volume::check_mount_flags(&MountFlags::new(flags.0.clone())).map_err(|e| {
+                InvalidField {
+                    field: "mount_options.mount_flags",
+                    reason: e.to_string(),
+                }
+            })?;
+        }
+        Ok(())
+    }
+}
+
 fn file_system() -> AttachmentMode {
     AttachmentMode::FileSystem
 }
@@ -294,6 +355,13 @@ pub struct ReleaseRequest {
     pub alloc_id: String,
 }
 
+impl ReleaseRequest {
+    /// Checks that `alloc_id` is a valid path segment, as a claim's is.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        checks::segment("alloc_id", "alloc id", &self.alloc_id)
+    }
+}
+
 /// The answer to a release (and one entry of a detach).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReleaseResponse {
@@ -318,6 +386,16 @@ pub struct DetachRequest {
     pub node_id: Option<String>,
 }
 
+impl DetachRequest {
+    /// Checks that `node_id`, when given, is a valid path segment.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        match &self.node_id {
+            Some(node) => checks::segment("node_id", "node id", node),
+            None => Ok(()),
+        }
+    }
+}
+
 /// The answer to a detach or a forced deregister.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DetachResponse {
@@ -334,6 +412,31 @@ pub struct ExpandRequest {
     /// At most this many bytes; no limit when absent.
     #[serde(default)]
     pub capacity_max: Option<u64>,
+}
+
+impl ExpandRequest {
+    /// Checks that both sizes fit in CSI's `int64` and `capacity_max`, when given, is not below
+    /// `capacity_min`.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        const MAX: u64 = i64::MAX as u64;
+        if self.capacity_min > MAX {
+            return Err(InvalidField {
+                field: "capacity_min",
+                reason: format!("more than {MAX} bytes"),
+            });
+        }
+        match self.capacity_max {
+            Some(max) if max > MAX => Err(InvalidField {
+                field: "capacity_max",
+                reason: format!("more than {MAX} bytes"),
+            }),
+            Some(max) if max < self.capacity_min => Err(InvalidField {
+                field: "capacity_max",
+                reason: "below capacity_min".into(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The answer to an expand.
@@ -361,6 +464,20 @@ pub struct SnapshotCreateRequest {
     pub secrets: Option<WriteOnly>,
 }
 
+impl SnapshotCreateRequest {
+    /// Checks that `name` is non-empty, printable and at most
+    /// [`berth_volume::MAX_STRING_BYTES`], and that `parameters` and `secrets` are within
+    /// CSI's map limit with printable keys.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        checks::printable("name", &self.name, berth_volume::MAX_STRING_BYTES)?;
+        checks::string_map("parameters", &self.parameters)?;
+        if let Some(secrets) = &self.secrets {
+            checks::string_map("secrets", &secrets.0)?;
+        }
+        Ok(())
+    }
+}
+
 /// `POST /v1/volumes/snapshot/delete`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -372,6 +489,21 @@ pub struct SnapshotDeleteRequest {
     /// Secrets for DeleteSnapshot.
     #[serde(default)]
     pub secrets: WriteOnly,
+}
+
+impl SnapshotDeleteRequest {
+    /// Checks that `plugin_id` is a valid path segment, `snapshot_id` (the provider's id, which
+    /// may hold `/`) is non-empty, printable and at most [`berth_volume::MAX_STRING_BYTES`],
+    /// and `secrets` is within CSI's map limit with printable keys.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        checks::segment("plugin_id", "plugin id", &self.plugin_id)?;
+        checks::printable(
+            "snapshot_id",
+            &self.snapshot_id,
+            berth_volume::MAX_STRING_BYTES,
+        )?;
+        checks::string_map("secrets", &self.secrets.0)
+    }
 }
 
 /// A snapshot.

@@ -8,6 +8,8 @@ mod volumes;
 
 use std::{fmt, io, time::Duration};
 
+use berth_csi::Rpc;
+
 use http_body_util::{BodyExt as _, Full};
 use hyper::{
     Method, Request, Response, StatusCode,
@@ -32,10 +34,66 @@ use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequ
 /// For [`Client::events`] it bounds the wait for the response head only.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The CSI calls the agent makes one after another, each retried up to its overall deadline in
+/// berth_csi's retry table ([`Rpc::policy`]), for one call of this client: a claim
+/// (controller publish, node stage, node publish), a release (the same undone), an expand
+/// (controller, then node), a create, a register (validation), a delete, a snapshot, a snapshot
+/// list. The agent answers with its own error once the last of them gives up.
+pub const AGENT_RPC_CHAINS: &[&[Rpc]] = &[
+    &[
+        Rpc::ControllerPublishVolume,
+        Rpc::NodeStageVolume,
+        Rpc::NodePublishVolume,
+    ],
+    &[
+        Rpc::NodeUnpublishVolume,
+        Rpc::NodeUnstageVolume,
+        Rpc::ControllerUnpublishVolume,
+    ],
+    &[Rpc::ControllerExpandVolume, Rpc::NodeExpandVolume],
+    &[Rpc::CreateVolume],
+    &[Rpc::ValidateVolumeCapabilities],
+    &[Rpc::DeleteVolume],
+    &[Rpc::CreateSnapshot],
+    &[Rpc::DeleteSnapshot],
+    &[Rpc::ListSnapshots],
+];
+
+/// What [`CHANGE_TIMEOUT`] adds to the longest chain of [`AGENT_RPC_CHAINS`]: the agent's own
+/// waits (up to 30 s for a node plugin to turn healthy), its store writes, and the exchange.
+pub const CHANGE_TIMEOUT_MARGIN: Duration = Duration::from_secs(60);
+
 /// How long a change may take (volume claims, releases, creates, deletes, expands, snapshots,
-/// detaches; job runs and stops), unless set with [`Client::with_change_timeout`]: the agent
-/// retries CSI calls within its own deadlines, and starts or stops tasks, before it answers.
-pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+/// snapshot lists, detaches; job runs and stops), unless set with
+/// [`Client::with_change_timeout`]: the longest chain of [`AGENT_RPC_CHAINS`] plus
+/// [`CHANGE_TIMEOUT_MARGIN`], so the agent's own error (a plugin that gave up, a deadline it
+/// hit) reaches the user before this client gives up waiting.
+///
+/// A call that waits on more than one chain (a detach or forced deregister releasing several
+/// claims, a change queued behind another change of the same volume, a paged snapshot list)
+/// can take longer: give it more with [`Client::with_change_timeout`].
+pub const CHANGE_TIMEOUT: Duration =
+    longest_chain(AGENT_RPC_CHAINS).saturating_add(CHANGE_TIMEOUT_MARGIN);
+
+/// The longest sum of overall deadlines among `chains`.
+const fn longest_chain(chains: &[&[Rpc]]) -> Duration {
+    let mut longest = Duration::ZERO;
+    let mut i = 0;
+    while i < chains.len() {
+        let chain = chains[i];
+        let mut sum = Duration::ZERO;
+        let mut j = 0;
+        while j < chain.len() {
+            sum = sum.saturating_add(chain[j].policy().overall_timeout);
+            j += 1;
+        }
+        if sum.as_nanos() > longest.as_nanos() {
+            longest = sum;
+        }
+        i += 1;
+    }
+    longest
+}
 
 /// How many bytes of a non-JSON error body an error repeats.
 const SHOWN_BODY: usize = 200;
@@ -243,7 +301,8 @@ impl Client {
         self
     }
 
-    /// Sets the timeout of volume changes and job runs and stops (default [`CHANGE_TIMEOUT`]).
+    /// Sets the timeout of volume changes, snapshot lists, and job runs and stops (default
+    /// [`CHANGE_TIMEOUT`]).
     pub fn with_change_timeout(mut self, timeout: Duration) -> Self {
         self.change_timeout = timeout;
         self
@@ -565,6 +624,26 @@ mod tests {
         assert_eq!(encode_segment("."), "%2E");
         assert_eq!(encode_segment("..."), "...");
         assert_eq!(encode_segment("a/../b"), "a%2F..%2Fb");
+    }
+
+    #[test]
+    fn changes_outwait_every_agent_deadline() {
+        for chain in AGENT_RPC_CHAINS {
+            let total: Duration = chain.iter().map(|r| r.policy().overall_timeout).sum();
+            assert!(
+                CHANGE_TIMEOUT >= total + CHANGE_TIMEOUT_MARGIN,
+                "{chain:?} takes up to {total:?}"
+            );
+        }
+        for rpc in Rpc::ALL {
+            assert!(
+                CHANGE_TIMEOUT > rpc.policy().overall_timeout + CHANGE_TIMEOUT_MARGIN,
+                "{rpc}"
+            );
+        }
+        // Today: a claim or release is 3 × 180 s, an expand 2 × 300 s.
+        assert_eq!(CHANGE_TIMEOUT, Duration::from_secs(600 + 60));
+        assert!(REQUEST_TIMEOUT < CHANGE_TIMEOUT);
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The volume calls (`/v1/volumes`, `/v1/volume/csi/{id}`). Reads use the client's timeout;
-//! changes use its change timeout, as the agent retries CSI calls before it answers. Ids are
+//! changes and snapshot lists use its change timeout ([`super::CHANGE_TIMEOUT`]), as the agent
+//! retries CSI calls before it answers. Ids are
 //! sent percent-encoded, exactly as given: the agent refuses ids that are not valid.
 
 use hyper::Method;
@@ -135,12 +136,15 @@ impl Client {
     }
 
     /// `GET /v1/volumes/snapshots?plugin_id=…`: the snapshots a controller plugin lists.
+    /// Within the change timeout: the agent waits on ListSnapshots, whose deadline is longer
+    /// than the read timeout.
     pub async fn list_snapshots(&self, plugin_id: &str) -> Result<SnapshotList, ClientError> {
         let path = format!(
             "/v1/volumes/snapshots?plugin_id={}",
             encode_segment(plugin_id)
         );
-        self.call_json(Method::GET, path, None).await
+        self.call_json_within(self.change_timeout, Method::GET, path, None)
+            .await
     }
 
     /// A volume change within the change timeout, with an optional JSON body.

@@ -4,15 +4,14 @@ use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    body::Bytes,
-    extract::{
-        Path, State,
-        rejection::{BytesRejection, PathRejection},
-    },
+    extract::{Path, Request, State, rejection::PathRejection},
     routing::get,
 };
 
-use super::{ApiError, JobView, volume_routes::parse};
+use super::{
+    ApiError, JobView, Refusal,
+    extract::{json_body, path_id},
+};
 use crate::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus};
 
 /// The job routes; merged into [`super::router`].
@@ -23,14 +22,7 @@ pub(super) fn routes<V: JobView>() -> Router<Arc<V>> {
         .route("/v1/alloc/{id}", get(alloc::<V>))
 }
 
-fn segment(
-    what: &'static str,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<String, ApiError> {
-    let Path(id) = id.map_err(super::routes::path_error)?;
-    berth_sys::validate_path_segment(what, &id).map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(id)
-}
+type Id = Result<Path<String>, PathRejection>;
 
 async fn list<V: JobView>(State(view): State<Arc<V>>) -> Result<Json<JobList>, ApiError> {
     view.jobs().map(Json)
@@ -38,32 +30,29 @@ async fn list<V: JobView>(State(view): State<Arc<V>>) -> Result<Json<JobList>, A
 
 async fn run<V: JobView>(
     State(view): State<Arc<V>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<JobStatus>, ApiError> {
-    let req: JobRunRequest = parse("job run request", body)?;
-    view.run_job(req).await.map(Json)
+    req: Request,
+) -> Result<Json<JobStatus>, Refusal> {
+    let req: JobRunRequest = json_body(req).await?;
+    Ok(Json(view.run_job(req).await?))
 }
 
 async fn status<V: JobView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
+    id: Id,
 ) -> Result<Json<JobStatus>, ApiError> {
-    let id = segment("job id", id)?;
+    let id = path_id("job id", id)?;
     view.job(&id).map(Json)
 }
 
-async fn stop<V: JobView>(
-    State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<Json<JobStatus>, ApiError> {
-    let id = segment("job id", id)?;
+async fn stop<V: JobView>(State(view): State<Arc<V>>, id: Id) -> Result<Json<JobStatus>, ApiError> {
+    let id = path_id("job id", id)?;
     view.stop_job(&id).await.map(Json)
 }
 
 async fn alloc<V: JobView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
+    id: Id,
 ) -> Result<Json<AllocStatus>, ApiError> {
-    let id = segment("alloc id", id)?;
+    let id = path_id("alloc id", id)?;
     view.alloc(&id).map(Json)
 }

@@ -1,14 +1,17 @@
 //! Binding the API's listeners, and serving a router on them until shutdown.
 
 use std::{
+    convert::Infallible,
     io,
     net::SocketAddr,
     os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
+    sync::Arc,
+    task::Poll,
     time::Duration,
 };
 
-use axum::{Extension, Router, extract::Request};
+use axum::{Extension, Router, extract::Request, response::Response};
 use berth_csi::MAX_SOCKET_PATH;
 use hyper::{body::Incoming, server::conn::http1};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -19,14 +22,31 @@ use tokio::{
 };
 use tokio_util::sync::CancellationToken;
 
-use super::routes::Draining;
+use super::{
+    routes::Draining,
+    slots::{Slot, Slots},
+};
 
 /// How long [`Listeners::serve`] waits, once shut down, for requests in flight to finish before
 /// it cuts their connections.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long a client may take to send a request head.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many connections [`Listeners::serve`] serves at once, unix socket and TCP together (set
+/// with [`Listeners::with_max_connections`]).
+///
+/// At the limit, one connection more is accepted and waits for a slot: if some connections
+/// have not sent their request head yet, the oldest of them is closed to make room for it, so
+/// connections opened and left silent cannot keep a real request out; otherwise it waits until
+/// a connection ends. Meanwhile nothing else is accepted: later connections wait in the
+/// kernel's listen backlog, holding no file descriptor of the agent. So the agent holds at most
+/// this many connections plus one. A connection serves one request (no keep-alive); an event
+/// stream holds its slot while it runs.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// How long a connection may take, from its accept, to send its request head before it is
+/// closed (set with [`Listeners::with_head_read_timeout`]). Real clients send it at once; a
+/// client that trickles it (slow-loris) holds a slot at most this long.
+pub const HEAD_READ_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Pause after a failed `accept` (e.g. out of file descriptors) before the next one.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
@@ -135,6 +155,8 @@ pub struct Listeners {
     tcp: Option<TcpListener>,
     socket: SocketFile,
     drain_timeout: Duration,
+    max_connections: usize,
+    head_read_timeout: Duration,
 }
 
 impl Listeners {
@@ -163,6 +185,8 @@ impl Listeners {
             tcp,
             socket,
             drain_timeout: DRAIN_TIMEOUT,
+            max_connections: MAX_CONNECTIONS,
+            head_read_timeout: HEAD_READ_TIMEOUT,
         })
     }
 
@@ -170,6 +194,20 @@ impl Listeners {
     /// [`DRAIN_TIMEOUT`]).
     pub fn with_drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
+        self
+    }
+
+    /// How many connections [`Self::serve`] serves at once (default [`MAX_CONNECTIONS`]; at
+    /// least 1).
+    pub fn with_max_connections(mut self, max: usize) -> Self {
+        self.max_connections = max.max(1);
+        self
+    }
+
+    /// How long a connection may take to send its request head (default
+    /// [`HEAD_READ_TIMEOUT`]).
+    pub fn with_head_read_timeout(mut self, timeout: Duration) -> Self {
+        self.head_read_timeout = timeout;
         self
     }
 
@@ -183,17 +221,20 @@ impl Listeners {
         self.tcp.as_ref().and_then(|l| l.local_addr().ok())
     }
 
-    /// Serves `router` (HTTP/1.1) on every listener until `shutdown` is cancelled, then stops
-    /// accepting, ends event streams, lets requests in flight finish for up to the drain
-    /// timeout, cuts the connections still open, and removes the socket file. Returns only
-    /// after every connection task has ended. A failed `accept` is logged and retried; it never
-    /// stops the server.
+    /// Serves `router` (HTTP/1.1, one request per connection) on every listener until
+    /// `shutdown` is cancelled, at most the configured number of connections at once (see
+    /// [`MAX_CONNECTIONS`]); then stops accepting, ends event streams, lets requests in flight
+    /// finish for up to the drain timeout, cuts the connections still open, and removes the
+    /// socket file. Returns only after every connection task has ended. A failed `accept` is
+    /// logged and retried; it never stops the server.
     pub async fn serve(self, router: Router, shutdown: CancellationToken) {
         let Self {
             unix,
             tcp,
             socket,
             drain_timeout,
+            max_connections,
+            head_read_timeout,
         } = self;
         let router = router.layer(Extension(Draining(shutdown.clone())));
         let unix_label = socket.path.display().to_string();
@@ -201,26 +242,50 @@ impl Listeners {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map_or_else(String::new, |a| a.to_string());
+        let mut slots = Slots::new(max_connections);
         let mut conns = JoinSet::new();
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => break,
-                accepted = unix.accept() => match accepted {
-                    Ok((stream, _)) => {
-                        conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
+        'accept: loop {
+            let free = slots.try_reserve();
+            // At the limit this accepts one connection more, which waits for a slot below;
+            // nothing else is accepted meanwhile: the rest wait in the kernel's backlog.
+            let accepted = loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break 'accept,
+                    accepted = unix.accept() => match accepted {
+                        Ok((stream, _)) => break Accepted::Unix(stream),
+                        Err(e) => accept_failed(&unix_label, e).await,
+                    },
+                    accepted = accept_tcp(tcp.as_ref()) => match accepted {
+                        Ok(stream) => {
+                            // Request/response traffic: do not hold small writes back.
+                            let _ = stream.set_nodelay(true);
+                            break Accepted::Tcp(stream);
+                        }
+                        Err(e) => accept_failed(&tcp_label, e).await,
+                    },
+                    Some(joined) = conns.join_next(), if !conns.is_empty() => log_join(joined),
+                }
+            };
+            let permit = match free.or_else(|| slots.try_reserve()) {
+                Some(permit) => permit,
+                None => {
+                    tracing::debug!(max_connections, "API connections at the limit");
+                    tokio::select! {
+                        () = shutdown.cancelled() => break 'accept,
+                        permit = slots.make_room() => permit,
                     }
-                    Err(e) => accept_failed(&unix_label, e).await,
-                },
-                accepted = accept_tcp(tcp.as_ref()) => match accepted {
-                    Ok(stream) => {
-                        // Request/response traffic: do not hold small writes back.
-                        let _ = stream.set_nodelay(true);
-                        conns.spawn(serve_connection(stream, router.clone(), shutdown.clone()));
-                    }
-                    Err(e) => accept_failed(&tcp_label, e).await,
-                },
-                Some(joined) = conns.join_next(), if !conns.is_empty() => log_join(joined),
-            }
+                }
+            };
+            let slot = slots.slot(permit);
+            let config = ConnConfig {
+                router: router.clone(),
+                shutdown: shutdown.clone(),
+                head_read_timeout,
+            };
+            match accepted {
+                Accepted::Unix(stream) => conns.spawn(serve_connection(stream, config, slot)),
+                Accepted::Tcp(stream) => conns.spawn(serve_connection(stream, config, slot)),
+            };
         }
         drop(unix);
         drop(tcp);
@@ -241,6 +306,20 @@ impl Listeners {
         }
         drop(socket);
     }
+}
+
+/// A connection just accepted, not served yet.
+enum Accepted {
+    Unix(tokio::net::UnixStream),
+    Tcp(tokio::net::TcpStream),
+}
+
+/// What each connection task needs besides its stream and slot.
+#[derive(Clone)]
+struct ConnConfig {
+    router: Router,
+    shutdown: CancellationToken,
+    head_read_timeout: Duration,
 }
 
 /// Binds the listeners ([`Listeners::bind`]) and serves `router` on them until `shutdown` is
@@ -374,26 +453,53 @@ async fn accept_failed(listener: &str, error: io::Error) {
     tokio::time::sleep(ACCEPT_BACKOFF).await;
 }
 
-/// Serves one connection until the client closes it or, once `shutdown` is cancelled, until
-/// its request in flight is answered.
-async fn serve_connection<S>(stream: S, router: Router, shutdown: CancellationToken)
+/// Serves one connection (one request) until it is answered, the client closes it, it misses
+/// the head read timeout, or it is evicted before sending its head; once `shutdown` is
+/// cancelled, until its request in flight is answered.
+async fn serve_connection<S>(stream: S, config: ConnConfig, slot: Slot)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        tower::ServiceExt::oneshot(router.clone(), req)
-    });
+    let ConnConfig {
+        router,
+        shutdown,
+        head_read_timeout,
+    } = config;
+    let slot = Arc::new(slot);
+    let service = {
+        let slot = Arc::clone(&slot);
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let admitted = slot.admit();
+            let router = router.clone();
+            async move {
+                if !admitted {
+                    return Ok::<Response, Infallible>(super::slots::evicted());
+                }
+                tower::ServiceExt::oneshot(router, req).await
+            }
+        })
+    };
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+        .header_read_timeout(head_read_timeout)
+        .keep_alive(false);
     let conn = builder.serve_connection(TokioIo::new(stream), service);
     let mut conn = std::pin::pin!(conn);
-    let result = tokio::select! {
-        result = conn.as_mut() => result,
-        () = shutdown.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    // One poll first: a head already sent is read and admitted now, so only a connection that
+    // was read and found without one can be evicted.
+    let result = match futures::poll!(conn.as_mut()) {
+        Poll::Ready(result) => result,
+        Poll::Pending => {
+            slot.wait_for_head();
+            tokio::select! {
+                result = conn.as_mut() => result,
+                () = slot.evicted() => return,
+                () = shutdown.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    conn.await
+                }
+            }
         }
     };
     if let Err(error) = result {

@@ -1,9 +1,20 @@
 //! The server side: [`router`] answers the routes over any [`AgentView`]; [`Listeners`] binds
 //! the unix socket (and optionally a loopback TCP port) and serves a router until shut down.
+//!
+//! What the router guarantees before it calls the agent: every id (in the path, the query or
+//! the body) passed the same check ([`berth_sys::validate_path_segment`] for ids that name
+//! things berth stores; a printable, bounded string for a provider's snapshot id); the body
+//! was at most [`MAX_BODY_BYTES`], arrived within [`BODY_READ_TIMEOUT`], parsed, and passed
+//! its type's `validate`. No error it writes quotes a value of the body, and it quotes an id
+//! only escaped and cut.
 
+mod body;
+mod extract;
 mod job_routes;
+mod json;
 mod listen;
 mod routes;
+mod slots;
 mod volume_routes;
 
 use std::future::Future;
@@ -16,7 +27,8 @@ use axum::{
 
 use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, RegisterRequest};
 
-pub use listen::{DRAIN_TIMEOUT, Listeners, ServeError, serve};
+pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
+pub use listen::{DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, Listeners, MAX_CONNECTIONS, ServeError, serve};
 pub use routes::router;
 pub use volume_routes::SpecOp;
 
@@ -28,7 +40,8 @@ use crate::volumes::{
 
 /// What the volume routes need from the agent. Every method has a default that answers 404
 /// "volumes are not served here", so a view without volumes implements it empty. The router
-/// checks ids (as path segments) and parses bodies before it calls any of these.
+/// calls these only with ids that are valid path segments and bodies that parsed and passed
+/// their type's `validate` (see the [module docs](self)).
 pub trait VolumeView: Send + Sync + 'static {
     /// Every volume in the catalog, by id.
     fn volumes(&self) -> Result<VolumeList, ApiError> {
@@ -127,7 +140,7 @@ pub trait VolumeView: Send + Sync + 'static {
 }
 
 /// What the job routes need from the agent; every method defaults to 404 "jobs are not served
-/// here". The router checks ids and parses bodies first.
+/// here". The router checks ids and bodies first, as for [`VolumeView`].
 pub trait JobView: Send + Sync + 'static {
     /// Every job, by id.
     fn jobs(&self) -> Result<crate::jobs::JobList, ApiError> {
@@ -250,6 +263,49 @@ impl From<InvalidField> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         error_response(self.status_code(), self.to_string())
+    }
+}
+
+/// Why the router refuses a request: the agent's or the router's [`ApiError`], or a body it
+/// would not read.
+#[derive(Debug)]
+pub(super) enum Refusal {
+    /// Answered with the error's status.
+    Api(ApiError),
+    /// 413: the body is larger than [`MAX_BODY_BYTES`].
+    TooLarge,
+    /// 408: the body did not arrive within [`BODY_READ_TIMEOUT`].
+    TooSlow,
+}
+
+impl From<ApiError> for Refusal {
+    fn from(e: ApiError) -> Self {
+        Self::Api(e)
+    }
+}
+
+impl From<InvalidField> for Refusal {
+    fn from(e: InvalidField) -> Self {
+        Self::Api(e.into())
+    }
+}
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Api(e) => e.into_response(),
+            Self::TooLarge => error_response(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("the request body is larger than {MAX_BODY_BYTES} bytes"),
+            ),
+            Self::TooSlow => error_response(
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the request body did not arrive within {} s",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            ),
+        }
     }
 }
 

@@ -5,10 +5,7 @@ use std::sync::Arc;
 use axum::{
     Extension, Json, Router,
     body::{Body, Bytes},
-    extract::{
-        Path, State,
-        rejection::{BytesRejection, PathRejection},
-    },
+    extract::{DefaultBodyLimit, Path, Request, State, rejection::PathRejection},
     http::{Method, StatusCode, Uri, header},
     response::{IntoResponse, Response},
     routing::get,
@@ -16,9 +13,13 @@ use axum::{
 use tokio::sync::broadcast::{self, error::RecvError};
 use tokio_util::sync::CancellationToken;
 
-use super::{AgentView, ApiError, error_response};
+use super::{
+    AgentView, ApiError, MAX_BODY_BYTES, Refusal, error_response,
+    extract::{json_body, path_id, path_ids},
+};
 use crate::{
     EVENTS_CONTENT_TYPE, METRICS_CONTENT_TYPE,
+    checks::{shown, shown_bare},
     types::{EventLine, PluginList, PluginStatus, RegisterRequest},
 };
 
@@ -28,9 +29,10 @@ use crate::{
 pub(super) struct Draining(pub(super) CancellationToken);
 
 /// The API's routes over `view` (see the crate docs for the table). Every error, including an
-/// unknown route (404) or method (405), is a JSON [`crate::ErrorBody`]. A `POST /v1/plugins`
-/// whose body does not parse or validate is answered 400, naming the field, without calling
-/// [`AgentView::register`].
+/// unknown route (404) or method (405), is a JSON [`crate::ErrorBody`]. Ids and bodies are
+/// checked before the view is called (see the [module docs](super)): a request that fails a
+/// check is answered 400 (413 for a body over [`MAX_BODY_BYTES`], 408 for one that is too
+/// slow) naming the field, and the view never sees it.
 ///
 /// Served by [`super::Listeners::serve`], `GET /v1/events` ends when the server drains; served
 /// any other way it ends only when the view's broadcast sender is dropped.
@@ -49,6 +51,9 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .merge(super::job_routes::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
+        // Bodies are read by `super::body`, which applies the same limit; this covers any
+        // other extractor.
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(view)
 }
 
@@ -62,51 +67,25 @@ async fn get_plugin<V: AgentView>(
     State(view): State<Arc<V>>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Json<PluginStatus>, ApiError> {
-    let Path(id) = id.map_err(path_error)?;
+    let id = path_id("plugin id", id)?;
     view.plugin(&id)
         .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no plugin {id:?}")))
+        .ok_or_else(|| ApiError::NotFound(format!("no plugin {}", shown(&id))))
 }
 
 async fn register<V: AgentView>(
     State(view): State<Arc<V>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<PluginStatus>, Response> {
-    let body = body.map_err(|e| error_response(e.status(), e.body_text()))?;
-    let req = parse_register(&body).map_err(IntoResponse::into_response)?;
-    req.validate()
-        .map_err(|e| ApiError::from(e).into_response())?;
-    view.register(req)
-        .await
-        .map(Json)
-        .map_err(IntoResponse::into_response)
-}
-
-/// Parses a registration body; the error names the field (or the line and column) at fault.
-fn parse_register(body: &[u8]) -> Result<RegisterRequest, ApiError> {
-    let bad = |what: String| ApiError::BadRequest(format!("invalid registration: {what}"));
-    let mut de = serde_json::Deserializer::from_slice(body);
-    let req: RegisterRequest = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            bad(e.inner().to_string())
-        } else {
-            bad(format!("field `{path}`: {}", e.inner()))
-        }
-    })?;
-    de.end().map_err(|e| bad(e.to_string()))?;
-    Ok(req)
+    req: Request,
+) -> Result<Json<PluginStatus>, Refusal> {
+    let req: RegisterRequest = json_body(req).await?;
+    Ok(Json(view.register(req).await?))
 }
 
 async fn deregister<V: AgentView>(
     State(view): State<Arc<V>>,
-    params: Result<Path<(String, String)>, PathRejection>,
+    ids: Result<Path<(String, String)>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
-    let Path((id, instance)) = params.map_err(path_error)?;
-    berth_sys::validate_path_segment("plugin id", &id)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    berth_sys::validate_path_segment("instance name", &instance)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let (id, instance) = path_ids(["plugin id", "instance name"], ids)?;
     view.deregister(&id, &instance).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -168,17 +147,21 @@ async fn next_line(
     }
 }
 
-pub(super) fn path_error(e: PathRejection) -> ApiError {
-    ApiError::BadRequest(e.body_text())
-}
-
 async fn no_route(method: Method, uri: Uri) -> ApiError {
-    ApiError::NotFound(format!("no route {method} {}", uri.path()))
+    ApiError::NotFound(format!(
+        "no route {} {}",
+        shown_bare(method.as_str()),
+        shown_bare(uri.path())
+    ))
 }
 
 async fn method_not_allowed(method: Method, uri: Uri) -> Response {
     error_response(
         StatusCode::METHOD_NOT_ALLOWED,
-        format!("method {method} is not allowed on {}", uri.path()),
+        format!(
+            "method {} is not allowed on {}",
+            shown_bare(method.as_str()),
+            shown_bare(uri.path())
+        ),
     )
 }

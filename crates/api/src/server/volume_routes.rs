@@ -1,20 +1,18 @@
 //! The volume routes over a [`VolumeView`].
 
-use std::{collections::HashMap, sync::Arc};
+use std::sync::Arc;
 
 use axum::{
     Json, Router,
-    body::Bytes,
-    extract::{
-        Path, Query, State,
-        rejection::{BytesRejection, PathRejection, QueryRejection},
-    },
+    extract::{Path, RawQuery, Request, State, rejection::PathRejection},
     http::StatusCode,
     routing::{get, post},
 };
-use serde::de::DeserializeOwned;
 
-use super::{ApiError, VolumeView};
+use super::{
+    ApiError, Refusal, VolumeView,
+    extract::{json_body, json_body_or_default, path_id, query, segment},
+};
 use crate::volumes::{
     ClaimRequest, ClaimResponse, DetachRequest, DetachResponse, ExpandRequest, ExpandResponse,
     ReleaseRequest, ReleaseResponse, SnapshotCreateRequest, SnapshotDeleteRequest, SnapshotList,
@@ -50,32 +48,11 @@ pub(super) fn routes<V: VolumeView>() -> Router<Arc<V>> {
         .route("/v1/volume/csi/{id}/snapshot", post(create_snapshot::<V>))
 }
 
-/// Parses a JSON body; the error names the field (or line and column) at fault.
-pub(super) fn parse<T: DeserializeOwned>(
-    what: &str,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<T, ApiError> {
-    let body = body.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let bad = |m: String| ApiError::BadRequest(format!("invalid {what}: {m}"));
-    let mut de = serde_json::Deserializer::from_slice(&body);
-    let value: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            bad(e.inner().to_string())
-        } else {
-            bad(format!("field `{path}`: {}", e.inner()))
-        }
-    })?;
-    de.end().map_err(|e| bad(e.to_string()))?;
-    Ok(value)
-}
+type Id = Result<Path<String>, PathRejection>;
 
-/// The `{id}` of a volume route, checked as a path segment.
-fn volume_id(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
-    let Path(id) = id.map_err(super::routes::path_error)?;
-    berth_sys::validate_path_segment("volume id", &id)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    Ok(id)
+/// The `{id}` of a volume route.
+fn volume_id(id: Id) -> Result<String, ApiError> {
+    path_id("volume id", id)
 }
 
 async fn list<V: VolumeView>(State(view): State<Arc<V>>) -> Result<Json<VolumeList>, ApiError> {
@@ -84,23 +61,23 @@ async fn list<V: VolumeView>(State(view): State<Arc<V>>) -> Result<Json<VolumeLi
 
 async fn register<V: VolumeView>(
     State(view): State<Arc<V>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<VolumeStatus>, ApiError> {
-    let req: VolumeSpecRequest = parse("volume spec request", body)?;
-    view.put_volume(SpecOp::Register, req).await.map(Json)
+    req: Request,
+) -> Result<Json<VolumeStatus>, Refusal> {
+    let req: VolumeSpecRequest = json_body(req).await?;
+    Ok(Json(view.put_volume(SpecOp::Register, req).await?))
 }
 
 async fn create<V: VolumeView>(
     State(view): State<Arc<V>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<VolumeStatus>, ApiError> {
-    let req: VolumeSpecRequest = parse("volume spec request", body)?;
-    view.put_volume(SpecOp::Create, req).await.map(Json)
+    req: Request,
+) -> Result<Json<VolumeStatus>, Refusal> {
+    let req: VolumeSpecRequest = json_body(req).await?;
+    Ok(Json(view.put_volume(SpecOp::Create, req).await?))
 }
 
 async fn status<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
+    id: Id,
 ) -> Result<Json<VolumeStatus>, ApiError> {
     let id = volume_id(id)?;
     view.volume(&id).await.map(Json)
@@ -108,32 +85,24 @@ async fn status<V: VolumeView>(
 
 async fn deregister<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    id: Id,
+    RawQuery(params): RawQuery,
 ) -> Result<Json<DetachResponse>, ApiError> {
     let id = volume_id(id)?;
-    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let force = match query.get("force").map(String::as_str) {
+    let params = query(params.as_deref(), &["force"])?;
+    let force = match params.get("force").map(String::as_str) {
         None | Some("false") => false,
         Some("true") => true,
-        Some(other) => {
-            return Err(ApiError::BadRequest(format!(
-                "query `force`: expected true or false, not {other:?}"
-            )));
+        Some(_) => {
+            return Err(ApiError::BadRequest(
+                "query `force`: expected true or false".into(),
+            ));
         }
     };
-    if let Some(k) = query.keys().find(|k| *k != "force") {
-        return Err(ApiError::BadRequest(format!(
-            "unknown query parameter {k:?}"
-        )));
-    }
     view.deregister_volume(&id, force).await.map(Json)
 }
 
-async fn delete<V: VolumeView>(
-    State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-) -> Result<StatusCode, ApiError> {
+async fn delete<V: VolumeView>(State(view): State<Arc<V>>, id: Id) -> Result<StatusCode, ApiError> {
     let id = volume_id(id)?;
     view.delete_volume(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -141,107 +110,71 @@ async fn delete<V: VolumeView>(
 
 async fn detach<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<DetachResponse>, ApiError> {
+    id: Id,
+    req: Request,
+) -> Result<Json<DetachResponse>, Refusal> {
     let id = volume_id(id)?;
-    let req: DetachRequest = match body {
-        Ok(b) if b.is_empty() => DetachRequest::default(),
-        other => parse("detach request", other)?,
-    };
-    if let Some(node) = &req.node_id {
-        berth_sys::validate_path_segment("node_id", node)
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    }
-    view.detach_volume(&id, req).await.map(Json)
+    let req: DetachRequest = json_body_or_default(req).await?;
+    Ok(Json(view.detach_volume(&id, req).await?))
 }
 
 async fn expand<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ExpandResponse>, ApiError> {
+    id: Id,
+    req: Request,
+) -> Result<Json<ExpandResponse>, Refusal> {
     let id = volume_id(id)?;
-    let req: ExpandRequest = parse("expand request", body)?;
-    if let Some(max) = req.capacity_max
-        && max < req.capacity_min
-    {
-        return Err(ApiError::BadRequest(
-            "field `capacity_max`: below capacity_min".into(),
-        ));
-    }
-    if req.capacity_min > i64::MAX as u64 || req.capacity_max.is_some_and(|m| m > i64::MAX as u64) {
-        return Err(ApiError::BadRequest(
-            "field `capacity_min`: too large".into(),
-        ));
-    }
-    view.expand_volume(&id, req).await.map(Json)
+    let req: ExpandRequest = json_body(req).await?;
+    Ok(Json(view.expand_volume(&id, req).await?))
 }
 
 async fn claim<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ClaimResponse>, ApiError> {
+    id: Id,
+    req: Request,
+) -> Result<Json<ClaimResponse>, Refusal> {
     let id = volume_id(id)?;
-    let req: ClaimRequest = parse("claim request", body)?;
-    berth_sys::validate_path_segment("alloc_id", &req.alloc_id)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    view.claim_volume(&id, req).await.map(Json)
+    let req: ClaimRequest = json_body(req).await?;
+    Ok(Json(view.claim_volume(&id, req).await?))
 }
 
 async fn release<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ReleaseResponse>, ApiError> {
+    id: Id,
+    req: Request,
+) -> Result<Json<ReleaseResponse>, Refusal> {
     let id = volume_id(id)?;
-    let req: ReleaseRequest = parse("release request", body)?;
-    berth_sys::validate_path_segment("alloc_id", &req.alloc_id)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    view.release_volume(&id, req).await.map(Json)
+    let req: ReleaseRequest = json_body(req).await?;
+    Ok(Json(view.release_volume(&id, req).await?))
 }
 
 async fn create_snapshot<V: VolumeView>(
     State(view): State<Arc<V>>,
-    id: Result<Path<String>, PathRejection>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<SnapshotView>, ApiError> {
+    id: Id,
+    req: Request,
+) -> Result<Json<SnapshotView>, Refusal> {
     let id = volume_id(id)?;
-    let req: SnapshotCreateRequest = parse("snapshot request", body)?;
-    if req.name.is_empty() {
-        return Err(ApiError::BadRequest(
-            "field `name`: must not be empty".into(),
-        ));
-    }
-    view.create_snapshot(&id, req).await.map(Json)
+    let req: SnapshotCreateRequest = json_body(req).await?;
+    Ok(Json(view.create_snapshot(&id, req).await?))
 }
 
 async fn delete_snapshot<V: VolumeView>(
     State(view): State<Arc<V>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<StatusCode, ApiError> {
-    let req: SnapshotDeleteRequest = parse("snapshot delete request", body)?;
-    berth_sys::validate_path_segment("plugin_id", &req.plugin_id)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-    if req.snapshot_id.is_empty() {
-        return Err(ApiError::BadRequest(
-            "field `snapshot_id`: must not be empty".into(),
-        ));
-    }
+    req: Request,
+) -> Result<StatusCode, Refusal> {
+    let req: SnapshotDeleteRequest = json_body(req).await?;
     view.delete_snapshot(req).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn list_snapshots<V: VolumeView>(
     State(view): State<Arc<V>>,
-    query: Result<Query<HashMap<String, String>>, QueryRejection>,
+    RawQuery(params): RawQuery,
 ) -> Result<Json<SnapshotList>, ApiError> {
-    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
-    let plugin = query
+    let params = query(params.as_deref(), &["plugin_id"])?;
+    let plugin = params
         .get("plugin_id")
         .ok_or_else(|| ApiError::BadRequest("query `plugin_id` is required".into()))?;
-    berth_sys::validate_path_segment("plugin_id", plugin)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    segment("plugin id", plugin)?;
     view.list_snapshots(plugin).await.map(Json)
 }
