@@ -113,8 +113,7 @@ mod tests {
                 value: "ftp://x".into(),
                 source,
             })
-            .err()
-            .expect("refused");
+            .expect_err("refused");
             assert!(err.is::<UsageError>());
             let text = err.to_string();
             assert!(text.starts_with(name), "{text}");

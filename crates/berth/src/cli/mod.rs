@@ -290,8 +290,7 @@ mod tests {
             ),
         ] {
             let err = try_parse_from(std::iter::once("berth").chain(args.iter().copied()))
-                .err()
-                .expect("a usage error");
+                .expect_err("a usage error");
             assert_eq!(err.exit_code(), 2);
             let text = err.render().to_string();
             assert!(text.contains(usage), "{args:?}:\n{text}");
@@ -310,7 +309,7 @@ mod tests {
             let cli = try_parse_from(std::iter::once("berth").chain(args.iter().copied()))
                 .expect("parses");
             assert_eq!(cli.address_source, AddressSource::Flag, "{args:?}");
-            let err = prepare(&cli).err().expect("refused");
+            let err = prepare(&cli).expect_err("refused");
             assert!(err.is::<UsageError>(), "{args:?}");
             let text = err.to_string();
             assert!(text.contains("takes no --address"), "{text}");

@@ -229,7 +229,7 @@ pub fn duration(d: Duration) -> String {
     let r = (ns + step / 2) / step * step;
     let tenths = |unit: u128, name: &str| {
         let t = r * 10 / unit;
-        if t % 10 == 0 {
+        if t.is_multiple_of(10) {
             format!("{}{name}", t / 10)
         } else {
             format!("{}.{}{name}", t / 10, t % 10)
