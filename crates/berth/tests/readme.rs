@@ -660,9 +660,13 @@ async fn spec_files_are_regular_files_of_at_most_1_mib() {
     for args in [["job", "run", "-"], ["volume", "create", "-"]] {
         let o = berth(&args, &env, Some(big.clone())).await;
         assert_eq!(o.status.code(), Some(1), "{args:?}");
-        assert_eq!(
-            stderr(&o),
-            "error: <stdin>: larger than 1 MiB, the most berth reads from one file\n"
+        assert!(
+            stderr(&o).starts_with(
+                "error: <stdin>: larger than 1 MiB, the most berth reads from one file; a spec \
+                 goes to the agent's API"
+            ),
+            "{}",
+            stderr(&o)
         );
     }
     let big_file = tmp.path().join("big.hcl");

@@ -64,10 +64,12 @@ pub enum InputError {
         stdin_ok: bool,
     },
     /// More than [`MAX_INPUT_BYTES`].
-    #[error("{label}: larger than {MAX_INPUT_TEXT}, the most berth reads from one file")]
+    #[error("{label}: larger than {MAX_INPUT_TEXT}, the most berth reads from one file{why}")]
     TooLarge {
         /// What is read.
         label: String,
+        /// Why the bound is what it is, when it matters (`; …`), else empty.
+        why: &'static str,
     },
     /// Not UTF-8 text.
     #[error("{label}: not UTF-8 text (at byte {at})")]
@@ -88,22 +90,28 @@ pub enum InputError {
     },
 }
 
+/// What a too-large spec is told.
+const SPEC_BOUND: &str = "; a spec goes to the agent's API inside a JSON string, and the API \
+                          takes requests of at most 2 MiB";
+
 /// Reads the whole text of `source`, at most [`MAX_INPUT_BYTES`]. `what` names it in errors
-/// before its path (`--secrets-file`), or is empty when the path says enough (a spec file).
-/// A path must be a regular file (checked before it is opened, so a FIFO or a device never
-/// blocks the command); standard input may be anything, and is read up to the bound only.
+/// before its path (`--secrets-file`), or is empty when the path says enough. A path must be
+/// a regular file (checked before it is opened, so a FIFO or a device never blocks the
+/// command); standard input may be anything, and is read up to the bound only.
 pub fn read_text(source: &Source, what: &str) -> Result<String, InputError> {
-    read_text_limited(source, what, MAX_INPUT_BYTES, true)
+    read_text_limited(source, what, MAX_INPUT_BYTES, true, "")
+}
+
+/// [`read_text`] for a spec file (or `-`), whose text is sent to the agent; the error for one
+/// too large says why the bound is 1 MiB.
+pub fn read_spec(source: &Source) -> Result<String, InputError> {
+    read_text_limited(source, "", MAX_INPUT_BYTES, true, SPEC_BOUND)
 }
 
 /// [`read_text`] for a file that cannot be `-` (the agent's `--config`).
 pub fn read_file_text(path: &Path, what: &str) -> Result<String, InputError> {
-    read_text_limited(
-        &Source::File(path.to_path_buf()),
-        what,
-        MAX_INPUT_BYTES,
-        false,
-    )
+    let source = Source::File(path.to_path_buf());
+    read_text_limited(&source, what, MAX_INPUT_BYTES, false, "")
 }
 
 fn read_text_limited(
@@ -111,6 +119,7 @@ fn read_text_limited(
     what: &str,
     limit: u64,
     stdin_ok: bool,
+    why: &'static str,
 ) -> Result<String, InputError> {
     let label = if what.is_empty() {
         source.name()
@@ -134,7 +143,7 @@ fn read_text_limited(
                 return Err(not_regular(kind));
             }
             if meta.len() > limit {
-                return Err(InputError::TooLarge { label });
+                return Err(InputError::TooLarge { label, why });
             }
             let file = File::open(path).map_err(io_err)?;
             // The path may have been replaced between the check and the open.
@@ -146,7 +155,7 @@ fn read_text_limited(
     }
     .map_err(io_err)?;
     let Some(bytes) = bytes else {
-        return Err(InputError::TooLarge { label });
+        return Err(InputError::TooLarge { label, why });
     };
     String::from_utf8(bytes).map_err(|e| InputError::NotText {
         label,
@@ -209,11 +218,20 @@ mod tests {
     #[test]
     fn too_large_devices_dirs_and_fifos_are_refused_without_blocking() {
         let (dir, path) = file("big.hcl", &vec![b'x'; MAX_INPUT_BYTES as usize + 1]);
-        let err = read_text(&Source::File(path.clone()), "").expect_err("too large");
+        let err = read_spec(&Source::File(path.clone())).expect_err("too large");
         assert_eq!(
             err.to_string(),
             format!(
-                "{}: larger than 1 MiB, the most berth reads from one file",
+                "{}: larger than 1 MiB, the most berth reads from one file; a spec goes to the \
+                 agent's API inside a JSON string, and the API takes requests of at most 2 MiB",
+                path.display()
+            )
+        );
+        let err = read_text(&Source::File(path.clone()), "--secrets-file").expect_err("large");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "--secrets-file {}: larger than 1 MiB, the most berth reads from one file",
                 path.display()
             )
         );

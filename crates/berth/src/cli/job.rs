@@ -132,7 +132,7 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
 /// [`input::MAX_INPUT_BYTES`]), its language and its name.
 fn run_request(file: &str, format: Option<FormatArg>) -> anyhow::Result<JobRunRequest> {
     let source = Source::from_arg(Path::new(file));
-    let spec = input::read_text(&source, "")?;
+    let spec = input::read_spec(&source)?;
     let name = source.name();
     let format = match format {
         Some(FormatArg::Hcl) => SpecFormat::Hcl,

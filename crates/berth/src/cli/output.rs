@@ -69,16 +69,24 @@ pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
 
 /// Prints `key  value` lines, keys aligned; values escaped.
 pub fn fields(rows: &[(&str, String)]) -> anyhow::Result<()> {
+    write_out(&render_fields(rows))
+}
+
+fn render_fields(rows: &[(&str, String)]) -> String {
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut text = String::new();
     for (k, v) in rows {
         let _ = writeln!(text, "{k:<width$}  {}", escape(v));
     }
-    write_out(&text)
+    text
 }
 
 /// Prints a table with a header row, columns aligned; cells escaped.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
+    write_out(&render_table(header, rows))
+}
+
+fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
     let rows: Vec<Vec<Cow<'_, str>>> = rows
         .iter()
         .map(|row| row.iter().map(|c| escape(c)).collect())
@@ -89,9 +97,9 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let line = |cells: &mut dyn Iterator<Item = &str>, text: &mut String| {
+    let mut text = String::new();
+    let mut line = |cells: &[&str]| {
         let mut s = String::new();
-        let cells: Vec<&str> = cells.collect();
         for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
             if i + 1 == cells.len() {
                 s.push_str(cell);
@@ -102,12 +110,11 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
         text.push_str(s.trim_end());
         text.push('\n');
     };
-    let mut text = String::new();
-    line(&mut header.iter().copied(), &mut text);
+    line(header);
     for row in &rows {
-        line(&mut row.iter().map(|c| c.as_ref()), &mut text);
+        line(&row.iter().map(AsRef::as_ref).collect::<Vec<&str>>());
     }
-    write_out(&text)
+    text
 }
 
 /// `s` with every control character (newline, tab, ESC…) and bidirectional-text control
@@ -436,6 +443,31 @@ mod tests {
         let full = stdout_error(io::Error::from(io::ErrorKind::StorageFull));
         assert!(!full.is::<StdoutClosed>());
         assert_eq!(full.to_string(), "cannot write to standard output");
+    }
+
+    #[test]
+    fn text_from_the_agent_cannot_forge_rows_or_reach_the_terminal() {
+        let forged = "web-0\nweb-1  fake  0  running";
+        let table = render_table(
+            &["ID", "GROUP", "INDEX", "STATUS"],
+            &[
+                vec![forged.into(), "g".into(), "0".into(), "running".into()],
+                vec![
+                    "x\u{1b}[2J".into(),
+                    "g".into(),
+                    "1".into(),
+                    "pending".into(),
+                ],
+            ],
+        );
+        assert_eq!(
+            table,
+            "ID                              GROUP  INDEX  STATUS\n\
+             web-0\\nweb-1  fake  0  running  g      0      running\n\
+             x\\u{1b}[2J                      g      1      pending\n"
+        );
+        let fields = render_fields(&[("id", "a\rb".into()), ("description", "ok".into())]);
+        assert_eq!(fields, "id           a\\rb\ndescription  ok\n");
     }
 
     #[test]

@@ -386,7 +386,7 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
 /// `register` and `create`.
 async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> {
     let source = Source::from_arg(Path::new(&args.file));
-    let spec = input::read_text(&source, "")?;
+    let spec = input::read_spec(&source)?;
     let file = source.name();
     let format = match args.format {
         Some(FormatArg::Hcl) => SpecFormat::Hcl,
