@@ -15,7 +15,8 @@ job "writer" {
 
       config {
         command = "/bin/sh"
-        args    = ["-c", "echo hello > /data/hello.txt"]
+        # Its output goes to <data_dir>/allocs/<alloc>/logs/write.stdout (and .stderr).
+        args = ["-c", "echo hello > /data/hello.txt && echo wrote /data/hello.txt"]
       }
 
       volume_mount {

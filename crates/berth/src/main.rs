@@ -2,12 +2,10 @@
 
 mod cli;
 
-use std::process::ExitCode;
-
-use clap::Parser as _;
+use std::{io::Write as _, process::ExitCode};
 
 fn main() -> ExitCode {
-    let args = cli::Cli::parse();
+    let args = cli::parse();
     let prepared =
         match cli::prepare(&args).and_then(|p| cli::init_logging(&args.log, &p).map(|()| p)) {
             Ok(p) => p,
@@ -19,7 +17,10 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: cannot start the async runtime: {e}"
+            );
             return ExitCode::from(1);
         }
     };
@@ -29,8 +30,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Prints the error; exit code 2 for usage errors, 1 for the rest.
+/// Prints the error; exit code 2 for usage errors, 1 for the rest. A closed standard output
+/// (`berth … | head -1`) is no error: nothing is printed and the exit code is 0.
 fn fail(err: &anyhow::Error) -> ExitCode {
-    eprintln!("error: {err:#}");
+    if err.chain().any(|e| e.is::<cli::output::StdoutClosed>()) {
+        return ExitCode::SUCCESS;
+    }
+    let text = cli::output::humanize_durations(&format!("{err:#}")).into_owned();
+    // Nothing more can be done when standard error is gone too.
+    let _ = writeln!(
+        std::io::stderr(),
+        "error: {}",
+        cli::output::escape_keeping_lines(&text)
+    );
     ExitCode::from(err.downcast_ref::<cli::UsageError>().map_or(1, |_| 2))
 }

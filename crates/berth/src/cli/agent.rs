@@ -12,7 +12,9 @@ use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use super::UsageError;
+use crate::say;
+
+use super::{UsageError, input, output};
 
 /// How long the agent gets to stop after the first signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -34,10 +36,15 @@ pub struct AgentArgs {
     dev: bool,
 }
 
-/// The config file, if any, read before logging starts (it may set the log level).
+/// The config file, if any, read before logging starts (it may set the log level): a regular
+/// file of at most [`input::MAX_INPUT_BYTES`]. Any problem with it is a usage error.
 pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
     match &args.config {
-        Some(file) => Config::load(file).map_err(|e| UsageError(e.to_string()).into()),
+        Some(file) => {
+            let text = input::read_file_text(file, "--config")
+                .map_err(|e| UsageError(format!("{:#}", anyhow::Error::new(e))))?;
+            Config::parse(file, &text).map_err(|e| UsageError(e.to_string()).into())
+        }
         None => Ok(Config::default()),
     }
 }
@@ -83,7 +90,8 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
             return Err(e.into());
         }
     };
-    println!(
+    // The agent runs on when nobody reads this (`berth agent --dev | head -1`).
+    let _ = say!(
         "berth agent running; data dir {}; API unix://{}\n  export BERTH_ADDR=unix://{}",
         data_dir.display(),
         running.api_socket.display(),
@@ -106,7 +114,7 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
             tracing::warn!("--dev: some allocs did not finish; their tasks may still run");
         }
     }
-    tracing::info!(grace = ?SHUTDOWN_GRACE, "shutting down");
+    tracing::info!(grace = %output::duration(SHUTDOWN_GRACE), "shutting down");
     shutdown.cancel();
     let stopped = tokio::select! {
         () = running.wait() => true,
@@ -128,7 +136,8 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     }
     if !stopped {
         anyhow::bail!(
-            "did not stop within {SHUTDOWN_GRACE:?} (or a second signal came); exiting now"
+            "did not stop within {} (or a second signal came); exiting now",
+            output::duration(SHUTDOWN_GRACE)
         );
     }
     Ok(())

@@ -6,10 +6,12 @@ use berth_api::jobs::AllocStatus;
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use crate::say;
+
 use super::{
     api_client::{self, yes_no},
     job::parse_id,
-    output,
+    output::{self, humanize_durations},
 };
 
 /// Allocs on this node.
@@ -33,7 +35,7 @@ enum AllocCommand {
 }
 
 /// Runs `berth alloc …` against the agent at `address`.
-pub async fn run(address: &str, args: AllocArgs) -> anyhow::Result<()> {
+pub async fn run(address: &api_client::AgentAddress, args: AllocArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
         AllocCommand::Status { id, json } => {
@@ -55,12 +57,17 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
         ("index", a.index.to_string()),
         ("desired", word(&a.desired)),
         ("status", a.client_status.to_string()),
-        ("failure", a.failure.clone().unwrap_or_else(|| "-".into())),
+        (
+            "failure",
+            a.failure
+                .as_deref()
+                .map_or_else(|| "-".into(), |f| humanize_durations(f).into_owned()),
+        ),
     ])?;
 
-    println!();
+    say!()?;
     if a.tasks.is_empty() {
-        println!("no tasks");
+        say!("no tasks")?;
     } else {
         let rows: Vec<Vec<String>> = a
             .tasks
@@ -93,9 +100,9 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
         )?;
     }
 
-    println!();
+    say!()?;
     if a.volumes.is_empty() {
-        println!("no volumes");
+        say!("no volumes")?;
     } else {
         let rows: Vec<Vec<String>> = a
             .volumes
@@ -132,9 +139,9 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
         )?;
     }
 
-    println!();
+    say!()?;
     if a.events.is_empty() {
-        println!("no events");
+        say!("no events")?;
     } else {
         let rows: Vec<Vec<String>> = a
             .events
@@ -144,14 +151,14 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
                     time(e.time),
                     e.task.clone().unwrap_or_else(|| "-".into()),
                     word(&e.kind),
-                    e.message.clone(),
+                    humanize_durations(&e.message).into_owned(),
                 ]
             })
             .collect();
         output::table(&["TIME", "TASK", "KIND", "MESSAGE"], &rows)?;
     }
     if a.events_dropped > 0 {
-        println!("({} older event(s) dropped)", a.events_dropped);
+        say!("({} older event(s) dropped)", a.events_dropped)?;
     }
     Ok(())
 }

@@ -6,10 +6,45 @@ use berth_api::{Client, ClientError};
 
 use super::UsageError;
 
-/// A client for `--address`; an address that does not parse is a usage error (exit 2).
-pub fn connect(address: &str) -> anyhow::Result<Client> {
-    Client::new(address).map_err(|e| match e {
-        ClientError::InvalidAddress(e) => UsageError(format!("--address: {e}")).into(),
+/// Where the agent's address came from, for error messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AddressSource {
+    /// `--address`.
+    Flag,
+    /// The `BERTH_ADDR` environment variable.
+    Env,
+    /// Neither: [`berth_api::DEFAULT_ADDRESS`].
+    #[default]
+    Default,
+}
+
+impl AddressSource {
+    /// How the source is named in an error.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Flag => "--address",
+            Self::Env => "BERTH_ADDR",
+            Self::Default => "the default address",
+        }
+    }
+}
+
+/// The agent's API address as given, and where it came from.
+#[derive(Debug, Clone)]
+pub struct AgentAddress {
+    /// The address as given.
+    pub value: String,
+    /// Where it came from.
+    pub source: AddressSource,
+}
+
+/// A client for the agent's address; an address that does not parse is a usage error (exit
+/// 2) that names where it came from (`--address` or `BERTH_ADDR`).
+pub fn connect(address: &AgentAddress) -> anyhow::Result<Client> {
+    Client::new(&address.value).map_err(|e| match e {
+        ClientError::InvalidAddress(e) => {
+            UsageError(format!("{}: {e}", address.source.name())).into()
+        }
         e => e.into(),
     })
 }
@@ -65,5 +100,24 @@ mod tests {
         assert!(ago(ms, at(3 * 3_600 + 60)).starts_with("3h1m ago"));
         assert!(ago(ms, at(2 * 86_400 + 3_600)).starts_with("2d1h ago"));
         assert!(ago(ms + 5_000, at(0)).starts_with("0s ago"), "clock skew");
+    }
+
+    #[test]
+    fn a_bad_address_names_where_it_came_from() {
+        for (source, name) in [
+            (AddressSource::Flag, "--address: "),
+            (AddressSource::Env, "BERTH_ADDR: "),
+            (AddressSource::Default, "the default address: "),
+        ] {
+            let err = connect(&AgentAddress {
+                value: "ftp://x".into(),
+                source,
+            })
+            .expect_err("refused");
+            assert!(err.is::<UsageError>());
+            let text = err.to_string();
+            assert!(text.starts_with(name), "{text}");
+            assert!(text.contains("\"ftp://x\""), "{text}");
+        }
     }
 }

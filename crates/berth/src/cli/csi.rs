@@ -2,7 +2,6 @@
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
-use anyhow::Context as _;
 use berth_csi::{
     CapacityRange, ContentSource, ControllerPublish, CreateVolume, CsiClient, Endpoint, NodeExpand,
     NodePublish, NodeStage, RetryPolicy, Rpc, Validation,
@@ -11,7 +10,9 @@ use berth_csi::{
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::{UsageError, output};
+use crate::say;
+
+use super::{UsageError, input, output};
 
 /// Talk to a CSI plugin socket directly.
 #[derive(Debug, Args)]
@@ -101,8 +102,8 @@ pub(super) struct SecretArgs {
     // Parsed in `load`, not by clap: clap's error would repeat the value.
     #[arg(long = "secret", value_name = "KEY=VALUE")]
     secrets: Vec<String>,
-    /// A file of secrets: a JSON object, or KEY=VALUE lines; `-` reads standard input (keeps
-    /// them out of the process list, unlike --secret).
+    /// A file of secrets (at most 1 MiB): a JSON object, or KEY=VALUE lines; `-` reads
+    /// standard input (keeps them out of the process list, unlike --secret).
     #[arg(long)]
     secrets_file: Option<PathBuf>,
 }
@@ -138,13 +139,7 @@ impl SecretArgs {
     pub(super) fn load(&self) -> anyhow::Result<Secrets> {
         let mut map = BTreeMap::new();
         if let Some(path) = &self.secrets_file {
-            let text = if path.as_os_str() == "-" {
-                std::io::read_to_string(std::io::stdin())
-                    .context("cannot read secrets from stdin")?
-            } else {
-                std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read --secrets-file {}", path.display()))?
-            };
+            let text = input::read_text(&input::Source::from_arg(path), "--secrets-file")?;
             map.extend(parse_secrets_file(path, &text)?);
         }
         for (i, s) in self.secrets.iter().enumerate() {
@@ -708,7 +703,7 @@ async fn volume(c: &CsiClient, j: bool, cmd: &VolumeCommand) -> anyhow::Result<(
                 &rows,
             )?;
             if !token.is_empty() {
-                println!("next token: {token}");
+                say!("next token: {}", output::escape(&token))?;
             }
             Ok(())
         }
@@ -896,12 +891,12 @@ async fn node(c: &CsiClient, j: bool, cmd: &NodeCommand) -> anyhow::Result<()> {
                 })
                 .collect();
             output::table(&["UNIT", "USED", "AVAILABLE", "TOTAL"], &rows)?;
-            println!(
+            say!(
                 "condition: {}",
                 stats
                     .abnormal
-                    .map_or("ok".into(), |m| format!("abnormal: {m}"))
-            );
+                    .map_or("ok".into(), |m| format!("abnormal: {}", output::escape(&m)))
+            )?;
             Ok(())
         }
         NodeCommand::Expand {

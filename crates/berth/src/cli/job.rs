@@ -2,18 +2,20 @@
 //!
 //! A job spec's text is sent to the agent, never printed: not on success, not in errors.
 
-use std::{io::Read as _, path::Path};
+use std::path::Path;
 
-use anyhow::Context as _;
 use berth_api::{
     jobs::{AllocStatus, JobList, JobRunRequest, JobStatus},
     volumes::SpecFormat,
 };
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::say;
+
 use super::{
     api_client::{self, yes_no},
-    output,
+    input::{self, Source},
+    output::{self, quoted},
 };
 
 /// Jobs on this node.
@@ -28,8 +30,8 @@ enum JobCommand {
     /// Place and start a job from a spec file (HCL or JSON, as `nomad job run` takes); prints
     /// its allocs.
     Run {
-        /// The spec file; `-` reads standard input. Its text is sent to the agent, never
-        /// printed.
+        /// The spec file (at most 1 MiB); `-` reads standard input. Its text is sent to the
+        /// agent, never printed.
         file: String,
         /// The spec's language (default: json for a file ending in .json, else hcl).
         #[arg(long, value_enum)]
@@ -75,7 +77,7 @@ pub(super) fn parse_id(s: &str) -> Result<String, String> {
 }
 
 /// Runs `berth job …` against the agent at `address`.
-pub async fn run(address: &str, args: JobArgs) -> anyhow::Result<()> {
+pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
         JobCommand::Run { file, format, json } => {
@@ -84,11 +86,15 @@ pub async fn run(address: &str, args: JobArgs) -> anyhow::Result<()> {
             if json {
                 return output::json(&job);
             }
-            println!("Job {:?} placed: {} alloc(s)", job.id, job.allocs.len());
+            say!(
+                "Job {} placed: {} alloc(s)",
+                quoted(&job.id),
+                job.allocs.len()
+            )?;
             if job.allocs.is_empty() {
                 return Ok(());
             }
-            println!();
+            say!()?;
             print_allocs(&job.allocs)
         }
         JobCommand::Stop { id, json } => {
@@ -96,11 +102,11 @@ pub async fn run(address: &str, args: JobArgs) -> anyhow::Result<()> {
             if json {
                 return output::json(&job);
             }
-            println!("Job {:?} stopped", job.id);
+            say!("Job {} stopped", quoted(&job.id))?;
             if job.allocs.is_empty() {
                 return Ok(());
             }
-            println!();
+            say!()?;
             print_allocs(&job.allocs)
         }
         JobCommand::Status { id: None, json } => {
@@ -122,19 +128,12 @@ pub async fn run(address: &str, args: JobArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The request for `berth job run`: the file's text (or standard input's), its language and
-/// its name.
+/// The request for `berth job run`: the file's text (or standard input's, at most
+/// [`input::MAX_INPUT_BYTES`]), its language and its name.
 fn run_request(file: &str, format: Option<FormatArg>) -> anyhow::Result<JobRunRequest> {
-    let (spec, name) = if file == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("cannot read the spec from standard input")?;
-        (text, "<stdin>".to_string())
-    } else {
-        let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {file}"))?;
-        (text, file.to_string())
-    };
+    let source = Source::from_arg(Path::new(file));
+    let spec = input::read_spec(&source)?;
+    let name = source.name();
     let format = match format {
         Some(FormatArg::Hcl) => SpecFormat::Hcl,
         Some(FormatArg::Json) => SpecFormat::Json,
@@ -158,7 +157,7 @@ const STATUSES: [&str; 4] = ["pending", "running", "complete", "failed"];
 
 fn print_list(list: &JobList) -> anyhow::Result<()> {
     if list.jobs.is_empty() {
-        println!("no jobs");
+        say!("no jobs")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = list
@@ -188,9 +187,9 @@ fn print_one(job: &JobStatus) -> anyhow::Result<()> {
         ("type", job.job_type.clone()),
         ("stopped", yes_no(job.stopped).into()),
     ])?;
-    println!();
+    say!()?;
     if job.allocs.is_empty() {
-        println!("no allocs");
+        say!("no allocs")?;
         return Ok(());
     }
     print_allocs(&job.allocs)

@@ -4,13 +4,19 @@ mod agent;
 mod alloc;
 mod api_client;
 mod csi;
+mod input;
 mod job;
 mod node;
-mod output;
+pub mod output;
 mod plugin;
 mod volume;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{
+    Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum,
+    parser::ValueSource,
+};
+
+use api_client::{AddressSource, AgentAddress};
 
 /// A usage mistake found after parsing (exit code 2).
 #[derive(Debug, thiserror::Error)]
@@ -26,8 +32,77 @@ pub struct Cli {
     /// The agent's API: unix:///path/berth.sock, /path/berth.sock or http://127.0.0.1:PORT.
     #[arg(long, global = true, env = "BERTH_ADDR", default_value = berth_api::DEFAULT_ADDRESS)]
     pub address: String,
+    /// Where `address` came from (set by [`parse`]).
+    #[arg(skip)]
+    address_source: AddressSource,
     #[command(subcommand)]
     command: Command,
+}
+
+/// Parses the command line; exits 2 on a usage error and 0 after `--help` or `--version`.
+pub fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+}
+
+fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = command().try_get_matches_from(args)?;
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    cli.address_source = address_source(&matches);
+    Ok(cli)
+}
+
+/// Where `--address` came from: the flag when it was given at any level of the command line
+/// (`berth --address A plugin status`, `berth plugin status --address A`), else the
+/// environment or the default.
+fn address_source(matches: &clap::ArgMatches) -> AddressSource {
+    let mut level = Some(matches);
+    let mut source = AddressSource::Default;
+    while let Some(m) = level {
+        match m.value_source("address") {
+            Some(ValueSource::CommandLine) => return AddressSource::Flag,
+            Some(ValueSource::EnvVariable) => source = AddressSource::Env,
+            _ => {}
+        }
+        level = m.subcommand().map(|(_, sub)| sub);
+    }
+    source
+}
+
+/// The clap command, with usage lines that show what is required and what is optional.
+///
+/// clap's error messages otherwise print a "smart" usage line built from the flags the user
+/// gave, so an optional `--json` reads as if it were required
+/// (`berth volume snapshot list --plugin <PLUGIN> --json`). Every command's usage is fixed to
+/// the one its `--help` shows (`[OPTIONS]` for the optional flags).
+pub fn command() -> clap::Command {
+    // `agent` and `csi` do not talk to the agent's API: their own hidden `--address` (which
+    // the global one is then not propagated over) is refused in `prepare`.
+    let refused = || {
+        clap::Arg::new("address")
+            .long("address")
+            .value_name("ADDRESS")
+            .hide(true)
+            .global(true)
+    };
+    let mut cmd = Cli::command()
+        .mut_subcommand("agent", |c| c.arg(refused()))
+        .mut_subcommand("csi", |c| c.arg(refused()));
+    cmd.build();
+    fix_usage(&mut cmd);
+    cmd
+}
+
+fn fix_usage(cmd: &mut clap::Command) {
+    for sub in cmd.get_subcommands_mut() {
+        fix_usage(sub);
+    }
+    let usage = cmd.render_usage().to_string();
+    let usage = usage.strip_prefix("Usage: ").unwrap_or(&usage).to_string();
+    *cmd = std::mem::take(cmd).override_usage(usage);
 }
 
 /// Logging flags, shared by every command.
@@ -75,8 +150,30 @@ pub struct Prepared {
     agent_config: Option<berth_agent::config::Config>,
 }
 
-/// Reads what the command needs before logging starts. A bad config file is a usage error.
+/// Reads what the command needs before logging starts. A bad config file is a usage error, and
+/// so is `--address` given to a command that does not talk to the agent's API.
 pub fn prepare(cli: &Cli) -> anyhow::Result<Prepared> {
+    let address_flag = cli.address_source == AddressSource::Flag;
+    match &cli.command {
+        Command::Agent(_) if address_flag => {
+            return Err(UsageError(
+                "berth agent takes no --address: --address tells the other commands where the \
+                 agent is. The agent's own listeners are set in its config file (--config): \
+                 api { socket = \"/path/berth.sock\", address = \"127.0.0.1:PORT\" }"
+                    .into(),
+            )
+            .into());
+        }
+        Command::Csi(_) if address_flag => {
+            return Err(UsageError(
+                "berth csi takes no --address: it talks to a plugin's socket, given with \
+                 --endpoint (or CSI_ENDPOINT)"
+                    .into(),
+            )
+            .into());
+        }
+        _ => {}
+    }
     match &cli.command {
         Command::Agent(args) => Ok(Prepared {
             agent_config: Some(agent::load_config(args)?),
@@ -119,13 +216,125 @@ pub fn init_logging(args: &LogArgs, prepared: &Prepared) -> anyhow::Result<()> {
 
 /// Runs the parsed command.
 pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
+    let address = AgentAddress {
+        value: cli.address,
+        source: cli.address_source,
+    };
     match cli.command {
         Command::Agent(args) => agent::run(args, prepared.agent_config.unwrap_or_default()).await,
         Command::Csi(args) => csi::run(*args).await,
-        Command::Plugin(args) => plugin::run(&cli.address, args).await,
-        Command::Node(args) => node::run(&cli.address, args).await,
-        Command::Volume(args) => volume::run(&cli.address, args).await,
-        Command::Job(args) => job::run(&cli.address, args).await,
-        Command::Alloc(args) => alloc::run(&cli.address, args).await,
+        Command::Plugin(args) => plugin::run(&address, args).await,
+        Command::Node(args) => node::run(&address, args).await,
+        Command::Volume(args) => volume::run(&address, args).await,
+        Command::Job(args) => job::run(&address, args).await,
+        Command::Alloc(args) => alloc::run(&address, args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every command, with its path of names.
+    fn all_commands(cmd: &clap::Command, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        path.push(cmd.get_name().to_string());
+        out.push(path.clone());
+        for sub in cmd.get_subcommands() {
+            all_commands(sub, path, out);
+        }
+        path.pop();
+    }
+
+    #[test]
+    fn usage_lines_show_optional_flags_as_options_everywhere() {
+        let root = command();
+        let mut paths = Vec::new();
+        all_commands(&root, &mut Vec::new(), &mut paths);
+        assert!(paths.len() > 40, "{}", paths.len());
+        for path in paths {
+            let mut cmd = root.clone();
+            for name in &path[1..] {
+                cmd = cmd.find_subcommand(name).expect("subcommand").clone();
+            }
+            let usage = cmd.render_usage().to_string();
+            assert!(
+                usage.starts_with(&format!("Usage: {}", path.join(" "))),
+                "{usage}"
+            );
+            let optional = cmd
+                .get_arguments()
+                .any(|a| !a.is_positional() && !a.is_required_set() && !a.is_hide_set());
+            assert_eq!(usage.contains("[OPTIONS]"), optional, "{usage}");
+        }
+    }
+
+    #[test]
+    fn usage_errors_show_the_commands_usage_not_the_flags_given() {
+        for (args, usage) in [
+            (
+                &["volume", "snapshot", "list", "--json"][..],
+                "Usage: berth volume snapshot list [OPTIONS] --plugin <PLUGIN>\n",
+            ),
+            (
+                &["csi", "--json", "volume", "create", "--required-bytes", "5"],
+                "Usage: berth csi volume create [OPTIONS] --name <NAME>\n",
+            ),
+            (
+                &["volume", "status", "--json", "--bogus"],
+                "Usage: berth volume status [OPTIONS] [ID]\n",
+            ),
+            (
+                &["volume", "claim", "v", "--read-only", "--alloc", "a"],
+                "Usage: berth volume claim [OPTIONS] --alloc <ALLOC> --access-mode <ACCESS_MODE> \
+                 <ID>\n",
+            ),
+        ] {
+            let err = try_parse_from(std::iter::once("berth").chain(args.iter().copied()))
+                .expect_err("a usage error");
+            assert_eq!(err.exit_code(), 2);
+            let text = err.render().to_string();
+            assert!(text.contains(usage), "{args:?}:\n{text}");
+        }
+    }
+
+    #[test]
+    fn address_flag_is_refused_by_commands_that_do_not_reach_the_agent() {
+        for args in [
+            &["agent", "--address", "unix:///x.sock"][..],
+            &["agent", "--dev", "--address=unix:///x.sock"],
+            &["--address", "unix:///x.sock", "agent"],
+            &["csi", "--address", "unix:///x.sock", "info"],
+            &["csi", "volume", "list", "--address", "unix:///x.sock"],
+        ] {
+            let cli = try_parse_from(std::iter::once("berth").chain(args.iter().copied()))
+                .expect("parses");
+            assert_eq!(cli.address_source, AddressSource::Flag, "{args:?}");
+            let err = prepare(&cli).expect_err("refused");
+            assert!(err.is::<UsageError>(), "{args:?}");
+            let text = err.to_string();
+            assert!(text.contains("takes no --address"), "{text}");
+            if args.contains(&"agent") {
+                assert!(text.contains("api { socket"), "{text}");
+            } else {
+                assert!(text.contains("--endpoint"), "{text}");
+            }
+        }
+        for args in [
+            &["--address", "unix:///x.sock", "plugin", "status"][..],
+            &["plugin", "status", "--address", "unix:///x.sock"],
+            &[
+                "volume",
+                "status",
+                "v",
+                "--address=unix:///x.sock",
+                "--json",
+            ],
+        ] {
+            let cli = try_parse_from(std::iter::once("berth").chain(args.iter().copied()))
+                .expect("parses");
+            assert_eq!(cli.address_source, AddressSource::Flag, "{args:?}");
+            assert_eq!(cli.address, "unix:///x.sock");
+            prepare(&cli).expect("accepted");
+        }
     }
 }

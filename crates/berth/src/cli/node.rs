@@ -3,6 +3,8 @@
 use berth_api::NodeStatus;
 use clap::{Args, Subcommand};
 
+use crate::say;
+
 use super::{
     api_client::{self, health_word},
     output,
@@ -27,7 +29,7 @@ enum NodeCommand {
 }
 
 /// Runs `berth node …` against the agent at `address`.
-pub async fn run(address: &str, args: NodeArgs) -> anyhow::Result<()> {
+pub async fn run(address: &api_client::AgentAddress, args: NodeArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
         NodeCommand::Status { json } => {
@@ -43,9 +45,9 @@ pub async fn run(address: &str, args: NodeArgs) -> anyhow::Result<()> {
 
 fn print_node(node: &NodeStatus) -> anyhow::Result<()> {
     output::fields(&[("id", node.id.clone()), ("hostname", node.hostname.clone())])?;
-    println!();
+    say!()?;
     if node.csi_plugins.is_empty() {
-        println!("no CSI node plugins");
+        say!("no CSI node plugins")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = node

@@ -1,52 +1,166 @@
-//! Human tables and JSON for command output.
+//! Human tables and JSON for command output, and the words they are written in.
+//!
+//! Everything a command prints on standard output goes through here: a closed standard output
+//! (`berth … | head -1`) becomes [`StdoutClosed`], which ends the command quietly with success,
+//! and every value printed in a table or a line is [`escape`]d, so text that came from the
+//! agent or a plugin can neither forge a line nor reach the terminal as a control sequence.
 
-use std::io::{self, Write as _};
+use std::{
+    borrow::Cow,
+    fmt::{self, Write as _},
+    io::{self, Write as _},
+    time::Duration,
+};
 
 use serde::Serialize;
 
-/// Prints `value` as pretty JSON on stdout.
-pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
-    let mut out = io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
-    Ok(())
-}
+/// Standard output was closed by the reader (`| head`): the command stops quietly, with
+/// success.
+#[derive(Debug, thiserror::Error)]
+#[error("standard output is closed")]
+pub struct StdoutClosed;
 
-/// Prints `key  value` lines, keys aligned.
-pub fn fields(rows: &[(&str, String)]) -> anyhow::Result<()> {
-    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    let mut out = io::stdout().lock();
-    for (k, v) in rows {
-        writeln!(out, "{k:<width$}  {v}")?;
+/// A write to standard output that failed for another reason than a closed pipe.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot write to standard output")]
+pub struct StdoutError(#[source] io::Error);
+
+fn stdout_error(e: io::Error) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        StdoutClosed.into()
+    } else {
+        StdoutError(e).into()
     }
-    Ok(())
 }
 
-/// Prints a table with a header row, columns aligned.
+/// Writes `text` to standard output and flushes it.
+fn write_out(text: &str) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_all(text.as_bytes()).map_err(stdout_error)?;
+    out.flush().map_err(stdout_error)
+}
+
+/// Prints one line on standard output, as it is: the caller escapes what came from elsewhere
+/// (see [`escape`]). Use through [`say!`](crate::say).
+pub fn line(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
+    let mut text = args.to_string();
+    text.push('\n');
+    write_out(&text)
+}
+
+/// `println!` that returns an error instead of panicking, and [`StdoutClosed`] when the reader
+/// went away.
+#[macro_export]
+macro_rules! say {
+    () => {
+        $crate::cli::output::line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::output::line(format_args!($($arg)*))
+    };
+}
+
+/// Prints `value` as pretty JSON on stdout (JSON escapes control characters itself).
+pub fn json<T: Serialize>(value: &T) -> anyhow::Result<()> {
+    let mut text = serde_json::to_string_pretty(value)?;
+    text.push('\n');
+    write_out(&text)
+}
+
+/// Prints `key  value` lines, keys aligned; values escaped.
+pub fn fields(rows: &[(&str, String)]) -> anyhow::Result<()> {
+    write_out(&render_fields(rows))
+}
+
+fn render_fields(rows: &[(&str, String)]) -> String {
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut text = String::new();
+    for (k, v) in rows {
+        let _ = writeln!(text, "{k:<width$}  {}", escape(v));
+    }
+    text
+}
+
+/// Prints a table with a header row, columns aligned; cells escaped.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> anyhow::Result<()> {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
-    for row in rows {
+    write_out(&render_table(header, rows))
+}
+
+fn render_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let rows: Vec<Vec<Cow<'_, str>>> = rows
+        .iter()
+        .map(|row| row.iter().map(|c| escape(c)).collect())
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {
             *w = (*w).max(cell.chars().count());
         }
     }
-    let mut out = io::stdout().lock();
-    let line = |cells: Vec<&str>| -> String {
+    let mut text = String::new();
+    let mut line = |cells: &[&str]| {
         let mut s = String::new();
         for (i, (cell, w)) in cells.iter().zip(&widths).enumerate() {
             if i + 1 == cells.len() {
                 s.push_str(cell);
             } else {
-                s.push_str(&format!("{cell:<w$}  "));
+                let _ = write!(s, "{cell:<w$}  ");
             }
         }
-        s.trim_end().to_string()
+        text.push_str(s.trim_end());
+        text.push('\n');
     };
-    writeln!(out, "{}", line(header.to_vec()))?;
-    for row in rows {
-        writeln!(out, "{}", line(row.iter().map(String::as_str).collect()))?;
+    line(header);
+    for row in &rows {
+        line(&row.iter().map(AsRef::as_ref).collect::<Vec<&str>>());
     }
-    Ok(())
+    text
+}
+
+/// `s` with every control character (newline, tab, ESC…) and bidirectional-text control
+/// written as an escape (`\n`, `\t`, `\u{1b}`, `\u{202e}`), so it stays on one line and cannot
+/// drive the terminal. Other text is left as it is.
+pub fn escape(s: &str) -> Cow<'_, str> {
+    escape_except(s, None)
+}
+
+/// Like [`escape`], but `\n` stays a line break: for error messages that may span lines.
+pub fn escape_keeping_lines(s: &str) -> Cow<'_, str> {
+    escape_except(s, Some('\n'))
+}
+
+fn escape_except(s: &str, keep: Option<char>) -> Cow<'_, str> {
+    let unsafe_char = |c: char| berth_sys::is_unprintable(c) && Some(c) != keep;
+    if !s.chars().any(unsafe_char) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            c if !unsafe_char(c) => out.push(c),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => {
+                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+            }
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// `s` in double quotes, escaped (quotes and backslashes too): for an id in a sentence.
+pub fn quoted(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in escape(s).chars() {
+        if c == '"' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out.push('"');
+    out
 }
 
 /// `k=v, k=v` for a map; `-` when empty.
@@ -92,6 +206,150 @@ pub fn size(bytes: i64) -> String {
     }
 }
 
+const NS: u128 = 1;
+const US: u128 = 1_000;
+const MS: u128 = 1_000_000;
+const SEC: u128 = 1_000_000_000;
+const MIN: u128 = 60 * SEC;
+const HOUR: u128 = 60 * MIN;
+const DAY: u128 = 24 * HOUR;
+
+/// A duration the way an operator reads it: about three significant digits, the largest unit
+/// first: `0s`, `850ns`, `1.5us`, `708ms`, `1.5s`, `42s`, `2m3s`, `1h5m`, `2d3h`.
+pub fn duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns == 0 {
+        return "0s".into();
+    }
+    // Round to the precision shown at this size; rounding may carry into the next size.
+    let step = match ns {
+        n if n < US => NS,
+        n if n < 10 * US => US / 10,
+        n if n < MS => US,
+        n if n < 10 * MS => MS / 10,
+        n if n < SEC => MS,
+        n if n < 10 * SEC => SEC / 10,
+        n if n < HOUR => SEC,
+        n if n < DAY => MIN,
+        _ => HOUR,
+    };
+    let r = (ns + step / 2) / step * step;
+    let tenths = |unit: u128, name: &str| {
+        let t = r * 10 / unit;
+        if t.is_multiple_of(10) {
+            format!("{}{name}", t / 10)
+        } else {
+            format!("{}.{}{name}", t / 10, t % 10)
+        }
+    };
+    let two = |big: u128, big_name: &str, small: u128, small_name: &str| {
+        let (a, b) = (r / big, r % big / small);
+        if b == 0 {
+            format!("{a}{big_name}")
+        } else {
+            format!("{a}{big_name}{b}{small_name}")
+        }
+    };
+    match r {
+        r if r < US => format!("{r}ns"),
+        r if r < MS => tenths(US, "us"),
+        r if r < SEC => tenths(MS, "ms"),
+        r if r < MIN => tenths(SEC, "s"),
+        r if r < HOUR => two(MIN, "m", SEC, "s"),
+        r if r < DAY => two(HOUR, "h", MIN, "m"),
+        _ => two(DAY, "d", HOUR, "h"),
+    }
+}
+
+/// `text` (from the agent or a plugin) with every word that is an over-precise duration —
+/// Go's `707ms874us794ns` or Rust's `2.003457812s` — rewritten by [`duration`]. A word is
+/// what whitespace separates, less an opening parenthesis and closing punctuation; single
+/// whole numbers of one unit (`30s`, `1500ms`) are left as written.
+pub fn humanize_durations(text: &str) -> Cow<'_, str> {
+    let mut out = String::new();
+    let mut changed = false;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let word_len = rest.find(char::is_whitespace).unwrap_or(rest.len());
+        let (word, after) = rest.split_at(word_len);
+        let space_len = after
+            .find(|c: char| !c.is_whitespace())
+            .unwrap_or(after.len());
+        let (space, next) = after.split_at(space_len);
+        let lead = word.len() - word.trim_start_matches('(').len();
+        let core = word[lead..].trim_end_matches([')', ',', ';', ':', '.']);
+        match parse_precise_duration(core) {
+            Some(d) => {
+                changed = true;
+                out.push_str(&word[..lead]);
+                out.push_str(&duration(d));
+                out.push_str(&word[lead + core.len()..]);
+            }
+            None => out.push_str(word),
+        }
+        out.push_str(space);
+        rest = next;
+    }
+    if changed {
+        Cow::Owned(out)
+    } else {
+        Cow::Borrowed(text)
+    }
+}
+
+/// A duration written with more than one unit or with a fraction (`1m30s`, `1.5s`,
+/// `707ms874us794ns`, `2.003µs`); `None` for anything else.
+fn parse_precise_duration(s: &str) -> Option<Duration> {
+    let mut rest = s;
+    let mut total: u128 = 0;
+    let mut parts = 0;
+    let mut fraction = false;
+    while !rest.is_empty() {
+        let int_len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (int, after) = rest.split_at(int_len);
+        let (frac, after) = match after.strip_prefix('.') {
+            Some(a) => {
+                let n = a.find(|c: char| !c.is_ascii_digit()).unwrap_or(a.len());
+                a.split_at(n)
+            }
+            None => ("", after),
+        };
+        if int.is_empty() && frac.is_empty() {
+            return None;
+        }
+        let unit_len = after
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after.len());
+        let (unit, after) = after.split_at(unit_len);
+        let scale = match unit {
+            "h" => HOUR,
+            "m" => MIN,
+            "s" => SEC,
+            "ms" => MS,
+            "us" | "µs" | "μs" => US,
+            "ns" => NS,
+            _ => return None,
+        };
+        let whole: u128 = if int.is_empty() { 0 } else { int.parse().ok()? };
+        total = total.checked_add(whole.checked_mul(scale)?)?;
+        let mut place = scale;
+        for d in frac.bytes() {
+            place /= 10;
+            total += u128::from(d - b'0') * place;
+        }
+        fraction |= !frac.is_empty();
+        parts += 1;
+        rest = after;
+    }
+    if parts == 0 || (parts == 1 && !fraction) {
+        return None;
+    }
+    let secs = u64::try_from(total / SEC).ok()?;
+    Some(Duration::new(secs, (total % SEC) as u32))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +369,117 @@ mod tests {
         assert_eq!(size((1 << 20) - 1), "1024KiB");
         assert_eq!(size(3 << 40), "3TiB");
         assert_eq!(size(i64::MAX), "8EiB");
+    }
+
+    #[test]
+    fn durations_read_as_an_operator_reads_them() {
+        let ns = Duration::from_nanos;
+        for (d, want) in [
+            (Duration::ZERO, "0s"),
+            (ns(1), "1ns"),
+            (ns(850), "850ns"),
+            (ns(999), "999ns"),
+            (ns(1_500), "1.5us"),
+            (ns(9_960), "10us"),
+            (ns(874_794), "875us"),
+            (ns(999_700), "1ms"),
+            (ns(1_250_000), "1.3ms"),
+            (ns(707_874_794), "708ms"),
+            (ns(999_600_000), "1s"),
+            (Duration::from_millis(1_500), "1.5s"),
+            (ns(2_003_457_812), "2s"),
+            (Duration::from_millis(9_960), "10s"),
+            (Duration::from_millis(42_400), "42s"),
+            (Duration::from_millis(59_600), "1m"),
+            (Duration::from_secs(123), "2m3s"),
+            (Duration::from_secs(3_599), "59m59s"),
+            (Duration::from_secs(3_600), "1h"),
+            (Duration::from_secs(3_600 + 5 * 60 + 29), "1h5m"),
+            (Duration::from_secs(86_399), "1d"),
+            (Duration::from_secs(2 * 86_400 + 3 * 3_600), "2d3h"),
+            (Duration::MAX, "213503982334601d7h"),
+        ] {
+            assert_eq!(duration(d), want, "{d:?}");
+        }
+    }
+
+    #[test]
+    fn over_precise_durations_in_text_are_rounded() {
+        for (text, want) in [
+            (
+                "restart 1 in 707ms874us794ns (attempt 1 of 2 within 30m)",
+                "restart 1 in 708ms (attempt 1 of 2 within 30m)",
+            ),
+            (
+                "gave up after 3 attempt(s) in 2.003457812s (overall deadline 2s); last: x",
+                "gave up after 3 attempt(s) in 2s (overall deadline 2s); last: x",
+            ),
+            ("waited (1m30s500ms).", "waited (1m31s)."),
+            ("took 12.5µs, then", "took 13us, then"),
+            ("1h0m0s", "1h"),
+        ] {
+            assert_eq!(humanize_durations(text), want);
+        }
+        // Left alone: whole single units, ids, words that only look alike.
+        for text in [
+            "retrying in 1500ms",
+            "5s 30m 2h",
+            "vol-1s5ms job-1m30s5ms",
+            "f81631c0 1.2.3 v1.5 s ms 1x 1.5 .5 1m30",
+            "tabs\tand  double  spaces\n",
+            "",
+        ] {
+            assert!(
+                matches!(humanize_durations(text), Cow::Borrowed(_)),
+                "{text:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_closed_pipe_is_told_apart_from_other_write_errors() {
+        let closed = stdout_error(io::Error::from(io::ErrorKind::BrokenPipe));
+        assert!(closed.is::<StdoutClosed>());
+        let full = stdout_error(io::Error::from(io::ErrorKind::StorageFull));
+        assert!(!full.is::<StdoutClosed>());
+        assert_eq!(full.to_string(), "cannot write to standard output");
+    }
+
+    #[test]
+    fn text_from_the_agent_cannot_forge_rows_or_reach_the_terminal() {
+        let forged = "web-0\nweb-1  fake  0  running";
+        let table = render_table(
+            &["ID", "GROUP", "INDEX", "STATUS"],
+            &[
+                vec![forged.into(), "g".into(), "0".into(), "running".into()],
+                vec![
+                    "x\u{1b}[2J".into(),
+                    "g".into(),
+                    "1".into(),
+                    "pending".into(),
+                ],
+            ],
+        );
+        assert_eq!(
+            table,
+            "ID                              GROUP  INDEX  STATUS\n\
+             web-0\\nweb-1  fake  0  running  g      0      running\n\
+             x\\u{1b}[2J                      g      1      pending\n"
+        );
+        let fields = render_fields(&[("id", "a\rb".into()), ("description", "ok".into())]);
+        assert_eq!(fields, "id           a\\rb\ndescription  ok\n");
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert!(matches!(escape("plain id-1 é ✓"), Cow::Borrowed(_)));
+        assert_eq!(escape("a\nb"), "a\\nb");
+        assert_eq!(escape("x\u{1b}[31mred\r\t"), "x\\u{1b}[31mred\\r\\t");
+        assert_eq!(
+            escape("evil\u{202e}txt\u{7f}\u{85}"),
+            "evil\\u{202e}txt\\u{7f}\\u{85}"
+        );
+        assert_eq!(escape_keeping_lines("a\nb\u{1b}"), "a\nb\\u{1b}");
+        assert_eq!(quoted("a\"b\nc"), "\"a\\\"b\\nc\"");
     }
 }

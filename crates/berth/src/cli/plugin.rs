@@ -6,6 +6,8 @@ use berth_api::{Fingerprint, PluginList, PluginStatus};
 use berth_csi::model::{PluginCapabilities, VolumeExpansion};
 use clap::{Args, Subcommand};
 
+use crate::say;
+
 use super::{
     api_client::{self, ago, health_word, list, yes_no},
     output,
@@ -31,7 +33,7 @@ enum PluginCommand {
 }
 
 /// Runs `berth plugin …` against the agent at `address`.
-pub async fn run(address: &str, args: PluginArgs) -> anyhow::Result<()> {
+pub async fn run(address: &api_client::AgentAddress, args: PluginArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
         PluginCommand::Status { id: None, json } => {
@@ -55,7 +57,7 @@ pub async fn run(address: &str, args: PluginArgs) -> anyhow::Result<()> {
 
 fn print_list(list: &PluginList) -> anyhow::Result<()> {
     if list.plugins.is_empty() {
-        println!("no plugins registered");
+        say!("no plugins registered")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = list
@@ -85,7 +87,10 @@ fn print_one(p: &PluginStatus, now: SystemTime) -> anyhow::Result<()> {
         ("id", p.id.clone()),
         ("type", p.plugin_type.to_string()),
         ("health", health_word(p.health.healthy).into()),
-        ("description", p.health.description.clone()),
+        (
+            "description",
+            output::humanize_durations(&p.health.description).into_owned(),
+        ),
         ("last transition", ago(p.health.last_transition_ms, now)),
         ("provider", fp.map_or("-".into(), |f| f.provider.clone())),
         ("version", fp.map_or("-".into(), |f| f.version.clone())),
@@ -116,7 +121,7 @@ fn print_one(p: &PluginStatus, now: SystemTime) -> anyhow::Result<()> {
         ));
     }
     output::fields(&rows)?;
-    println!();
+    say!()?;
     let instances: Vec<Vec<String>> = p
         .instances
         .iter()

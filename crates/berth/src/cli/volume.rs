@@ -3,12 +3,10 @@
 //! Spec texts, secrets and mount flags are sent, never printed: not on success, not in errors.
 
 use std::{
-    io::Read as _,
     path::Path,
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use anyhow::Context as _;
 use berth_api::{
     Client,
     volumes::{
@@ -21,11 +19,14 @@ use berth_api::{
 use berth_csi::model::{AccessMode, AttachmentMode, VolumeStats};
 use clap::{Args, Subcommand, ValueEnum};
 
+use crate::say;
+
 use super::{
     UsageError,
     api_client::{self, ago, list, yes_no},
     csi::{SecretArgs, parse_key_value},
-    output,
+    input::{self, Source},
+    output::{self, humanize_durations, quoted},
 };
 
 /// Volumes in the agent's catalog.
@@ -128,7 +129,8 @@ enum VolumeCommand {
 /// A spec file to register or create.
 #[derive(Debug, Args)]
 struct SpecArgs {
-    /// The spec file; `-` reads standard input. Its text is sent to the agent, never printed.
+    /// The spec file (at most 1 MiB); `-` reads standard input. Its text is sent to the agent,
+    /// never printed.
     file: String,
     /// The spec's language (default: json for a file ending in .json, else hcl).
     #[arg(long, value_enum)]
@@ -256,7 +258,7 @@ fn parse_attachment_mode(s: &str) -> Result<AttachmentMode, String> {
 }
 
 /// Runs `berth volume …` against the agent at `address`.
-pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
+pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
         VolumeCommand::Register(spec) => put(&client, spec, "registered").await,
@@ -287,13 +289,13 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
             }
             all_released(&id, &answer)?;
             if !json {
-                println!("Volume {id:?} deregistered");
+                say!("Volume {} deregistered", quoted(&id))?;
             }
             Ok(())
         }
         VolumeCommand::Delete { id } => {
             client.delete_volume(&id).await?;
-            println!("Volume {id:?} deleted");
+            say!("Volume {} deleted", quoted(&id))?;
             Ok(())
         }
         VolumeCommand::Detach { id, node, json } => {
@@ -303,7 +305,7 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
             if json {
                 output::json(&answer)?;
             } else if answer.releases.is_empty() {
-                println!("no claims to release");
+                say!("no claims to release")?;
             } else {
                 print_releases(&answer)?;
             }
@@ -332,9 +334,9 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
             if json {
                 return output::json(&answer);
             }
-            println!(
-                "Volume {:?} expanded to {} ({} bytes){}",
-                answer.volume_id,
+            say!(
+                "Volume {} expanded to {} ({} bytes){}",
+                quoted(&answer.volume_id),
                 output::capacity(answer.capacity_bytes),
                 answer.capacity_bytes,
                 if answer.node_expanded {
@@ -342,7 +344,7 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
                 } else {
                     ""
                 }
-            );
+            )?;
             Ok(())
         }
         VolumeCommand::Snapshot(cmd) => snapshot(&client, cmd).await,
@@ -359,18 +361,22 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
             if json {
                 output::json(&answer)?;
             } else if answer.released {
-                println!("released");
+                say!("released")?;
             } else {
-                println!(
+                say!(
                     "releasing (retrying in the background): {}",
-                    answer.error.as_deref().unwrap_or("no reason given")
-                );
+                    output::escape(&humanize_durations(
+                        answer.error.as_deref().unwrap_or("no reason given")
+                    ))
+                )?;
             }
             if answer.released {
                 Ok(())
             } else {
                 Err(anyhow::anyhow!(
-                    "the claim of alloc {alloc:?} on volume {id:?} is not released yet"
+                    "the claim of alloc {} on volume {} is not released yet",
+                    quoted(&alloc),
+                    quoted(&id)
                 ))
             }
         }
@@ -379,17 +385,9 @@ pub async fn run(address: &str, args: VolumeArgs) -> anyhow::Result<()> {
 
 /// `register` and `create`.
 async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> {
-    let (spec, file) = if args.file == "-" {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .context("cannot read the spec from standard input")?;
-        (text, "<stdin>".to_string())
-    } else {
-        let text = std::fs::read_to_string(&args.file)
-            .with_context(|| format!("cannot read {}", args.file))?;
-        (text, args.file.clone())
-    };
+    let source = Source::from_arg(Path::new(&args.file));
+    let spec = input::read_spec(&source)?;
+    let file = source.name();
     let format = match args.format {
         Some(FormatArg::Hcl) => SpecFormat::Hcl,
         Some(FormatArg::Json) => SpecFormat::Json,
@@ -415,10 +413,12 @@ async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> 
         redact_flags(&mut volume);
         return output::json(&volume);
     }
-    println!(
-        "Volume {:?} {done} (external id {:?}, plugin {:?})",
-        volume.id, volume.external_id, volume.plugin_id
-    );
+    say!(
+        "Volume {} {done} (external id {}, plugin {})",
+        quoted(&volume.id),
+        quoted(&volume.external_id),
+        quoted(&volume.plugin_id)
+    )?;
     Ok(())
 }
 
@@ -446,7 +446,7 @@ async fn claim(client: &Client, args: ClaimArgs) -> anyhow::Result<()> {
     if args.json {
         output::json(&answer)
     } else {
-        println!("{}", answer.target.display());
+        say!("{}", output::escape(&answer.target.display().to_string()))?;
         Ok(())
     }
 }
@@ -504,7 +504,7 @@ async fn snapshot(client: &Client, cmd: SnapshotCommand) -> anyhow::Result<()> {
                     secrets,
                 })
                 .await?;
-            println!("Snapshot {snapshot_id:?} deleted");
+            say!("Snapshot {} deleted", quoted(&snapshot_id))?;
             Ok(())
         }
         SnapshotCommand::List { plugin, json } => {
@@ -538,8 +538,9 @@ fn all_released(id: &str, answer: &DetachResponse) -> anyhow::Result<()> {
         Ok(())
     } else {
         Err(anyhow::anyhow!(
-            "{pending} claim(s) on volume {id:?} not released yet (the agent keeps retrying in \
-             the background)"
+            "{pending} claim(s) on volume {} not released yet (the agent keeps retrying in the \
+             background)",
+            quoted(id)
         ))
     }
 }
@@ -559,7 +560,7 @@ fn print_releases(answer: &DetachResponse) -> anyhow::Result<()> {
                 } else {
                     format!(
                         "pending: {}",
-                        r.error.as_deref().unwrap_or("no reason given")
+                        humanize_durations(r.error.as_deref().unwrap_or("no reason given"))
                     )
                 },
             ]
@@ -570,7 +571,7 @@ fn print_releases(answer: &DetachResponse) -> anyhow::Result<()> {
 
 fn print_list(list: &VolumeList) -> anyhow::Result<()> {
     if list.volumes.is_empty() {
-        println!("no volumes");
+        say!("no volumes")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = list
@@ -653,9 +654,9 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
         ("controller required", yes_no(v.controller_required).into()),
     ])?;
 
-    println!();
+    say!()?;
     if v.claims.is_empty() {
-        println!("no claims");
+        say!("no claims")?;
     } else {
         let rows: Vec<Vec<String>> = v
             .claims
@@ -668,7 +669,9 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
                     c.access_mode.to_string(),
                     c.attachment_mode.to_string(),
                     format!("{:?}", c.state).to_lowercase(),
-                    c.error.clone().unwrap_or_else(|| "-".into()),
+                    c.error
+                        .as_deref()
+                        .map_or_else(|| "-".into(), |e| humanize_durations(e).into_owned()),
                 ]
             })
             .collect();
@@ -686,9 +689,9 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
         )?;
     }
 
-    println!();
+    say!()?;
     if v.usages.is_empty() {
-        println!("no usages on this node");
+        say!("no usages on this node")?;
         return Ok(());
     }
     let mut rows = Vec::new();
@@ -728,7 +731,7 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
 
 fn print_snapshots(list: &SnapshotList) -> anyhow::Result<()> {
     if list.snapshots.is_empty() {
-        println!("no snapshots");
+        say!("no snapshots")?;
         return Ok(());
     }
     let rows: Vec<Vec<String>> = list
