@@ -195,6 +195,15 @@ impl ProcessEntry {
         std::fs::metadata(self.dir.join("fd").join(fd.to_string()))
             .is_ok_and(|m| FileId::of(&m) == file)
     }
+
+    /// Whether any of its file descriptors is open on the file `file`. False when they cannot
+    /// be read.
+    pub fn has_open(&self, file: FileId) -> bool {
+        std::fs::read_dir(self.dir.join("fd")).is_ok_and(|fds| {
+            fds.flatten()
+                .any(|fd| std::fs::metadata(fd.path()).is_ok_and(|m| FileId::of(&m) == file))
+        })
+    }
 }
 
 fn env_holds(env: &[u8], vars: &[(&str, &str)]) -> bool {
@@ -398,6 +407,7 @@ mod tests {
         let id = FileId::of(&std::fs::metadata(&path).unwrap());
         assert_eq!(find_processes(|p| p.fd_is(0, id)), [me]);
         assert!(find_processes(|p| p.fd_is(1, id)).is_empty());
+        assert_eq!(find_processes(|p| p.has_open(id)), [me]);
         let reaper = reap(child);
         assert!(
             stop_processes(&[me], Duration::from_secs(10), Duration::from_secs(10))
