@@ -69,6 +69,11 @@ impl Supervisor {
     /// moment) or the previous copy left in the plugin's slot is stopped, so one copy at most
     /// runs (see [`PluginSlot`]).
     pub async fn run(self, events: Arc<EventBus>, shutdown: CancellationToken) {
+        // Before the first await: the health loop watches this directory for the socket, and
+        // can only if it exists (spawn reports a failure to make it).
+        if let Some(dir) = self.socket.parent() {
+            let _ = berth_sys::create_private_dir(dir);
+        }
         let crash = CrashHook::from_env();
         let mut slot = PluginSlot::new(&self.id, &self.log);
         let mut wait = self.policy.initial;

@@ -16,7 +16,7 @@ use nix::{
 use tokio::time::Instant;
 
 /// How often the waits here look again.
-const POLL: Duration = Duration::from_millis(20);
+const POLL: Duration = Duration::from_millis(10);
 
 /// Pids of the processes (other than this one) whose environment holds every `NAME=value`
 /// of `vars`, read from `/proc`. Processes that vanish or cannot be read are skipped.
