@@ -38,6 +38,22 @@ async fn start_with_open_umask() -> AgentProcess {
     agent
 }
 
+/// Waits until the pid file names a live process other than `stale` (it is written right after
+/// the spawn, which may be after the plugin already answers).
+async fn wait_pid_recorded(agent: &AgentProcess, stale: &str) {
+    let pid_file = logs(agent).join(format!("plugin-{PLUGIN}.pid"));
+    berth_testkit::assert_eventually!(
+        Duration::from_secs(20),
+        || async {
+            std::fs::read_to_string(&pid_file).is_ok_and(|t| {
+                t.trim() != stale && t.trim().parse().is_ok_and(agent_support::alive)
+            })
+        },
+        "the pid file {} names the running plugin",
+        pid_file.display()
+    );
+}
+
 fn mode(path: &Path) -> u32 {
     std::fs::symlink_metadata(path)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -91,6 +107,7 @@ fn assert_private(agent: &AgentProcess) {
 #[tokio::test]
 async fn files_and_directories_are_private_under_an_open_umask() {
     let mut agent = start_with_open_umask().await;
+    wait_pid_recorded(&agent, "").await;
     assert_private(&agent);
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");
@@ -124,6 +141,7 @@ async fn wider_modes_found_at_start_are_narrowed() {
     agent
         .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
         .await;
+    wait_pid_recorded(&agent, "999999999").await;
     assert_private(&agent);
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");

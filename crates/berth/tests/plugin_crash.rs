@@ -225,11 +225,12 @@ async fn crash_at(step: &str, reach: Reach) {
         socket_answers(&socket(&agent)).await,
         "the socket of the copy that runs answers"
     );
-    assert_eq!(
-        std::fs::read_to_string(pid_file(&agent))
-            .expect("pid file")
-            .trim(),
-        last.to_string()
+    // Written right after the spawn, which may be after the copy already answers.
+    let pid_path = pid_file(&agent);
+    berth_testkit::assert_eventually!(
+        WAIT,
+        || async { std::fs::read_to_string(&pid_path).is_ok_and(|t| t.trim() == last.to_string()) },
+        "the pid file names {last}"
     );
     assert_eq!(counter.max(), 1, "two copies ran side by side");
 
