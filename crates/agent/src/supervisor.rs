@@ -1,15 +1,23 @@
 //! Runs a declared plugin that the agent starts itself: sets `CSI_ENDPOINT`, restarts the
 //! process with exponential backoff when it exits, and stops it (SIGTERM, then SIGKILL after a
-//! grace period) on shutdown. Starts and exits are events.
+//! grace period) on shutdown. Starts and exits are events. One copy at most runs, even after
+//! the agent was killed (see [`PluginSlot`]).
+//!
+//! Crash tests set [`CRASH_ENV`] to one of [`CLAIMED`], [`SPAWNED`], [`RECORDED`],
+//! [`EXITED`], [`STOPPING`] to kill the agent at that moment of a plugin's start or stop.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Stdio, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use berth_api::EventKind;
 use nix::{sys::signal::Signal, unistd::Pid};
 use tokio::{process::Command, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::events::EventBus;
+use crate::{
+    events::EventBus,
+    plugin_slot::{PluginSlot, open_private_append},
+    volumes::CRASH_ENV,
+};
 
 /// Restart backoff and stop grace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,87 +56,60 @@ pub struct Supervisor {
     pub env: BTreeMap<String, String>,
     /// The socket it must listen on (given as `CSI_ENDPOINT`).
     pub socket: PathBuf,
-    /// Where its stdout and stderr go (appended).
+    /// Where its stdout and stderr go (appended; mode 0600). Its pid file and lock file sit
+    /// beside it.
     pub log: PathBuf,
     /// Backoff and grace.
     pub policy: RestartPolicy,
 }
 
 impl Supervisor {
-    /// Where the running plugin's pid is kept, so an agent killed with SIGKILL can stop the
-    /// orphan it left when it starts again.
-    fn pid_file(&self) -> PathBuf {
-        self.log.with_extension("pid")
-    }
-
-    /// Stops a plugin process left running by an agent that died without stopping it: the pid
-    /// from the pid file, if that process still runs the same program.
-    async fn stop_orphan(&self) {
-        let Some(pid) = std::fs::read_to_string(self.pid_file())
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok())
-        else {
-            return;
-        };
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
-        let ours = std::fs::canonicalize(&self.command).ok();
-        if exe.is_none() || exe != ours {
-            return;
-        }
-        tracing::warn!(plugin = %self.id, pid, "stopping the plugin process a previous agent left running");
-        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGTERM);
-        let deadline = Instant::now() + self.policy.stop_grace;
-        while std::path::Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
-    }
-
-    /// Runs the plugin until `shutdown`, restarting it whenever it exits; then stops it.
+    /// Runs the plugin until `shutdown`, restarting it whenever it exits; then stops it and
+    /// whatever it left running. Before every start, whatever an earlier agent (killed at any
+    /// moment) or the previous copy left in the plugin's slot is stopped, so one copy at most
+    /// runs (see [`PluginSlot`]).
     pub async fn run(self, events: Arc<EventBus>, shutdown: CancellationToken) {
-        self.stop_orphan().await;
+        // Before the first await: the health loop watches this directory for the socket, and
+        // can only if it exists (spawn reports a failure to make it).
+        if let Some(dir) = self.socket.parent() {
+            let _ = berth_sys::create_private_dir(dir);
+        }
+        let crash = CrashHook::from_env();
+        let mut slot = PluginSlot::new(&self.id, &self.log);
         let mut wait = self.policy.initial;
-        loop {
-            if shutdown.is_cancelled() {
-                return;
-            }
-            let started = Instant::now();
-            let mut child = match self.spawn() {
+        while !shutdown.is_cancelled() {
+            let start = tokio::select! {
+                r = self.start(&mut slot, &crash) => r,
+                () = shutdown.cancelled() => break,
+            };
+            let (mut child, pid) = match start {
                 Ok(c) => c,
-                Err(e) => {
-                    let reason = format!("cannot start {}: {e}", self.command.display());
+                Err(reason) => {
                     events.emit(EventKind::PluginProcessExited, &self.id, None, reason);
                     if !sleep_or_shutdown(wait, &shutdown).await {
-                        return;
+                        break;
                     }
                     wait = (wait * 2).min(self.policy.max);
                     continue;
                 }
             };
-            let pid = child.id();
-            if let Some(p) = pid
-                && let Err(e) = std::fs::write(self.pid_file(), p.to_string())
-            {
-                tracing::warn!(plugin = %self.id, error = %e, "cannot write the plugin's pid file");
-            }
+            let started = Instant::now();
             events.emit(
                 EventKind::PluginProcessStarted,
                 &self.id,
                 None,
-                format!(
-                    "started {} (pid {})",
-                    self.command.display(),
-                    pid.map_or("?".into(), |p| p.to_string())
-                ),
+                format!("started {} (pid {pid})", self.command.display()),
             );
             let status = tokio::select! {
                 s = child.wait() => s,
                 () = shutdown.cancelled() => {
-                    self.stop(&mut child, pid).await;
+                    self.stop(&mut child, pid, &crash).await;
                     events.emit(EventKind::PluginProcessExited, &self.id, None, "stopped: agent shutting down");
-                    return;
+                    break;
                 }
             };
+            crash.at(EXITED);
+            slot.forget();
             let ran = started.elapsed();
             if ran >= self.policy.reset_after {
                 wait = self.policy.initial;
@@ -147,17 +128,45 @@ impl Supervisor {
                 ),
             );
             if !sleep_or_shutdown(wait, &shutdown).await {
-                return;
+                break;
             }
             wait = (wait * 2).min(self.policy.max);
         }
+        let stuck = slot.release(self.policy.stop_grace).await;
+        if !stuck.is_empty() {
+            tracing::error!(plugin = %self.id, pids = ?stuck, "plugin processes survive SIGKILL");
+        }
     }
 
-    fn spawn(&self) -> std::io::Result<tokio::process::Child> {
-        if let Some(dir) = self.socket.parent() {
-            berth_sys::create_private_dir(dir)?;
+    /// Claims the slot, starts a copy and records its pid; the reason, for the event, when it
+    /// cannot.
+    async fn start(
+        &self,
+        slot: &mut PluginSlot,
+        crash: &CrashHook,
+    ) -> Result<(tokio::process::Child, u32), String> {
+        slot.claim(self.policy.stop_grace)
+            .await
+            .map_err(|e| format!("cannot start {}: {e}", self.command.display()))?;
+        crash.at(CLAIMED);
+        let child = self
+            .spawn(slot)
+            .map_err(|e| format!("cannot start {}: {e}", self.command.display()))?;
+        // tokio forgets the pid only once it has reaped the child, which it has not yet.
+        let pid = child
+            .id()
+            .ok_or_else(|| format!("{} exited at once", self.command.display()))?;
+        crash.at(SPAWNED);
+        if let Err(e) = slot.record(pid) {
+            // The copy is marked and holds the lock: the next agent finds it without the file.
+            tracing::warn!(plugin = %self.id, error = %e, "cannot write the plugin's pid file");
         }
-        if let Some(dir) = self.log.parent() {
+        crash.at(RECORDED);
+        Ok((child, pid))
+    }
+
+    fn spawn(&self, slot: &PluginSlot) -> std::io::Result<tokio::process::Child> {
+        if let Some(dir) = self.socket.parent() {
             berth_sys::create_private_dir(dir)?;
         }
         // A stale socket from a previous run would make the plugin fail to bind.
@@ -166,15 +175,14 @@ impl Supervisor {
         {
             std::fs::remove_file(&self.socket)?;
         }
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
+        let log = open_private_append(&self.log)?;
         Command::new(&self.command)
             .args(&self.args)
             .envs(&self.env)
             .env("CSI_ENDPOINT", format!("unix://{}", self.socket.display()))
-            .stdin(Stdio::null())
+            // Last, so the config's env cannot hide whose copy this is.
+            .envs(slot.marks())
+            .stdin(slot.stdin()?)
             .stdout(log.try_clone()?)
             .stderr(log)
             // Its own process group, so stopping it reaches the children it starts too.
@@ -183,11 +191,13 @@ impl Supervisor {
             .spawn()
     }
 
-    async fn stop(&self, child: &mut tokio::process::Child, pid: Option<u32>) {
-        let group = pid.and_then(|p| i32::try_from(p).ok()).map(Pid::from_raw);
+    async fn stop(&self, child: &mut tokio::process::Child, pid: u32, crash: &CrashHook) {
+        // Our own child, not yet reaped: its pid cannot have been reused.
+        let group = i32::try_from(pid).ok().map(Pid::from_raw);
         if let Some(g) = group {
             let _ = nix::sys::signal::killpg(g, Signal::SIGTERM);
         }
+        crash.at(STOPPING);
         if tokio::time::timeout(self.policy.stop_grace, child.wait())
             .await
             .is_err()
@@ -198,7 +208,41 @@ impl Supervisor {
             }
             let _ = child.kill().await;
         }
-        let _ = std::fs::remove_file(self.pid_file());
+    }
+}
+
+/// Crash-test step: the slot is claimed (nothing left of earlier copies, the lock held);
+/// nothing is started.
+pub const CLAIMED: &str = "plugin:claimed";
+/// Crash-test step: the copy runs; nothing recorded (no pid file, no event).
+pub const SPAWNED: &str = "plugin:spawned";
+/// Crash-test step: its pid file is written.
+pub const RECORDED: &str = "plugin:recorded";
+/// Crash-test step: the copy exited and was reaped; the restart is pending.
+pub const EXITED: &str = "plugin:exited";
+/// Crash-test step: shutting down, SIGTERM sent to the copy, which may still run.
+pub const STOPPING: &str = "plugin:stopping";
+
+/// Kills the agent (SIGKILL) at the step named by [`CRASH_ENV`], for crash tests.
+#[derive(Debug, Default)]
+struct CrashHook {
+    at: Option<String>,
+}
+
+impl CrashHook {
+    fn from_env() -> Self {
+        Self {
+            at: std::env::var(CRASH_ENV)
+                .ok()
+                .filter(|s| s.starts_with("plugin:")),
+        }
+    }
+
+    fn at(&self, step: &str) {
+        if self.at.as_deref() == Some(step) {
+            tracing::error!(step, "crash hook: killing the agent");
+            let _ = nix::sys::signal::raise(Signal::SIGKILL);
+        }
     }
 }
 

@@ -64,6 +64,15 @@ impl fmt::Display for Table {
 /// A store failure, naming the file and what was being done.
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
+    /// The file cannot be created, or its mode cannot be made 0600.
+    #[error("state store {path}: cannot create it or make it private (mode 0600): {source}")]
+    Private {
+        /// The store file.
+        path: PathBuf,
+        /// The failure.
+        #[source]
+        source: std::io::Error,
+    },
     /// redb refused to open, read or write.
     #[error("state store {path}: {action}: {source}")]
     Db {
@@ -128,9 +137,15 @@ type Migration = fn(&redb::WriteTransaction) -> Result<(), redb::Error>;
 const MIGRATIONS: &[Migration] = &[];
 
 impl Store {
-    /// Opens (or creates) the store at `path` and brings its schema to [`SCHEMA_VERSION`].
+    /// Opens (or creates) the store at `path` and brings its schema to [`SCHEMA_VERSION`]. The
+    /// file holds volume secrets and mount flags: it is created with mode 0600 whatever the
+    /// umask, and an existing file with another mode is set to 0600 first.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, StateError> {
         let path = path.into();
+        make_private(&path).map_err(|source| StateError::Private {
+            path: path.clone(),
+            source,
+        })?;
         let db = redb::Database::create(&path).map_err(|e| db_err(&path, "open", e))?;
         let store = Self { db, path };
         store.migrate()?;
@@ -333,6 +348,23 @@ impl Store {
     }
 }
 
+/// Creates `path` (empty) with mode 0600 if it is missing, and sets an existing file to 0600.
+fn make_private(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    // The umask may have narrowed a new file's mode; an old file may have any mode.
+    if file.metadata()?.permissions().mode() & 0o7777 != 0o600 {
+        file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
 fn db_err(path: &Path, action: &str, e: impl Into<redb::Error>) -> StateError {
     StateError::Db {
         path: path.to_path_buf(),
@@ -355,6 +387,41 @@ mod tests {
     struct Rec {
         name: String,
         n: u32,
+    }
+
+    fn mode(path: &Path) -> u32 {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn the_file_is_private_whether_new_or_old() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let s = Store::open(&path).unwrap();
+        assert_eq!(mode(&path), 0o600, "a new store");
+        s.put(Table::NODE, "id", &"n1").unwrap();
+        drop(s);
+        for wide in [0o644, 0o666, 0o4755, 0o400] {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(wide)).unwrap();
+            let s = Store::open(&path).unwrap();
+            assert_eq!(mode(&path), 0o600, "a store that was {wide:o}");
+            assert_eq!(
+                s.get::<String>(Table::NODE, "id").unwrap().as_deref(),
+                Some("n1")
+            );
+        }
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_created_names_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("missing").join("state.redb");
+        let err = Store::open(&path).unwrap_err();
+        assert!(matches!(err, StateError::Private { .. }), "{err:?}");
+        assert!(err.to_string().contains("missing/state.redb"), "{err}");
+        assert!(!path.exists());
     }
 
     #[test]

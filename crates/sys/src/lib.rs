@@ -12,6 +12,7 @@ pub mod ids;
 pub mod mount;
 mod mountinfo;
 pub mod procs;
+mod rlimit;
 
 pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
@@ -25,3 +26,4 @@ pub use mount::{
 pub use mountinfo::{MountinfoError, parse_mountinfo, read_mountinfo};
 /// The errno type of mount errors, re-exported so callers need not depend on `nix`.
 pub use nix::errno::Errno;
+pub use rlimit::raise_nofile_limit;
