@@ -15,7 +15,9 @@ job "hostpath-plugin" {
       config {
         command = "berth-hostpath"
         # Relative to the task's working directory: the volumes live in the alloc's directory.
-        args = ["--statedir=state"]
+        # --strict: it refuses any request where the CO (berth) skips a duty the CSI spec puts
+        # on it, such as making the staging directory.
+        args = ["--statedir=state", "--strict"]
       }
 
       csi_plugin {

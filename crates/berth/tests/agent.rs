@@ -473,3 +473,26 @@ async fn a_registration_socket_removed_while_the_agent_was_down_is_forgotten_at_
     let list = agent.client().plugins().await.expect("list");
     assert!(list.plugins.is_empty(), "{list:?}");
 }
+
+/// One soft limit of `/proc/<pid>/limits`: `(soft, hard)`.
+fn open_files_limit(pid: u32) -> (String, String) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("open files line");
+    let fields: Vec<&str> = line["Max open files".len()..].split_whitespace().collect();
+    (fields[0].to_string(), fields[1].to_string())
+}
+
+#[tokio::test]
+async fn the_agent_raises_its_soft_open_files_limit_to_the_hard_one() {
+    // Started with the soft limit at 1024, as a shell often gives it (this test runs in a
+    // process of its own: the agent inherits the lowered limit).
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
+    setrlimit(Resource::RLIMIT_NOFILE, 1024.min(hard), hard).expect("setrlimit");
+    let agent = AgentProcess::start("").await;
+    let (soft, hard) = open_files_limit(agent.pid());
+    assert_eq!(soft, hard, "soft {soft}, hard {hard}");
+}

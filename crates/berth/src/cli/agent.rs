@@ -51,6 +51,15 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
 
 /// Runs the agent with `config` until a signal; a second signal exits at once.
 pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
+    // Every connection, plugin socket, mount-table read and log file is an open file: the
+    // inherited soft limit (often 1024) starves a busy agent long before the hard one.
+    match berth_sys::raise_nofile_limit() {
+        Ok((old, new)) if old != new => {
+            tracing::info!(from = old, to = new, "raised the soft limit on open files");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the soft limit on open files"),
+    }
     let mut dev_dir = None;
     let data_dir = match (&args.data_dir, &config.data_dir, args.dev) {
         (Some(d), _, _) => d.clone(),
@@ -178,6 +187,9 @@ fn dev_hostpath(data_dir: &std::path::Path) -> anyhow::Result<PluginDecl> {
                 // The whole CSI flow: NodeStage once per usage, ControllerPublish per node.
                 "--enable-stage".into(),
                 "--enable-attach".into(),
+                // It refuses any request where berth skips a duty of the CO (the staging
+                // directory, the target's parent…), so `--dev` shows such a defect at once.
+                "--strict".into(),
             ],
             env: Default::default(),
         },

@@ -107,6 +107,11 @@ impl AgentProcess {
         self.child = Some(child);
     }
 
+    /// The agent's pid (setpriv, unshare and nsenter exec it in place).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
     /// The namespace the agent runs in, when started with
     /// [`start_in_namespace`](Self::start_in_namespace).
     pub fn namespace(&self) -> &berth_testkit::MountNamespace {
