@@ -13,7 +13,26 @@ pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.berth.dev";
 /// Default `--statedir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth-hostpath";
 
-const LONG_HELP: &str = "\
+/// The exit codes, shown by `-h` and `--help`.
+macro_rules! exit_help {
+    () => {
+        "\
+Exit codes:
+  0   stopped by SIGTERM or SIGINT
+  1   error (the message says what failed)
+  2   invalid flags, --log-level or RUST_LOG
+  73  another berth-hostpath holds --statedir (it is locked while a copy runs: flock on
+      <statedir>/lock, which holds that copy's pid); nothing was touched
+  75  an exit fault fired (tests only: --fault)"
+    };
+}
+
+const EXIT_HELP: &str = exit_help!();
+
+const LONG_HELP: &str = concat!(
+    exit_help!(),
+    "
+
 Strict mode (--strict):
   Refuse, instead of covering for it, a request where the CO skipped a duty the CSI spec puts
   on it: INVALID_ARGUMENT when a field holds what the spec rules out, FAILED_PRECONDITION when
@@ -59,7 +78,8 @@ Fault injection (for tests only):
 Call log (for tests only):
   --call-log FILE or BERTH_HOSTPATH_CALL_LOG=FILE: after every RPC, before answering, append one
   line `<RpcName> <volume_id or -> <CODE>` to FILE (CODE is OK or a gRPC code as above; a call
-  whose caller went away shows as CANCELLED). Only the volume id is written from the request.";
+  whose caller went away shows as CANCELLED). Only the volume id is written from the request."
+);
 
 /// How log lines are written (to stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,6 +98,7 @@ pub enum LogFormat {
     version,
     about = "A single-node CSI plugin (Identity, Controller and Node services) that serves \
              directories under its state directory as volumes, through bind mounts.",
+    after_help = EXIT_HELP,
     after_long_help = LONG_HELP
 )]
 pub struct Config {
@@ -91,7 +112,8 @@ pub struct Config {
     #[arg(long)]
     pub nodeid: Option<String>,
 
-    /// Directory for state.json, volumes/ and snapshots/.
+    /// Directory for state.json, volumes/ and snapshots/; one running copy per directory (see
+    /// exit code 73).
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub statedir: PathBuf,
 

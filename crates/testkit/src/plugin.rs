@@ -63,6 +63,7 @@ pub struct HostpathPluginBuilder {
     envs: Vec<(OsString, OsString)>,
     ready_timeout: Duration,
     socket: Option<PathBuf>,
+    statedir: Option<PathBuf>,
     call_log: Option<PathBuf>,
 }
 
@@ -71,6 +72,13 @@ impl HostpathPluginBuilder {
     /// The caller keeps the path short (≤ 107 bytes) and its directory existing.
     pub fn socket(mut self, path: impl Into<PathBuf>) -> Self {
         self.socket = Some(path.into());
+        self
+    }
+
+    /// Use `path` as `--statedir` instead of `tmp()/statedir` (e.g. another plugin's, to see
+    /// the second copy refused). The caller keeps it existing; it is not removed on drop.
+    pub fn statedir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.statedir = Some(path.into());
         self
     }
 
@@ -157,7 +165,10 @@ impl HostpathPluginBuilder {
             .prefix("bh")
             .tempdir_in("/tmp")
             .map_err(SpawnError::Start)?;
-        let statedir = tmp.path().join("statedir");
+        let statedir = self
+            .statedir
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("statedir"));
         let socket = self
             .socket
             .clone()
@@ -268,6 +279,7 @@ impl HostpathPlugin {
             envs: Vec::new(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             socket: None,
+            statedir: None,
             call_log: None,
         }
     }
