@@ -10,6 +10,16 @@
 //! snapshot are serialized; different ones run in parallel. One copy of the plugin runs per
 //! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]).
 //!
+//! With `--backing=image` a volume is instead a sparse file `<statedir>/volumes/<id>.img` of
+//! the volume's capacity holding an ext4 filesystem (made by `mkfs.ext4` at CreateVolume; a
+//! snapshot or clone is a sparse copy). NodeStageVolume mounts it straight onto the staging path
+//! (which it never creates) through an autoclear loop device, with the capability's mount flags,
+//! growing the filesystem first if it is smaller than its image; NodePublishVolume bind-mounts
+//! the staging path onto the target path; NodeUnstageVolume's unmount frees the loop device.
+//! ControllerExpandVolume grows the image, NodeExpandVolume the mounted filesystem
+//! (`resize2fs`, which needs CAP_SYS_RESOURCE); NodeGetVolumeStats reports the filesystem's
+//! own figures. Image backing needs staging, e2fsprogs and util-linux.
+//!
 //! Topology: one segment, `topology.hostpath.csi.berth.dev/node` = the node id.
 //!
 //! # Strict mode
@@ -86,6 +96,7 @@ mod error;
 pub mod faults;
 mod files;
 mod identity;
+mod image;
 mod locks;
 mod node;
 mod plugin;
@@ -112,7 +123,7 @@ use crate::{
     state::Store,
 };
 pub use crate::{
-    config::{Config, LogFormat},
+    config::{Backing, Config, LogFormat},
     error::RunError,
     plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
     state::StateError,
@@ -151,6 +162,14 @@ pub async fn run_with_mounter(
             reason: format!("{node_id:?} must be 1 to 128 bytes long"),
         });
     }
+    if config.backing == Backing::Image && !config.enable_stage {
+        return Err(RunError::InvalidFlag {
+            flag: "backing",
+            reason: "image needs --enable-stage: the image's filesystem is mounted onto the \
+                     staging path"
+                .to_owned(),
+        });
+    }
     let statedir = create_statedir(&config.statedir)?;
     // Before anything else in the state directory or the socket is touched.
     let _lock = statelock::acquire(&statedir)?;
@@ -173,6 +192,7 @@ pub async fn run_with_mounter(
         max_volumes_per_node: config.max_volumes_per_node,
         stage: config.enable_stage,
         attach: config.enable_attach,
+        backing: config.backing,
         strict: config.strict,
     };
     let plugin = Arc::new(
@@ -190,6 +210,7 @@ pub async fn run_with_mounter(
         stage = plugin.settings.stage,
         attach = plugin.settings.attach,
         strict = plugin.settings.strict,
+        backing = ?plugin.settings.backing,
         "serving CSI"
     );
     let server = tonic::transport::Server::builder()
