@@ -59,6 +59,15 @@ pub(crate) fn required_capability(
     capability(cap, field, unsupported)
 }
 
+/// The mount flags of a mount capability (none for others). They may be sensitive: never log
+/// or echo them.
+pub(crate) fn mount_flags(cap: Option<&pb::VolumeCapability>) -> &[String] {
+    match cap.and_then(|c| c.access_type.as_ref()) {
+        Some(AccessType::Mount(m)) => &m.mount_flags,
+        _ => &[],
+    }
+}
+
 /// Whether the access mode allows only one target path on a node: SINGLE_NODE_SINGLE_WRITER,
 /// the mode that exists to say so. The legacy SINGLE_NODE_WRITER and the reader modes allow
 /// several workloads of one node, as COs publish them (one target per workload).

@@ -13,7 +13,26 @@ pub const DEFAULT_DRIVER_NAME: &str = "hostpath.csi.berth.dev";
 /// Default `--statedir`.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth-hostpath";
 
-const LONG_HELP: &str = "\
+/// The exit codes, shown by `-h` and `--help`.
+macro_rules! exit_help {
+    () => {
+        "\
+Exit codes:
+  0   stopped by SIGTERM or SIGINT
+  1   error (the message says what failed)
+  2   invalid flags, --log-level or RUST_LOG
+  73  another berth-hostpath holds --statedir (it is locked while a copy runs: flock on
+      <statedir>/lock, which holds that copy's pid); nothing was touched
+  75  an exit fault fired (tests only: --fault)"
+    };
+}
+
+const EXIT_HELP: &str = exit_help!();
+
+const LONG_HELP: &str = concat!(
+    exit_help!(),
+    "
+
 Strict mode (--strict):
   Refuse, instead of covering for it, a request where the CO skipped a duty the CSI spec puts
   on it: INVALID_ARGUMENT when a field holds what the spec rules out, FAILED_PRECONDITION when
@@ -59,7 +78,18 @@ Fault injection (for tests only):
 Call log (for tests only):
   --call-log FILE or BERTH_HOSTPATH_CALL_LOG=FILE: after every RPC, before answering, append one
   line `<RpcName> <volume_id or -> <CODE>` to FILE (CODE is OK or a gRPC code as above; a call
-  whose caller went away shows as CANCELLED). Only the volume id is written from the request.";
+  whose caller went away shows as CANCELLED). Only the volume id is written from the request."
+);
+
+/// What volumes are made of (`--backing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Backing {
+    /// A directory `<statedir>/volumes/<id>`, staged and published by bind mounts.
+    Dir,
+    /// A sparse file `<statedir>/volumes/<id>.img` holding an ext4 filesystem of the volume's
+    /// capacity, mounted onto the staging path through a loop device.
+    Image,
+}
 
 /// How log lines are written (to stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -77,7 +107,9 @@ pub enum LogFormat {
     name = "berth-hostpath",
     version,
     about = "A single-node CSI plugin (Identity, Controller and Node services) that serves \
-             directories under its state directory as volumes, through bind mounts.",
+             directories (bind-mounted) or ext4 image files (mounted through loop devices) under \
+             its state directory as volumes.",
+    after_help = EXIT_HELP,
     after_long_help = LONG_HELP
 )]
 pub struct Config {
@@ -91,7 +123,8 @@ pub struct Config {
     #[arg(long)]
     pub nodeid: Option<String>,
 
-    /// Directory for state.json, volumes/ and snapshots/.
+    /// Directory for state.json, volumes/ and snapshots/; one running copy per directory (see
+    /// exit code 73).
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub statedir: PathBuf,
 
@@ -121,6 +154,15 @@ pub struct Config {
     #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub enable_attach: bool,
+
+    /// What a volume is: `dir`, a directory bind-mounted onto the staging and target paths; or
+    /// `image`, a sparse ext4 image file of the volume's capacity, mounted onto the staging path
+    /// through a loop device (as block drivers do) and bind-mounted from there. `image` needs
+    /// --enable-stage, e2fsprogs (mkfs.ext4, dumpe2fs, e2fsck, resize2fs) and util-linux
+    /// (mount, losetup). NodeExpandVolume grows a staged filesystem only with CAP_SYS_RESOURCE;
+    /// without it the filesystem grows when the volume is next staged.
+    #[arg(long, value_enum, default_value_t = Backing::Dir)]
+    pub backing: Backing,
 
     /// Refuse requests where the CO skipped a duty the CSI spec puts on it (see the section
     /// below).
@@ -164,6 +206,7 @@ impl Config {
             max_volumes_per_node: 0,
             enable_stage: true,
             enable_attach: true,
+            backing: Backing::Dir,
             strict: false,
             log_format: LogFormat::Human,
             log_level: None,
@@ -248,9 +291,17 @@ mod tests {
         assert_eq!(c.drivername, DEFAULT_DRIVER_NAME);
         assert!(c.enable_stage && c.enable_attach);
         assert!(!c.strict);
+        assert_eq!(c.backing, Backing::Dir);
         assert_eq!(c.capacity, None);
         assert!(c.faults.is_empty());
         assert_eq!(c.call_log, None);
+    }
+
+    #[test]
+    fn backing_flag() {
+        let c = parse(&["--endpoint=/x.sock", "--backing=image"]).expect("parses");
+        assert_eq!(c.backing, Backing::Image);
+        assert!(parse(&["--endpoint=/x.sock", "--backing=lvm"]).is_err());
     }
 
     #[test]

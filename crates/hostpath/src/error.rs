@@ -4,7 +4,12 @@ use std::{error::Error as StdError, io, path::PathBuf};
 
 use tonic::Status;
 
-use crate::{endpoint::EndpointError, faults::FaultsError, state::StateError};
+use crate::{
+    endpoint::EndpointError,
+    faults::FaultsError,
+    state::StateError,
+    statelock::{EXIT_STATEDIR_IN_USE, StateLockError},
+};
 
 /// Why [`run`](crate::run) could not start or stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -21,6 +26,9 @@ pub enum RunError {
         #[source]
         source: io::Error,
     },
+    /// Another process holds the state directory, or its lock file cannot be used.
+    #[error(transparent)]
+    StateLock(#[from] StateLockError),
     /// The persisted state cannot be loaded.
     #[error(transparent)]
     State(#[from] StateError),
@@ -53,6 +61,17 @@ pub enum RunError {
     /// The gRPC server failed.
     #[error("serving gRPC")]
     Serve(#[source] tonic::transport::Error),
+}
+
+impl RunError {
+    /// The exit code `berth-hostpath` ends with for this error: [`EXIT_STATEDIR_IN_USE`] when
+    /// another copy holds the state directory, else 1.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Self::StateLock(StateLockError::InUse { .. }) => EXIT_STATEDIR_IN_USE,
+            _ => 1,
+        }
+    }
 }
 
 /// `err` and its sources, joined by `": "`.

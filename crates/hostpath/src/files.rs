@@ -21,7 +21,11 @@ pub(crate) struct FsError {
     pub source: io::Error,
 }
 
-fn at<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> FsError + 'a {
+/// Wraps an io error of `action` on `path`.
+pub(crate) fn at<'a>(
+    action: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(io::Error) -> FsError + 'a {
     move |source| FsError {
         action,
         path: path.to_path_buf(),
@@ -66,23 +70,29 @@ pub(crate) fn delete_tree(dir: &Path, name: &str) -> Result<(), FsError> {
     }
 }
 
-/// Removes leftovers of interrupted [`create_tree`] and [`delete_tree`] calls in `dir`.
+/// Removes leftovers of interrupted [`create_tree`] and [`delete_tree`] calls (and of image
+/// creations, named the same way) in `dir`.
 pub(crate) fn remove_leftovers(dir: &Path) -> Result<(), FsError> {
     for entry in fs::read_dir(dir).map_err(at("listing", dir))? {
         let entry = entry.map_err(at("listing", dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if name.starts_with(".new-") || name.starts_with(".del-") {
-            tracing::info!(path = %entry.path().display(), "removing leftover directory");
+            tracing::info!(path = %entry.path().display(), "removing a leftover");
             remove_tree(&entry.path())?;
         }
     }
     Ok(())
 }
 
-/// `rm -rf` that does not follow symlinks; missing is fine.
+/// `rm -rf`: removes a directory tree (not following symlinks) or a file; missing is fine.
 pub(crate) fn remove_tree(path: &Path) -> Result<(), FsError> {
-    match fs::remove_dir_all(path) {
+    let removed = match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match removed {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(at("removing", path)(e)),
         _ => Ok(()),
     }
@@ -171,10 +181,12 @@ mod tests {
         assert_eq!(mode & 0o777, VOLUME_DIR_MODE);
         assert_eq!(tree_usage(&v1).expect("usage"), (11, 5));
 
-        // a leftover of an interrupted create is cleaned up
+        // leftovers of interrupted creates are cleaned up, directories and files
         fs::create_dir(vols.join(".new-v2")).expect("mkdir");
+        fs::write(vols.join(".new-v3.img"), b"x").expect("write");
         remove_leftovers(&vols).expect("cleanup");
         assert!(!vols.join(".new-v2").exists());
+        assert!(!vols.join(".new-v3.img").exists());
         assert!(v1.exists());
 
         delete_tree(&vols, "v1").expect("delete");

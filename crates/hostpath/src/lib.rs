@@ -7,7 +7,18 @@
 //! disabled) onto the target path, read-only when asked. Whether something is mounted is always
 //! read from the real mount table. Everything else the plugin knows is in `<statedir>/state.json`,
 //! rewritten atomically on every change, so it survives restarts. Operations on one volume or
-//! snapshot are serialized; different ones run in parallel.
+//! snapshot are serialized; different ones run in parallel. One copy of the plugin runs per
+//! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]).
+//!
+//! With `--backing=image` a volume is instead a sparse file `<statedir>/volumes/<id>.img` of
+//! the volume's capacity holding an ext4 filesystem (made by `mkfs.ext4` at CreateVolume; a
+//! snapshot or clone is a sparse copy). NodeStageVolume mounts it straight onto the staging path
+//! (which it never creates) through an autoclear loop device, with the capability's mount flags,
+//! growing the filesystem first if it is smaller than its image; NodePublishVolume bind-mounts
+//! the staging path onto the target path; NodeUnstageVolume's unmount frees the loop device.
+//! ControllerExpandVolume grows the image, NodeExpandVolume the mounted filesystem
+//! (`resize2fs`, which needs CAP_SYS_RESOURCE); NodeGetVolumeStats reports the filesystem's
+//! own figures. Image backing needs staging, e2fsprogs and util-linux.
 //!
 //! Topology: one segment, `topology.hostpath.csi.berth.dev/node` = the node id.
 //!
@@ -85,13 +96,15 @@ mod error;
 pub mod faults;
 mod files;
 mod identity;
+mod image;
 mod locks;
 mod node;
 mod plugin;
 mod state;
+pub mod statelock;
 mod strict;
 
-use std::{fs, io, os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc, time::Duration};
+use std::{fs, os::unix::fs::DirBuilderExt as _, path::Path, sync::Arc, time::Duration};
 
 use berth_csi::pb::{
     controller_server::ControllerServer, identity_server::IdentityServer, node_server::NodeServer,
@@ -110,7 +123,7 @@ use crate::{
     state::Store,
 };
 pub use crate::{
-    config::{Config, LogFormat},
+    config::{Backing, Config, LogFormat},
     error::RunError,
     plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
     state::StateError,
@@ -121,7 +134,10 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Runs the plugin with real mounts until `shutdown` is cancelled, then drains in-flight RPCs
 /// (for at most [`SHUTDOWN_GRACE`]) and removes the socket. Fails before serving if the
-/// configuration, the state directory or the socket cannot be used.
+/// configuration, the state directory or the socket cannot be used, and at once, before it
+/// touches either, if another process holds the state directory's lock
+/// ([`statelock`]; the binary then exits with [`statelock::EXIT_STATEDIR_IN_USE`]). The lock is
+/// held until this returns.
 ///
 /// Running in-process is possible, but an `exit` fault exits the whole process.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), RunError> {
@@ -146,7 +162,18 @@ pub async fn run_with_mounter(
             reason: format!("{node_id:?} must be 1 to 128 bytes long"),
         });
     }
-    let statedir = prepare_statedir(&config.statedir)?;
+    if config.backing == Backing::Image && !config.enable_stage {
+        return Err(RunError::InvalidFlag {
+            flag: "backing",
+            reason: "image needs --enable-stage: the image's filesystem is mounted onto the \
+                     staging path"
+                .to_owned(),
+        });
+    }
+    let statedir = create_statedir(&config.statedir)?;
+    // Before anything else in the state directory or the socket is touched.
+    let _lock = statelock::acquire(&statedir)?;
+    prepare_statedir(&statedir)?;
     let store = Store::load(&statedir.join("state.json"))?;
     let faults = Faults::load(config.faults.clone(), &statedir)?;
     let call_log = match &config.call_log {
@@ -165,6 +192,7 @@ pub async fn run_with_mounter(
         max_volumes_per_node: config.max_volumes_per_node,
         stage: config.enable_stage,
         attach: config.enable_attach,
+        backing: config.backing,
         strict: config.strict,
     };
     let plugin = Arc::new(
@@ -182,6 +210,7 @@ pub async fn run_with_mounter(
         stage = plugin.settings.stage,
         attach = plugin.settings.attach,
         strict = plugin.settings.strict,
+        backing = ?plugin.settings.backing,
         "serving CSI"
     );
     let server = tonic::transport::Server::builder()
@@ -220,26 +249,37 @@ pub async fn run_with_mounter(
     result
 }
 
-/// Creates the state directory (0700) and its `volumes/` and `snapshots/`, removes leftovers of
-/// interrupted operations, and returns its absolute path.
-fn prepare_statedir(dir: &Path) -> Result<std::path::PathBuf, RunError> {
-    let err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source: io::Error| RunError::StateDir { path, source }
+/// Creates the state directory (0700) if it is missing and returns its absolute path.
+fn create_statedir(dir: &Path) -> Result<std::path::PathBuf, RunError> {
+    let err = |source| RunError::StateDir {
+        path: dir.to_path_buf(),
+        source,
     };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(err)?;
+    dir.canonicalize().map_err(err)
+}
+
+/// Creates `volumes/` and `snapshots/` in the (locked) state directory and removes leftovers
+/// of interrupted operations.
+fn prepare_statedir(dir: &Path) -> Result<(), RunError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true).mode(0o700);
-    builder.create(dir).map_err(err(dir))?;
-    let dir = dir.canonicalize().map_err(err(dir))?;
     for sub in ["volumes", "snapshots"] {
         let path = dir.join(sub);
-        builder.create(&path).map_err(err(&path))?;
+        builder.create(&path).map_err(|source| RunError::StateDir {
+            path: path.clone(),
+            source,
+        })?;
         files::remove_leftovers(&path).map_err(|e| RunError::StateDir {
             path: e.path.clone(),
             source: e.source,
         })?;
     }
-    Ok(dir)
+    Ok(())
 }
 
 /// The CSI rules for a plugin name: at most 63 characters, alphanumerics, `-` and `.`, starting

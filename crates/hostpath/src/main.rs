@@ -16,13 +16,14 @@ async fn main() -> ExitCode {
     }
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(cancel_on_signal(shutdown.clone()));
-    let result = run(config, shutdown).await.map_err(anyhow::Error::from);
+    let result = run(config, shutdown).await;
     signals.abort();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("berth-hostpath: error: {e:#}");
-            ExitCode::FAILURE
+            let code = e.exit_code();
+            eprintln!("berth-hostpath: error: {:#}", anyhow::Error::from(e));
+            ExitCode::from(code)
         }
     }
 }

@@ -16,7 +16,15 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, codegen::http};
 use tracing::Instrument as _;
 
-use crate::{calllog::CallLog, error::internal, faults::Faults, locks::KeyedLocks, state::Store};
+use crate::{
+    Backing,
+    calllog::CallLog,
+    error::internal,
+    faults::Faults,
+    image,
+    locks::KeyedLocks,
+    state::{Capability, Store},
+};
 
 /// Topology key whose value is the node id.
 pub const TOPOLOGY_KEY: &str = "topology.hostpath.csi.berth.dev/node";
@@ -35,6 +43,8 @@ pub(crate) struct Settings {
     pub max_volumes_per_node: u32,
     pub stage: bool,
     pub attach: bool,
+    /// What volumes are made of.
+    pub backing: Backing,
     /// `--strict`: refuse requests where the CO skipped a duty of its own.
     pub strict: bool,
 }
@@ -222,20 +232,72 @@ impl Plugin {
         HashMap::from([(TOPOLOGY_KEY.to_owned(), self.settings.node_id.clone())])
     }
 
-    pub fn volume_dir(&self, id: &str) -> PathBuf {
-        self.volumes_dir.join(id)
+    /// The name of volume or snapshot `id`'s directory or image file.
+    pub fn entry_name(&self, id: &str) -> String {
+        match self.settings.backing {
+            Backing::Dir => id.to_owned(),
+            Backing::Image => image::file_name(id),
+        }
     }
 
-    pub fn snapshot_dir(&self, id: &str) -> PathBuf {
-        self.snapshots_dir.join(id)
+    /// Volume `id`'s directory or image file.
+    pub fn volume_path(&self, id: &str) -> PathBuf {
+        self.volumes_dir.join(self.entry_name(id))
     }
 
-    /// Whether `entry` is a bind mount of volume `id`'s directory (even one removed since).
+    /// Snapshot `id`'s directory or image file.
+    pub fn snapshot_path(&self, id: &str) -> PathBuf {
+        self.snapshots_dir.join(self.entry_name(id))
+    }
+
+    /// Whether this plugin's volumes can have `cap`'s fs_type: directories take any (they have
+    /// no filesystem of their own); images are ext4 (`""` means the plugin's choice).
+    pub fn fs_type_supported(&self, cap: &Capability) -> bool {
+        match self.settings.backing {
+            Backing::Dir => true,
+            Backing::Image => cap.fs_type.is_empty() || cap.fs_type == image::FS_TYPE,
+        }
+    }
+
+    /// [`fs_type_supported`](Self::fs_type_supported), or `INVALID_ARGUMENT` naming `field`.
+    pub fn check_fs_type(&self, cap: &Capability, field: &str) -> Result<(), Status> {
+        if self.fs_type_supported(cap) {
+            return Ok(());
+        }
+        Err(Status::invalid_argument(format!(
+            "{field}.mount.fs_type {fs_type:?} is not supported: this plugin's volumes are \
+             {ext4} filesystems (leave it empty or say {ext4:?})",
+            fs_type = cap.fs_type,
+            ext4 = image::FS_TYPE
+        )))
+    }
+
+    /// Whether `entry` is a mount of volume `id` (even of one removed since): a bind mount of
+    /// its directory, or a mount of the filesystem in its image (made from a loop device
+    /// attached to the image file, directly or through a bind of such a mount).
     pub fn is_volume_mount(&self, entry: &MountEntry, id: &str) -> bool {
-        let expected = self.volumes_fs_root.join(id);
-        let mut deleted = OsString::from(expected.as_os_str());
-        deleted.push("//deleted");
-        entry.root == expected || entry.root.as_os_str() == deleted
+        match self.settings.backing {
+            Backing::Dir => {
+                let expected = self.volumes_fs_root.join(id);
+                let mut deleted = OsString::from(expected.as_os_str());
+                deleted.push("//deleted");
+                entry.root == expected || entry.root.as_os_str() == deleted
+            }
+            Backing::Image => {
+                let backing = match self.mounter.loop_backing_file(&entry.source) {
+                    Ok(Some(file)) => file,
+                    Ok(None) => return false,
+                    Err(e) => {
+                        tracing::warn!(error = %crate::error::chain(&e), "cannot read a loop device");
+                        return false;
+                    }
+                };
+                let expected = self.volume_path(id);
+                let mut deleted = OsString::from(expected.as_os_str());
+                deleted.push(" (deleted)");
+                backing == expected || backing.as_os_str() == deleted
+            }
+        }
     }
 
     /// What is mounted at `path` (the top-most mount), read from the real mount table.
@@ -292,6 +354,14 @@ pub(crate) fn test_plugin(
     Arc::new(unshared_test_plugin(dir, mounter, stage, attach))
 }
 
+/// [`test_plugin`] with image backing (`--backing=image`), staging on, attach off.
+#[cfg(test)]
+pub(crate) fn image_test_plugin(dir: &Path, mounter: Arc<dyn Mounter>) -> Arc<Plugin> {
+    let mut plugin = unshared_test_plugin(dir, mounter, true, false);
+    plugin.settings.backing = Backing::Image;
+    Arc::new(plugin)
+}
+
 /// [`test_plugin`] in strict mode (`--strict`).
 #[cfg(test)]
 pub(crate) fn strict_test_plugin(
@@ -325,6 +395,7 @@ fn unshared_test_plugin(
         max_volumes_per_node: 0,
         stage,
         attach,
+        backing: Backing::Dir,
         strict: false,
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");

@@ -4,8 +4,11 @@
 //! in-memory mount table, so code above it can be unit-tested without root.
 
 use std::{
+    collections::HashMap,
     fmt,
+    os::unix::ffi::OsStringExt as _,
     path::{Path, PathBuf},
+    process::{Command, Stdio},
     sync::{Mutex, MutexGuard},
 };
 
@@ -115,6 +118,38 @@ pub enum MountError {
         #[source]
         errno: Errno,
     },
+    /// Mounting a filesystem image through a loop device (`mount -o loop`) failed; nothing
+    /// was mounted. `detail` is mount(8)'s exit status and message, with every mount option
+    /// of the call blanked out.
+    #[error("mounting the image {} onto {}: {detail}", image.display(), target.display())]
+    MountImage {
+        /// The image file.
+        image: PathBuf,
+        /// The mount point.
+        target: PathBuf,
+        /// What mount(8) said, options removed.
+        detail: String,
+    },
+    /// mount(8) could not be run.
+    #[error("running mount(8) to mount {} onto {}", image.display(), target.display())]
+    RunMount {
+        /// The image file.
+        image: PathBuf,
+        /// The mount point.
+        target: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file behind a loop device could not be read from sysfs.
+    #[error("reading the backing file of {device}")]
+    LoopInfo {
+        /// The loop device, e.g. `/dev/loop3`.
+        device: String,
+        /// The read error.
+        #[source]
+        source: std::io::Error,
+    },
     /// The mount table did not parse.
     #[error("parsing the mount table {}", path.display())]
     ParseMountinfo {
@@ -148,6 +183,24 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     /// [`MountError::LeftWritable`] (see [`MountError::left_a_mount`]).
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError>;
 
+    /// Mounts the filesystem (of type `fs_type`) in the image file `image` onto the existing
+    /// directory `target` through a loop device that the kernel frees when the filesystem's
+    /// last mount goes (autoclear). `options` are the filesystem's mount options; they never
+    /// appear in an error. With `read_only`, the mount (and the loop device) is read-only. On
+    /// error nothing is mounted.
+    fn mount_image(
+        &self,
+        image: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[String],
+        read_only: bool,
+    ) -> Result<(), MountError>;
+
+    /// If `source` (a mount's source) is an attached loop device, the file behind it, as the
+    /// kernel reports it (a file removed since ends in ` (deleted)`).
+    fn loop_backing_file(&self, source: &str) -> Result<Option<PathBuf>, MountError>;
+
     /// Unmounts the top-most mount at `target` (no lazy detach, no force). Returns
     /// [`MountError::NotMounted`] if `target` is not a mount point.
     fn unmount(&self, target: &Path) -> Result<(), MountError>;
@@ -171,6 +224,49 @@ pub fn top_mount_at<'a>(entries: &'a [MountEntry], path: &Path) -> Option<&'a Mo
         .find(|e| !at.iter().any(|o| o.parent_id == e.mount_id))
         .or(at.last())
         .copied()
+}
+
+/// `loopN` if `source` is `/dev/loopN`.
+fn loop_device_name(source: &str) -> Option<&str> {
+    let name = source.strip_prefix("/dev/")?;
+    let digits = name.strip_prefix("loop")?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then_some(name)
+}
+
+/// `text` with every mount option of `options` blanked out where it stands as a word of its
+/// own (not inside a longer word), and for `key=value` options the key and the value too, as
+/// some tools name them apart.
+fn redact_options(text: &str, options: &[String]) -> String {
+    let mut words: Vec<&str> = Vec::new();
+    for option in options {
+        words.push(option);
+        if let Some((key, value)) = option.split_once('=') {
+            words.extend([key, value]);
+        }
+    }
+    // Longest first, so that a word inside another one is not cut out of it first.
+    words.retain(|w| !w.is_empty());
+    words.sort_by_key(|w| std::cmp::Reverse(w.len()));
+    let mut text = text.to_owned();
+    for word in words {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find(word) {
+            let before = rest[..at].chars().next_back();
+            let after = rest[at + word.len()..].chars().next();
+            let inside = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+            out.push_str(&rest[..at]);
+            if inside(before) || inside(after) {
+                out.push_str(word);
+            } else {
+                out.push_str("[REDACTED]");
+            }
+            rest = &rest[at + word.len()..];
+        }
+        out.push_str(rest);
+        text = out;
+    }
+    text
 }
 
 /// The real thing: `mount(2)` and `umount2(2)` through `nix`, `/proc/self/mountinfo`.
@@ -203,6 +299,68 @@ impl Mounter for LinuxMounter {
             }
         }
         Ok(())
+    }
+
+    fn mount_image(
+        &self,
+        image: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[String],
+        read_only: bool,
+    ) -> Result<(), MountError> {
+        let mut all = vec!["loop".to_owned()];
+        if read_only {
+            all.push("ro".to_owned());
+        }
+        all.extend(options.iter().cloned());
+        // util-linux's mount sets the loop device up with autoclear.
+        let out = Command::new("mount")
+            .arg("--no-mtab")
+            .args(["-t", fs_type, "-o", &all.join(",")])
+            .arg(image)
+            .arg(target)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|source| MountError::RunMount {
+                image: image.to_path_buf(),
+                target: target.to_path_buf(),
+                source,
+            })?;
+        if out.status.success() {
+            return Ok(());
+        }
+        let said = String::from_utf8_lossy(&out.stderr);
+        Err(MountError::MountImage {
+            image: image.to_path_buf(),
+            target: target.to_path_buf(),
+            detail: format!(
+                "mount(8) {}: {}",
+                out.status,
+                redact_options(said.trim(), options)
+            ),
+        })
+    }
+
+    fn loop_backing_file(&self, source: &str) -> Result<Option<PathBuf>, MountError> {
+        let Some(name) = loop_device_name(source) else {
+            return Ok(None);
+        };
+        let path = Path::new("/sys/block").join(name).join("loop/backing_file");
+        match std::fs::read(&path) {
+            Ok(mut bytes) => {
+                if bytes.last() == Some(&b'\n') {
+                    bytes.pop();
+                }
+                Ok(Some(PathBuf::from(std::ffi::OsString::from_vec(bytes))))
+            }
+            // Not attached (any more).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source_err) => Err(MountError::LoopInfo {
+                device: source.to_owned(),
+                source: source_err,
+            }),
+        }
     }
 
     fn unmount(&self, target: &Path) -> Result<(), MountError> {
@@ -322,6 +480,19 @@ pub enum MountCall {
         /// Whether a read-only mount was asked for.
         read_only: bool,
     },
+    /// [`Mounter::mount_image`].
+    MountImage {
+        /// The image file.
+        image: PathBuf,
+        /// Mount point.
+        target: PathBuf,
+        /// Filesystem type.
+        fs_type: String,
+        /// Mount options.
+        options: Vec<String>,
+        /// Whether a read-only mount was asked for.
+        read_only: bool,
+    },
     /// [`Mounter::unmount`].
     Unmount {
         /// Path unmounted.
@@ -330,7 +501,8 @@ pub enum MountCall {
 }
 
 /// A fake [`Mounter`]: records every call and keeps an in-memory mount table that starts with
-/// one root mount (id 1, `/`). [`fail_next`](Self::fail_next) makes the next call fail.
+/// one root mount (id 1, `/`). [`fail_next`](Self::fail_next) makes the next call fail. Images
+/// are "mounted" from fake loop devices `/dev/loopN`, forgotten when their last mount goes.
 #[derive(Debug)]
 pub struct RecordingMounter {
     inner: Mutex<Recording>,
@@ -342,6 +514,9 @@ struct Recording {
     table: Vec<MountEntry>,
     next_id: u32,
     fail_next: Option<Errno>,
+    /// Fake loop devices (`/dev/loopN`) and their image files.
+    loops: HashMap<String, PathBuf>,
+    next_loop: u32,
 }
 
 impl Default for RecordingMounter {
@@ -369,6 +544,8 @@ impl RecordingMounter {
                 table: vec![root],
                 next_id: 100,
                 fail_next: None,
+                loops: HashMap::new(),
+                next_loop: 0,
             }),
         }
     }
@@ -388,7 +565,7 @@ impl RecordingMounter {
         std::mem::take(&mut self.lock().calls)
     }
 
-    /// Makes the next `bind` or `unmount` fail with `errno` (recorded, table unchanged; an
+    /// Makes the next `bind`, `mount_image` or `unmount` fail with `errno` (recorded, table unchanged; an
     /// `unmount` failing with `EINVAL` reports [`MountError::NotMounted`]).
     pub fn fail_next(&self, errno: Errno) {
         self.lock().fail_next = Some(errno);
@@ -396,6 +573,52 @@ impl RecordingMounter {
 }
 
 impl Mounter for RecordingMounter {
+    fn mount_image(
+        &self,
+        image: &Path,
+        target: &Path,
+        fs_type: &str,
+        options: &[String],
+        read_only: bool,
+    ) -> Result<(), MountError> {
+        let mut rec = self.lock();
+        rec.calls.push(MountCall::MountImage {
+            image: image.to_path_buf(),
+            target: target.to_path_buf(),
+            fs_type: fs_type.to_owned(),
+            options: options.to_vec(),
+            read_only,
+        });
+        if let Some(errno) = rec.fail_next.take() {
+            return Err(MountError::MountImage {
+                image: image.to_path_buf(),
+                target: target.to_path_buf(),
+                detail: format!("injected failure: {errno}"),
+            });
+        }
+        let device = format!("/dev/loop{}", rec.next_loop);
+        rec.next_loop += 1;
+        rec.loops.insert(device.clone(), image.to_path_buf());
+        let parent_id = containing_mount(&rec.table, target).map_or(1, |e| e.mount_id);
+        let mount_id = rec.next_id;
+        rec.next_id += 1;
+        rec.table.push(MountEntry {
+            mount_id,
+            parent_id,
+            root: PathBuf::from("/"),
+            mount_point: target.to_path_buf(),
+            read_only,
+            shared: false,
+            fs_type: fs_type.to_owned(),
+            source: device,
+        });
+        Ok(())
+    }
+
+    fn loop_backing_file(&self, source: &str) -> Result<Option<PathBuf>, MountError> {
+        Ok(self.lock().loops.get(source).cloned())
+    }
+
     fn bind(&self, source: &Path, target: &Path, read_only: bool) -> Result<(), MountError> {
         let mut rec = self.lock();
         rec.calls.push(MountCall::Bind {
@@ -455,10 +678,14 @@ impl Mounter for RecordingMounter {
             }
             None => {}
         }
-        let id = top_mount_at(&rec.table, target)
-            .map(|e| e.mount_id)
+        let (id, source) = top_mount_at(&rec.table, target)
+            .map(|e| (e.mount_id, e.source.clone()))
             .ok_or_else(not_mounted)?;
         rec.table.retain(|e| e.mount_id != id);
+        // Autoclear: a loop device goes with the last mount of its filesystem.
+        if !rec.table.iter().any(|e| e.source == source) {
+            rec.loops.remove(&source);
+        }
         Ok(())
     }
 
@@ -716,6 +943,99 @@ mod tests {
     }
 
     #[test]
+    fn loop_devices_are_recognised_by_name() {
+        assert_eq!(loop_device_name("/dev/loop0"), Some("loop0"));
+        assert_eq!(loop_device_name("/dev/loop12"), Some("loop12"));
+        for other in [
+            "/dev/loop",
+            "/dev/loop1p1",
+            "/dev/sda",
+            "tmpfs",
+            "/dev/loopx",
+        ] {
+            assert_eq!(loop_device_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn mount_options_are_blanked_out_of_messages() {
+        let options = ["ro".to_owned(), "secret=hunter2".to_owned()];
+        let said = "mount: /m: wrong fs type, bad option 'secret=hunter2' (ro)\n\
+                    fsconfig: Unknown parameter 'secret'; value hunter2";
+        let text = redact_options(said, &options);
+        assert!(
+            !text.contains("hunter2") && !text.contains("'secret"),
+            "{text}"
+        );
+        assert!(
+            text.contains("wrong fs type"),
+            "words that hold an option stay: {text}"
+        );
+        assert_eq!(
+            text,
+            "mount: /m: wrong fs type, bad option '[REDACTED]' ([REDACTED])\n\
+             fsconfig: Unknown parameter '[REDACTED]'; value [REDACTED]"
+        );
+    }
+
+    #[test]
+    fn recording_mounter_mounts_images_from_loop_devices_that_go_with_their_last_mount() {
+        let m = RecordingMounter::new();
+        let flags = vec!["noexec".to_owned()];
+        m.mount_image(
+            Path::new("/v/a.img"),
+            Path::new("/stage"),
+            "ext4",
+            &flags,
+            false,
+        )
+        .expect("mount");
+        let staged = m
+            .mount_at(Path::new("/stage"))
+            .expect("table")
+            .expect("mounted");
+        assert_eq!(staged.root, Path::new("/"));
+        assert_eq!(staged.fs_type, "ext4");
+        assert_eq!(
+            m.loop_backing_file(&staged.source).expect("loop"),
+            Some(PathBuf::from("/v/a.img"))
+        );
+        m.bind(Path::new("/stage"), Path::new("/pub"), true)
+            .expect("bind");
+        let published = m
+            .mount_at(Path::new("/pub"))
+            .expect("table")
+            .expect("mounted");
+        assert_eq!(published.source, staged.source, "a bind shares the device");
+        m.unmount(Path::new("/stage")).expect("unmount");
+        assert!(m.loop_backing_file(&staged.source).expect("loop").is_some());
+        m.unmount(Path::new("/pub")).expect("unmount");
+        assert_eq!(m.loop_backing_file(&staged.source).expect("loop"), None);
+        assert_eq!(
+            m.take_calls()[0],
+            MountCall::MountImage {
+                image: "/v/a.img".into(),
+                target: "/stage".into(),
+                fs_type: "ext4".into(),
+                options: flags,
+                read_only: false,
+            }
+        );
+        m.fail_next(Errno::EIO);
+        let err = m
+            .mount_image(
+                Path::new("/v/a.img"),
+                Path::new("/stage"),
+                "ext4",
+                &[],
+                true,
+            )
+            .unwrap_err();
+        assert!(matches!(err, MountError::MountImage { .. }), "{err:?}");
+        assert_eq!(m.mount_at(Path::new("/stage")).expect("table"), None);
+    }
+
+    #[test]
     fn bind_error_names_both_paths() {
         let err = MountError::Bind {
             from: "/src dir".into(),
@@ -806,6 +1126,93 @@ mod linux_tests {
             ),
             "{err:?}"
         );
+    }
+
+    /// The loop devices whose backing file is under `dir`.
+    fn loops_under(dir: &Path) -> Vec<PathBuf> {
+        let Ok(entries) = fs::read_dir("/sys/block") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| fs::read_to_string(e.path().join("loop/backing_file")).ok())
+            .map(|f| PathBuf::from(f.trim_end()))
+            .filter(|f| f.starts_with(dir))
+            .collect()
+    }
+
+    #[test]
+    fn linux_mounter_mounts_images_through_autoclear_loop_devices() {
+        const NAME: &str =
+            "mount::linux_tests::linux_mounter_mounts_images_through_autoclear_loop_devices";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let image = dir.path().join("fs.img");
+        let target = dir.path().join("mnt");
+        fs::create_dir(&target).expect("mkdir");
+        fs::File::create(&image)
+            .and_then(|f| f.set_len(16 << 20))
+            .expect("sparse file");
+        let made = Command::new("mkfs.ext4")
+            .args(["-q", "-F"])
+            .arg(&image)
+            .status()
+            .expect("mkfs.ext4 (e2fsprogs)");
+        assert!(made.success());
+        let m = LinuxMounter;
+
+        // A bad option fails, mounts nothing, and is not repeated in the error.
+        let secret = vec!["secretopt=hunter2".to_owned()];
+        let err = m
+            .mount_image(&image, &target, "ext4", &secret, false)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, MountError::MountImage { .. }), "{err:?}");
+        assert!(
+            !text.contains("hunter2") && !text.contains("secretopt"),
+            "{text}"
+        );
+        assert_eq!(m.mount_at(&target).expect("mountinfo"), None);
+
+        m.mount_image(&image, &target, "ext4", &["noexec".to_owned()], false)
+            .expect("mount");
+        let e = m.mount_at(&target).expect("mountinfo").expect("mounted");
+        assert_eq!(e.fs_type, "ext4");
+        assert_eq!(
+            m.loop_backing_file(&e.source).expect("sysfs"),
+            Some(image.clone())
+        );
+        assert_eq!(loops_under(dir.path()), vec![image.clone()]);
+        let line = fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .find(|l| l.contains(&format!(" {} ", target.display())))
+            .map(str::to_owned)
+            .expect("line");
+        assert!(line.contains("noexec"), "{line}");
+        fs::write(target.join("f"), b"data").expect("write");
+
+        m.unmount(&target).expect("unmount");
+        assert!(!target.join("f").exists());
+        // Autoclear frees the device once the filesystem is gone (the kernel may take a moment).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !loops_under(dir.path()).is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert_eq!(loops_under(dir.path()), Vec::<PathBuf>::new());
+        assert_eq!(m.loop_backing_file(&e.source).expect("sysfs"), None);
+
+        m.mount_image(&image, &target, "ext4", &[], true)
+            .expect("read-only mount");
+        let e = m.mount_at(&target).expect("mountinfo").expect("mounted");
+        assert!(e.read_only);
+        assert_eq!(
+            fs::read(target.join("f")).expect("the data is in the image"),
+            b"data"
+        );
+        m.unmount(&target).expect("unmount");
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub struct HostpathPluginBuilder {
     stage: Option<bool>,
     attach: Option<bool>,
     strict: Option<bool>,
+    backing: Option<String>,
     faults: Vec<String>,
     nodeid: String,
     log_level: String,
@@ -63,6 +64,7 @@ pub struct HostpathPluginBuilder {
     envs: Vec<(OsString, OsString)>,
     ready_timeout: Duration,
     socket: Option<PathBuf>,
+    statedir: Option<PathBuf>,
     call_log: Option<PathBuf>,
 }
 
@@ -71,6 +73,13 @@ impl HostpathPluginBuilder {
     /// The caller keeps the path short (≤ 107 bytes) and its directory existing.
     pub fn socket(mut self, path: impl Into<PathBuf>) -> Self {
         self.socket = Some(path.into());
+        self
+    }
+
+    /// Use `path` as `--statedir` instead of `tmp()/statedir` (e.g. another plugin's, to see
+    /// the second copy refused). The caller keeps it existing; it is not removed on drop.
+    pub fn statedir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.statedir = Some(path.into());
         self
     }
 
@@ -90,6 +99,15 @@ impl HostpathPluginBuilder {
     /// (the plugin's default is off).
     pub fn strict(mut self, on: bool) -> Self {
         self.strict = Some(on);
+        self
+    }
+
+    /// `--backing=<kind>`: `"dir"` (the plugin's default) or `"image"` (ext4 image files
+    /// mounted through loop devices; needs staging). Loop devices are machine-wide: the
+    /// handle detaches any still attached to its files when it is dropped (see
+    /// [`HostpathPlugin::attached_loops`]).
+    pub fn backing(mut self, kind: impl Into<String>) -> Self {
+        self.backing = Some(kind.into());
         self
     }
 
@@ -157,7 +175,10 @@ impl HostpathPluginBuilder {
             .prefix("bh")
             .tempdir_in("/tmp")
             .map_err(SpawnError::Start)?;
-        let statedir = tmp.path().join("statedir");
+        let statedir = self
+            .statedir
+            .clone()
+            .unwrap_or_else(|| tmp.path().join("statedir"));
         let socket = self
             .socket
             .clone()
@@ -179,6 +200,9 @@ impl HostpathPluginBuilder {
         }
         if let Some(on) = self.strict {
             args.push(format!("--strict={on}").into());
+        }
+        if let Some(kind) = &self.backing {
+            args.push(format!("--backing={kind}").into());
         }
         for spec in &self.faults {
             args.push("--fault".into());
@@ -261,6 +285,7 @@ impl HostpathPlugin {
             stage: None,
             attach: None,
             strict: None,
+            backing: None,
             faults: Vec::new(),
             nodeid: DEFAULT_NODE_ID.to_owned(),
             log_level: "debug".to_owned(),
@@ -268,6 +293,7 @@ impl HostpathPlugin {
             envs: Vec::new(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
             socket: None,
+            statedir: None,
             call_log: None,
         }
     }
@@ -444,6 +470,22 @@ impl HostpathPlugin {
         self.start().await
     }
 
+    /// The loop devices attached to files in this plugin's state directory or temporary
+    /// directory, as `(device, file)` (read from `/sys/block/loop*/loop/backing_file`). Loop
+    /// devices are a machine-wide resource: tests of image-backed volumes check this is empty
+    /// once they are done.
+    pub fn attached_loops(&self) -> Vec<(PathBuf, PathBuf)> {
+        attached_loops_under(&[self.statedir.as_path(), self.tmp.path()])
+    }
+
+    /// Waits up to `timeout` for [`attached_loops`](Self::attached_loops) to be empty (the
+    /// kernel frees an autoclear loop device a moment after its last unmount); what is still
+    /// attached then.
+    pub async fn wait_loops_detached(&self, timeout: Duration) -> Vec<(PathBuf, PathBuf)> {
+        crate::eventually(timeout, || async { self.attached_loops().is_empty() }).await;
+        self.attached_loops()
+    }
+
     /// Replaces the fault control file `<statedir>/faults` (one spec per line; written
     /// atomically, read by the plugin on its next RPC). An empty slice clears all file faults.
     ///
@@ -468,7 +510,49 @@ impl Drop for HostpathPlugin {
                 self.stderr_text()
             );
         }
+        // The plugin's mounts went with its namespace, and with them its autoclear loop
+        // devices, a moment later; detach any that stay, whatever happened in the test.
+        let deadline = std::time::Instant::now() + LOOP_DETACH_TIMEOUT;
+        let mut left = self.attached_loops();
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::sleep(POLL_INTERVAL);
+            left = self.attached_loops();
+        }
+        for (device, file) in left {
+            eprintln!(
+                "testkit: detaching {} (still attached to {})",
+                device.display(),
+                file.display()
+            );
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(&device)
+                .status();
+        }
     }
+}
+
+/// How long a dropped [`HostpathPlugin`] waits for its loop devices to go before it detaches
+/// them.
+const LOOP_DETACH_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The loop devices whose backing file is under one of `dirs`, as `(device, file)`.
+fn attached_loops_under(dirs: &[&Path]) -> Vec<(PathBuf, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir("/sys/block") else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let Ok(file) = std::fs::read_to_string(entry.path().join("loop/backing_file")) else {
+            continue;
+        };
+        let file = PathBuf::from(file.trim_end_matches('\n'));
+        if dirs.iter().any(|d| file.starts_with(d)) {
+            found.push((Path::new("/dev").join(entry.file_name()), file));
+        }
+    }
+    found.sort();
+    found
 }
 
 fn lock(buf: &Mutex<Vec<u8>>) -> std::sync::MutexGuard<'_, Vec<u8>> {

@@ -8,9 +8,9 @@ use tonic::{Code, Status};
 use super::{discard_tree, new_id};
 use crate::{
     caps,
-    files::{self, VOLUME_DIR_MODE},
+    files::VOLUME_DIR_MODE,
     locks::{snapshot_key, volume_key, volume_name_key},
-    plugin::{Plugin, blocking},
+    plugin::Plugin,
     state::{ContentSource, VolumeRecord},
 };
 
@@ -85,11 +85,9 @@ impl Plugin {
             return Err(Status::invalid_argument("volume_capabilities is required"));
         }
         for (i, cap) in req.volume_capabilities.iter().enumerate() {
-            caps::capability(
-                cap,
-                &format!("volume_capabilities[{i}]"),
-                Code::InvalidArgument,
-            )?;
+            let field = format!("volume_capabilities[{i}]");
+            let cap = caps::capability(cap, &field, Code::InvalidArgument)?;
+            self.check_fs_type(&cap, &field)?;
         }
         let range = req.capacity_range.as_ref();
         caps::choose_capacity(range, 0, self.settings.max_volume_size)?;
@@ -130,17 +128,14 @@ impl Plugin {
             };
         }
 
-        let source_dir = match &source {
+        let from = match &source {
             None => None,
-            Some(ContentSource::Snapshot(id)) => Some(self.snapshot_dir(id)),
-            Some(ContentSource::Volume(id)) => Some(self.volume_dir(id)),
+            Some(ContentSource::Snapshot(id)) => Some((id.as_str(), self.snapshot_path(id))),
+            Some(ContentSource::Volume(id)) => Some((id.as_str(), self.volume_path(id))),
         };
         let capacity = caps::choose_capacity(range, floor, self.settings.max_volume_size)?;
         self.store.read(|s| self.check_pool(s, capacity)).await?;
-
-        let dir = self.volumes_dir.clone();
-        let dir_id = id.clone();
-        blocking(move || files::create_tree(&dir, &dir_id, source_dir.as_deref(), VOLUME_DIR_MODE))
+        self.make_entry(&self.volumes_dir, &id, from, capacity, VOLUME_DIR_MODE)
             .await?;
         let record = VolumeRecord {
             id: id.clone(),
@@ -168,8 +163,8 @@ impl Plugin {
             })
             .await;
         if let Err(status) = saved {
-            // The record was not written: the directory must not outlive this call.
-            discard_tree(&self.volumes_dir, &id).await;
+            // The record was not written: the directory or image must not outlive this call.
+            discard_tree(&self.volumes_dir, self.entry_name(&id)).await;
             return Err(status);
         }
         tracing::info!(volume_id = %id, capacity, "created volume");

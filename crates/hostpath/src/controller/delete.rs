@@ -36,9 +36,8 @@ impl Plugin {
                 .await?;
             tracing::info!(volume_id = %id, "deleted volume");
         }
-        let dir = self.volumes_dir.clone();
-        let id = id.to_owned();
-        blocking(move || files::delete_tree(&dir, &id)).await?;
+        let (dir, name) = (self.volumes_dir.clone(), self.entry_name(id));
+        blocking(move || files::delete_tree(&dir, &name)).await?;
         Ok(pb::DeleteVolumeResponse {})
     }
 }

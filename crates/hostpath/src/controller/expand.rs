@@ -3,7 +3,11 @@
 use berth_csi::pb;
 use tonic::{Code, Status};
 
-use crate::{caps, locks::volume_key, plugin::Plugin};
+use crate::{
+    Backing, caps, image,
+    locks::volume_key,
+    plugin::{Plugin, blocking},
+};
 
 impl Plugin {
     pub(super) async fn controller_expand_volume(
@@ -19,7 +23,8 @@ impl Plugin {
             .as_ref()
             .ok_or_else(|| Status::invalid_argument("capacity_range is required"))?;
         if let Some(cap) = &req.volume_capability {
-            caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
+            let cap = caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
+            self.check_fs_type(&cap, "volume_capability")?;
         }
         let (required, limit) = (range.required_bytes, range.limit_bytes);
         if required < 0 || limit < 0 {
@@ -51,6 +56,15 @@ impl Plugin {
             return Err(Status::out_of_range(format!(
                 "{target} bytes requested but the maximum volume size is {max} bytes"
             )));
+        }
+        self.store
+            .read(|s| self.check_pool(s, target - v.capacity_bytes))
+            .await?;
+        if self.settings.backing == Backing::Image {
+            // The file first: a record never promises more than the image has. The filesystem
+            // grows in NodeExpandVolume (or when next staged).
+            let (path, size) = (self.volume_path(id), u64::try_from(target).unwrap_or(0));
+            blocking(move || image::grow(&path, size)).await?;
         }
         self.store
             .update(|s| {

@@ -50,6 +50,7 @@ impl Plugin {
         for (i, cap) in req.volume_capabilities.iter().enumerate() {
             let field = format!("volume_capabilities[{i}]");
             match caps::capability(cap, &field, Code::FailedPrecondition) {
+                Ok(c) if !self.fs_type_supported(&c) => usable = false,
                 Ok(_) => {}
                 Err(s) if s.code() == Code::FailedPrecondition => usable = false,
                 Err(s) => return Err(s),

@@ -1,7 +1,11 @@
 //! The CSI Controller service: volumes and snapshots as directories, controller publication as
 //! a record.
 
-use std::{path::Path, sync::Arc};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+    sync::Arc,
+};
 
 use rand::Rng as _;
 
@@ -12,7 +16,7 @@ use berth_csi::pb::{
 use tonic::Status;
 
 use crate::{
-    caps, files,
+    Backing, caps, files, image,
     plugin::{Plugin, blocking},
     state::{ContentSource, State, VolumeRecord},
 };
@@ -114,15 +118,15 @@ fn page<'a, T: 'a>(
     (out, next)
 }
 
-/// Removes `dir/<id>`, made by a create whose record could not be written. A failure is only
-/// logged: the caller reports the error that made the create fail, and the directory, which no
-/// record points at, is replaced if the id is ever drawn again.
-async fn discard_tree(dir: &Path, id: &str) {
-    let (dir, id) = (dir.to_path_buf(), id.to_owned());
-    if let Err(status) = blocking(move || files::delete_tree(&dir, &id)).await {
+/// Removes `dir/<name>`, made by a create whose record could not be written. A failure is only
+/// logged: the caller reports the error that made the create fail, and the directory or image,
+/// which no record points at, is replaced if the id is ever drawn again.
+async fn discard_tree(dir: &Path, name: String) {
+    let dir = dir.to_path_buf();
+    if let Err(status) = blocking(move || files::delete_tree(&dir, &name)).await {
         tracing::warn!(
             error = status.message(),
-            "could not remove an unrecorded directory"
+            "could not remove an unrecorded volume or snapshot"
         );
     }
 }
@@ -145,18 +149,68 @@ impl Plugin {
     }
 
     pub(crate) fn condition(&self, id: &str) -> pb::VolumeCondition {
-        let dir = self.volume_dir(id);
-        if dir.is_dir() {
+        let path = self.volume_path(id);
+        let (present, what) = match self.settings.backing {
+            Backing::Dir => (path.is_dir(), "volume directory"),
+            Backing::Image => (path.is_file(), "volume image"),
+        };
+        if present {
             pb::VolumeCondition {
                 abnormal: false,
-                message: "volume directory is present".to_owned(),
+                message: format!("{what} is present"),
             }
         } else {
             pb::VolumeCondition {
                 abnormal: true,
-                message: format!("volume directory {} is missing", dir.display()),
+                message: format!("{what} {} is missing", path.display()),
             }
         }
+    }
+
+    /// Makes volume or snapshot `id` in `dir` (its directory, or its image of `capacity` bytes),
+    /// with the content of `source` (a volume's or snapshot's path), all or nothing. An image
+    /// source that is mounted is flushed first, so the copy has what was written to it.
+    async fn make_entry(
+        &self,
+        dir: &Path,
+        id: &str,
+        source: Option<(&str, PathBuf)>,
+        capacity: i64,
+        dir_mode: u32,
+    ) -> Result<(), Status> {
+        let (dir, name) = (dir.to_path_buf(), self.entry_name(id));
+        if let Some((source_id, _)) = &source {
+            self.flush_volume(source_id).await?;
+        }
+        let source = source.map(|(_, path)| path);
+        match self.settings.backing {
+            Backing::Dir => {
+                blocking(move || files::create_tree(&dir, &name, source.as_deref(), dir_mode)).await
+            }
+            Backing::Image => {
+                let capacity = u64::try_from(capacity).unwrap_or(0);
+                blocking(move || image::create(&dir, &name, source.as_deref(), capacity)).await
+            }
+        }
+    }
+
+    /// Image backing: writes out what the mounted filesystem of volume `id` (if it is one, and
+    /// mounted) holds in memory, to its image (syncfs through one of its mounts). A copy made
+    /// while it is being written to is crash-consistent at best.
+    async fn flush_volume(&self, id: &str) -> Result<(), Status> {
+        if self.settings.backing != Backing::Image {
+            return Ok(());
+        }
+        let Some(mount) = self.volume_mounts(id)?.into_iter().next() else {
+            return Ok(());
+        };
+        let point = mount.mount_point;
+        blocking(move || {
+            fs::File::open(&point)
+                .and_then(|f| nix::unistd::syncfs(&f).map_err(io::Error::from))
+                .map_err(files::at("syncing the filesystem at", &point))
+        })
+        .await
     }
 
     async fn volume(&self, id: &str) -> Result<VolumeRecord, Status> {
@@ -334,7 +388,7 @@ mod tests {
         delete(&p, &old).await;
         assert!(p.store.read(|s| s.volumes.contains_key(&new)).await);
         assert!(
-            p.volume_dir(&new).is_dir(),
+            p.volume_path(&new).is_dir(),
             "the new volume's directory is kept"
         );
     }

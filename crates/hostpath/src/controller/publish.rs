@@ -38,6 +38,7 @@ impl Plugin {
             "volume_capability",
             Code::InvalidArgument,
         )?;
+        self.check_fs_type(&capability, "volume_capability")?;
         if self.settings.strict {
             strict::controller_readonly(req.readonly)?;
             strict::volume_context(&req.volume_context)?;

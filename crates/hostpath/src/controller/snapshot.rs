@@ -64,10 +64,9 @@ impl Plugin {
             .store
             .read(|s| new_id("snap", |c| s.snapshots.contains_key(c)))
             .await;
-        let dir = self.snapshots_dir.clone();
-        let from = self.volume_dir(source);
-        let dir_id = id.clone();
-        blocking(move || files::create_tree(&dir, &dir_id, Some(&from), SNAPSHOT_DIR_MODE)).await?;
+        let from = Some((source, self.volume_path(source)));
+        self.make_entry(&self.snapshots_dir, &id, from, 0, SNAPSHOT_DIR_MODE)
+            .await?;
         let now = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap_or_default();
@@ -94,7 +93,7 @@ impl Plugin {
             .await;
         if let Err(status) = saved {
             // The record was not written: the directory must not outlive this call.
-            discard_tree(&self.snapshots_dir, &id).await;
+            discard_tree(&self.snapshots_dir, self.entry_name(&id)).await;
             return Err(status);
         }
         tracing::info!(snapshot_id = %id, volume_id = %source, "created snapshot");
@@ -118,9 +117,8 @@ impl Plugin {
                 .await?;
             tracing::info!(snapshot_id = %id, "deleted snapshot");
         }
-        let dir = self.snapshots_dir.clone();
-        let id = id.to_owned();
-        blocking(move || files::delete_tree(&dir, &id)).await?;
+        let (dir, name) = (self.snapshots_dir.clone(), self.entry_name(id));
+        blocking(move || files::delete_tree(&dir, &name)).await?;
         Ok(pb::DeleteSnapshotResponse {})
     }
 

@@ -3,7 +3,7 @@
 use berth_csi::pb::{self, validate_volume_capabilities_response};
 use tonic::{Code, Status};
 
-use crate::{caps, plugin::Plugin, strict};
+use crate::{caps, image, plugin::Plugin, strict};
 
 impl Plugin {
     pub(super) async fn validate_volume_capabilities(
@@ -20,6 +20,14 @@ impl Plugin {
         for (i, cap) in req.volume_capabilities.iter().enumerate() {
             let field = format!("volume_capabilities[{i}]");
             match caps::capability(cap, &field, Code::FailedPrecondition) {
+                Ok(c) if !self.fs_type_supported(&c) => {
+                    unsupported.get_or_insert_with(|| {
+                        format!(
+                            "{field}: this plugin's volumes are {} filesystems",
+                            image::FS_TYPE
+                        )
+                    });
+                }
                 Ok(_) => {}
                 Err(s) if s.code() == Code::FailedPrecondition => {
                     unsupported.get_or_insert_with(|| s.message().to_owned());

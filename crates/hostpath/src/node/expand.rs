@@ -1,9 +1,16 @@
 //! NodeExpandVolume.
 
+use std::path::PathBuf;
+
 use berth_csi::pb;
 use tonic::{Code, Status};
 
-use crate::{caps, locks::volume_key, plugin::Plugin};
+use crate::{
+    Backing, caps,
+    image::{self, Online},
+    locks::volume_key,
+    plugin::{Plugin, blocking},
+};
 
 impl Plugin {
     pub(super) async fn node_expand_volume(
@@ -17,7 +24,8 @@ impl Plugin {
         let path = caps::node_path(&req.volume_path, "volume_path")?;
         caps::optional_node_path(&req.staging_target_path, "staging_target_path")?;
         if let Some(cap) = &req.volume_capability {
-            caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
+            let cap = caps::capability(cap, "volume_capability", Code::InvalidArgument)?;
+            self.check_fs_type(&cap, "volume_capability")?;
         }
         let (required, limit) = req
             .capacity_range
@@ -43,9 +51,35 @@ impl Plugin {
                 v.capacity_bytes
             )));
         }
+        if self.settings.backing == Backing::Image {
+            self.fill_mounted_image(id).await?;
+        }
         // A directory has no filesystem to grow: the new capacity is already in effect.
         Ok(pb::NodeExpandVolumeResponse {
             capacity_bytes: v.capacity_bytes,
         })
+    }
+
+    /// Grows the mounted filesystem of volume `id` (image backing) to fill its image, through
+    /// the loop device it is mounted from.
+    async fn fill_mounted_image(&self, id: &str) -> Result<(), Status> {
+        let mounts = self.volume_mounts(id)?;
+        let Some(mount) = mounts.iter().find(|m| !m.read_only) else {
+            return Err(Status::failed_precondition(format!(
+                "volume {id} is mounted read-only only; its filesystem cannot grow while so \
+                 mounted: stage it writable, or unstage it and stage it again (staging grows \
+                 the filesystem first)"
+            )));
+        };
+        let device = PathBuf::from(&mount.source);
+        match blocking(move || image::fill_online(&device)).await? {
+            Online::Done => Ok(()),
+            Online::NotPermitted => Err(Status::failed_precondition(format!(
+                "volume {id}'s filesystem must grow while it is mounted, and the kernel lets only \
+                 a process with CAP_SYS_RESOURCE grow a mounted ext4 filesystem, which this \
+                 plugin lacks: unpublish and unstage the volume and stage it again (staging \
+                 grows the filesystem first)"
+            ))),
+        }
     }
 }

@@ -83,6 +83,29 @@ fn ensure_dir(path: &Path, field: &str) -> Result<bool, Status> {
     }
 }
 
+/// `FAILED_PRECONDITION` unless `path` is an existing directory: for image backing, whose
+/// filesystem is mounted onto it as mount(2) would, never creating it.
+fn existing_dir(path: &Path, field: &str) -> Result<(), Status> {
+    match fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(Status::failed_precondition(format!(
+            "{field} {} is not a directory: a volume's filesystem is mounted onto an existing \
+             directory",
+            path.display()
+        ))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Status::failed_precondition(format!(
+            "{field} {} does not exist: a volume's filesystem is mounted onto an existing \
+             directory, which the CO creates (this plugin does not, as mount(2) would not)",
+            path.display()
+        ))),
+        Err(source) => Err(internal(&files::FsError {
+            action: "inspecting",
+            path: path.to_path_buf(),
+            source,
+        })),
+    }
+}
+
 /// Removes the directory `path` if it is empty; leaves anything else alone. Whether nothing is
 /// left at `path`.
 fn remove_empty_dir(path: &Path) -> Result<bool, Status> {
@@ -281,7 +304,7 @@ mod tests {
     use tonic::Code;
 
     use super::*;
-    use crate::plugin::{strict_test_plugin, test_plugin};
+    use crate::plugin::{image_test_plugin, strict_test_plugin, test_plugin};
 
     fn cap(mode: Mode) -> pb::VolumeCapability {
         pb::VolumeCapability {
@@ -342,7 +365,7 @@ mod tests {
             mounter.take_calls(),
             vec![
                 MountCall::Bind {
-                    source: p.volume_dir(&id),
+                    source: p.volume_path(&id),
                     target: staging.clone(),
                     read_only: false
                 },
@@ -454,7 +477,7 @@ mod tests {
         std::fs::create_dir(&staging).expect("mkdir");
         // What a bind whose read-only remount could not be undone leaves behind.
         mounter
-            .bind(&p.volume_dir(&id), &staging, false)
+            .bind(&p.volume_path(&id), &staging, false)
             .expect("writable bind");
         mounter.take_calls();
 
@@ -474,7 +497,7 @@ mod tests {
                     target: staging.clone()
                 },
                 MountCall::Bind {
-                    source: p.volume_dir(&id),
+                    source: p.volume_path(&id),
                     target: staging.clone(),
                     read_only: true
                 },
@@ -497,7 +520,7 @@ mod tests {
         .expect("unstage");
         std::fs::create_dir_all(&staging).expect("mkdir");
         mounter
-            .bind(&p.volume_dir(&id), &staging, false)
+            .bind(&p.volume_path(&id), &staging, false)
             .expect("writable bind");
         mounter.take_calls();
         p.node_stage_volume(&stage(Mode::SingleNodeWriter))
@@ -603,5 +626,85 @@ mod tests {
         .await
         .expect("unstage");
         assert!(staging.is_dir(), "the CO's staging directory stays");
+    }
+
+    #[tokio::test]
+    async fn image_volumes_are_mounted_from_their_image_and_published_by_binds() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = Arc::new(RecordingMounter::new());
+        let p = image_test_plugin(dir.path(), mounter.clone());
+        let id = create(&p, Mode::SingleNodeWriter).await;
+        let image = p.volume_path(&id);
+        assert!(image.ends_with(format!("volumes/{id}.img")), "{image:?}");
+        assert!(image.is_file());
+        let staging = dir.path().join("staging");
+        let target = dir.path().join("target");
+        std::fs::create_dir(&staging).expect("the CO makes it");
+        let mut capability = cap(Mode::SingleNodeWriter);
+        if let Some(AccessType::Mount(m)) = &mut capability.access_type {
+            m.mount_flags = vec!["noatime".to_owned()];
+        }
+        let stage = pb::NodeStageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            volume_capability: Some(capability.clone()),
+            ..Default::default()
+        };
+        let publish = pb::NodePublishVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            volume_capability: Some(capability),
+            readonly: true,
+            ..Default::default()
+        };
+        for _ in 0..2 {
+            p.node_stage_volume(&stage).await.expect("stage");
+            p.node_publish_volume(&publish).await.expect("publish");
+        }
+        let at_target = mounter.mount_at(&target).expect("table").expect("mounted");
+        assert!(p.is_volume_mount(&at_target, &id), "{at_target:?}");
+        assert!(!p.is_volume_mount(&at_target, "vol-other"));
+        p.node_unpublish_volume(&pb::NodeUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            target_path: target.display().to_string(),
+        })
+        .await
+        .expect("unpublish");
+        p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
+            volume_id: id.clone(),
+            staging_target_path: staging.display().to_string(),
+        })
+        .await
+        .expect("unstage");
+        assert_eq!(
+            mounter.take_calls(),
+            vec![
+                MountCall::MountImage {
+                    image: image.clone(),
+                    target: staging.clone(),
+                    fs_type: "ext4".to_owned(),
+                    options: vec!["noatime".to_owned()],
+                    read_only: false,
+                },
+                MountCall::Bind {
+                    source: staging.clone(),
+                    target: target.clone(),
+                    read_only: true
+                },
+                MountCall::Unmount {
+                    target: target.clone()
+                },
+                MountCall::Unmount {
+                    target: staging.clone()
+                },
+            ]
+        );
+        assert!(staging.is_dir() && !target.exists());
+        assert_eq!(
+            mounter.loop_backing_file(&at_target.source).expect("loops"),
+            None,
+            "the loop device went with the last mount"
+        );
     }
 }

@@ -32,6 +32,7 @@ impl Plugin {
             "volume_capability",
             Code::FailedPrecondition,
         )?;
+        self.check_fs_type(&capability, "volume_capability")?;
         let staging = if self.settings.stage {
             if req.staging_target_path.is_empty() {
                 return Err(Status::failed_precondition(
@@ -68,7 +69,7 @@ impl Plugin {
             },
             None => {
                 self.require_controller_published(&v)?;
-                self.volume_dir(id)
+                self.volume_path(id)
             }
         };
         let wanted = NodePublication {

@@ -5,11 +5,13 @@ use std::path::Path;
 use berth_csi::pb;
 use tonic::{Code, Status};
 
-use super::{bind_failed, ensure_dir, remove_empty_dir};
+use super::{bind_failed, ensure_dir, existing_dir, remove_empty_dir};
 use crate::{
-    caps,
+    Backing, caps,
+    error::internal,
+    image,
     locks::volume_key,
-    plugin::{MountAt, Plugin},
+    plugin::{MountAt, Plugin, blocking},
     state::{Staging, VolumeRecord},
     strict,
 };
@@ -38,6 +40,7 @@ impl Plugin {
             "volume_capability",
             Code::FailedPrecondition,
         )?;
+        self.check_fs_type(&capability, "volume_capability")?;
         self.require_controller_published(&v)?;
         if self.settings.strict {
             strict::publish_context(
@@ -79,21 +82,69 @@ impl Plugin {
             }
             MountAt::Nothing => {}
         }
-        let created = if self.settings.strict {
-            strict::staging_dir(&staging)?;
-            self.require_one_staging_path(&v, &staging)?;
-            false
-        } else {
-            ensure_dir(&staging, "staging_target_path")?
+        let created = match self.settings.backing {
+            Backing::Dir => {
+                let created = if self.settings.strict {
+                    strict::staging_dir(&staging)?;
+                    self.require_one_staging_path(&v, &staging)?;
+                    false
+                } else {
+                    ensure_dir(&staging, "staging_target_path")?
+                };
+                if let Err(e) = self
+                    .mounter
+                    .bind(&self.volume_path(id), &staging, read_only)
+                {
+                    return Err(bind_failed(&e, &staging, created));
+                }
+                created
+            }
+            Backing::Image => {
+                let flags = caps::mount_flags(req.volume_capability.as_ref());
+                self.mount_image_at(&v, &staging, flags, read_only).await?;
+                false
+            }
         };
-        if let Err(e) = self.mounter.bind(&self.volume_dir(id), &staging, read_only) {
-            return Err(bind_failed(&e, &staging, created));
-        }
         let created = created || record.is_some_and(|s| s.created_dir);
         self.record_staging(id, &staging, capability, created)
             .await?;
         tracing::info!(volume_id = %id, path = %staging.display(), read_only, "staged");
         Ok(pb::NodeStageVolumeResponse {})
+    }
+
+    /// Mounts the filesystem in volume `v`'s image onto `staging` (image backing). The directory
+    /// must exist (the plugin never makes it, as mount(2) would not), and nothing of the volume
+    /// may be mounted elsewhere (one image mounted twice, from two loop devices, would be
+    /// corrupted). The filesystem is first grown to fill its image, if it is smaller.
+    async fn mount_image_at(
+        &self,
+        v: &VolumeRecord,
+        staging: &Path,
+        flags: &[String],
+        read_only: bool,
+    ) -> Result<(), Status> {
+        if self.settings.strict {
+            strict::staging_dir(staging)?;
+            self.require_one_staging_path(v, staging)?;
+        } else {
+            existing_dir(staging, "staging_target_path")?;
+        }
+        if let Some(m) = self.volume_mounts(&v.id)?.first() {
+            return Err(Status::failed_precondition(format!(
+                "volume {} is still mounted at {}: its image is mounted from one place at a \
+                 time; unpublish and unstage it there first",
+                v.id,
+                m.mount_point.display()
+            )));
+        }
+        let image = self.volume_path(&v.id);
+        let file = image.clone();
+        if blocking(move || image::fill_offline(&file)).await? {
+            tracing::info!(volume_id = %v.id, "grew the filesystem to fill its image");
+        }
+        self.mounter
+            .mount_image(&image, staging, image::FS_TYPE, flags, read_only)
+            .map_err(|e| internal(&e))
     }
 
     /// Strict mode: the spec makes the CO keep one staging path per volume, so staging a volume

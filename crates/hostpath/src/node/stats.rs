@@ -4,7 +4,7 @@ use berth_csi::pb::{self, volume_usage::Unit};
 use tonic::Status;
 
 use crate::{
-    caps, files,
+    Backing, caps, files,
     plugin::{Plugin, blocking},
 };
 
@@ -23,19 +23,32 @@ impl Plugin {
         }
         self.require_mounted(id, &path, "volume_path")?;
         let condition = self.condition(id);
-        let walk_path = path.clone();
-        let (used, _) = blocking(move || files::tree_usage(&walk_path)).await?;
-        let fs = blocking(move || berth_sys::fs_stats(&path)).await?;
         let clamp = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
-        let used = clamp(used);
-        let available = (v.capacity_bytes - used)
-            .min(clamp(fs.available_bytes))
-            .max(0);
+        let (fs, (total, used, available)) = match self.settings.backing {
+            Backing::Dir => {
+                // The directory shares its filesystem: count what is in it, against its
+                // capacity.
+                let walk_path = path.clone();
+                let (used, _) = blocking(move || files::tree_usage(&walk_path)).await?;
+                let fs = blocking(move || berth_sys::fs_stats(&path)).await?;
+                let used = clamp(used);
+                let available = (v.capacity_bytes - used)
+                    .min(clamp(fs.available_bytes))
+                    .max(0);
+                (fs, (v.capacity_bytes, used, available))
+            }
+            Backing::Image => {
+                // The volume is a filesystem of its own (without reserved blocks): its figures.
+                let fs = blocking(move || berth_sys::fs_stats(&path)).await?;
+                let (total, available) = (clamp(fs.total_bytes), clamp(fs.available_bytes));
+                (fs, (total, total.saturating_sub(available), available))
+            }
+        };
         Ok(pb::NodeGetVolumeStatsResponse {
             usage: vec![
                 pb::VolumeUsage {
                     available,
-                    total: v.capacity_bytes,
+                    total,
                     used,
                     unit: Unit::Bytes as i32,
                 },
