@@ -382,11 +382,14 @@ impl<C: Controllers> Embedded<C> {
                     h.client.create_volume(&req).await.map_err(|source| {
                         csi_failed(&spec.plugin_id, Some(&spec.id), None, source)
                     })?;
-                let mut context = vol.context.clone();
-                // The spec's context adds to what the plugin returned.
-                for (k, v) in &spec.context {
-                    context.entry(k.clone()).or_insert_with(|| v.clone());
+                // The volume context is what CreateVolume returned, and every node call must
+                // send exactly that (CSI: it "MUST match the volume_context of the volume");
+                // a create spec's own context is not the plugin's, as Nomad treats it.
+                if !spec.context.is_empty() {
+                    tracing::warn!(volume_id = %spec.id, "the create spec's context is ignored: \
+                        the volume's context is what the plugin returns");
                 }
+                let context = vol.context.clone();
                 let mut rec = VolumeRecord::from_spec(
                     spec,
                     Origin::Created,

@@ -19,7 +19,7 @@ use std::{
 };
 
 pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
-pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError};
+pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError, attached_loops_under};
 
 /// How often [`eventually`] re-checks its condition.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(20);

@@ -537,7 +537,8 @@ impl Drop for HostpathPlugin {
 const LOOP_DETACH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The loop devices whose backing file is under one of `dirs`, as `(device, file)`.
-fn attached_loops_under(dirs: &[&Path]) -> Vec<(PathBuf, PathBuf)> {
+/// Every loop device whose backing file lies under one of `dirs`: `(device, backing file)`.
+pub fn attached_loops_under(dirs: &[&Path]) -> Vec<(PathBuf, PathBuf)> {
     let Ok(entries) = std::fs::read_dir("/sys/block") else {
         return Vec::new();
     };
