@@ -11,8 +11,9 @@ use std::{
     time::Duration,
 };
 
+use berth_csi::short_duration as format_duration;
 use berth_drivers::{DriverError, TaskId};
-use berth_job::{JobType, TaskSpec, format_duration};
+use berth_job::{JobType, TaskSpec};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 

@@ -4,7 +4,8 @@
 
 use std::future::Future;
 
-use berth_job::{GroupSpec, format_duration};
+use berth_csi::short_duration as format_duration;
+use berth_job::GroupSpec;
 use tokio_util::sync::CancellationToken;
 
 use crate::{

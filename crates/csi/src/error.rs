@@ -92,6 +92,7 @@ pub fn short_duration(d: Duration) -> String {
         match (s / 3600, (s % 3600) / 60, s % 60) {
             (0, m, 0) => format!("{m}m"),
             (0, m, s) => format!("{m}m{s}s"),
+            (h, 0, _) => format!("{h}h"),
             (h, m, _) => format!("{h}h{m}m"),
         }
     }
@@ -276,6 +277,7 @@ mod tests {
         assert_eq!(short_duration(ms(123_000)), "2m3s");
         assert_eq!(short_duration(ms(300_000)), "5m");
         assert_eq!(short_duration(ms(3_723_000)), "1h2m");
+        assert_eq!(short_duration(ms(3_600_000)), "1h");
     }
 
     fn rpc_err(rpc: Rpc, code: Code, already_done: bool) -> CsiError {
