@@ -1266,7 +1266,7 @@ fn example_hostpath_plugin_parses() {
         (t.driver.as_str(), t.command.as_str()),
         ("exec", "berth-hostpath")
     );
-    assert_eq!(t.args, ["--statedir=state"]);
+    assert_eq!(t.args, ["--statedir=state", "--strict"]);
     let p = t.csi_plugin.as_ref().unwrap();
     assert_eq!(p.id, "hostpath");
     assert_eq!(p.plugin_type, CsiPluginType::Monolith);
@@ -1287,7 +1287,13 @@ fn example_writer_parses() {
     assert_eq!(v.attachment_mode, AttachmentMode::FileSystem);
     let t = &g.tasks[0];
     assert_eq!(t.command, "/bin/sh");
-    assert_eq!(t.args, ["-c", "echo hello > /data/hello.txt"]);
+    assert_eq!(
+        t.args,
+        [
+            "-c",
+            "echo hello > /data/hello.txt && echo wrote /data/hello.txt"
+        ]
+    );
     assert_eq!(
         t.volume_mounts,
         [VolumeMount {
