@@ -662,11 +662,17 @@ async fn wait_settled(client: &Client, vol: &str) -> VolumeStatus {
     loop {
         let status = client.volume(vol).await;
         if let Ok(s) = &status {
-            let settled = s.claims.iter().all(|c| c.state == ClaimState::Claimed)
-                && s.usages.iter().all(|u| {
-                    u.staging.as_deref().is_none_or(|st| st == "staged")
-                        && u.allocs.iter().all(|a| a.state == "published")
-                });
+            // Every claim claimed and published, and nothing of the volume half done.
+            let settled = s.claims.iter().all(|c| {
+                c.state == ClaimState::Claimed
+                    && s.usages
+                        .iter()
+                        .flat_map(|u| &u.allocs)
+                        .any(|a| a.alloc_id == c.alloc_id)
+            }) && s.usages.iter().all(|u| {
+                u.staging.as_deref().is_none_or(|st| st == "staged")
+                    && u.allocs.iter().all(|a| a.state == "published")
+            });
             if settled {
                 return s.clone();
             }
