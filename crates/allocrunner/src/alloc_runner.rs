@@ -373,15 +373,15 @@ impl AllocRunner {
         &self.inner.alloc_dir
     }
 
-    /// The alloc's status now.
+    /// The alloc's status as last persisted: nothing shows (a task's pid, an event) before
+    /// it is durable, so what a status reports survives a kill -9 of the agent.
     pub fn status(&self) -> AllocStatus {
-        self.inner.shared.read(AllocStatus::from_record)
+        self.inner.shared.read_durable(AllocStatus::from_record)
     }
 
-    /// A copy of the alloc's record as it is now (and as it was last persisted, unless the
-    /// store failed).
+    /// A copy of the alloc's record as last persisted.
     pub fn record(&self) -> AllocRecord {
-        self.inner.shared.read(Clone::clone)
+        self.inner.shared.read_durable(Clone::clone)
     }
 
     /// Asks the alloc to stop: [`run`](Self::run) stops every task (kill signal, then

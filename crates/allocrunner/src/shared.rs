@@ -17,6 +17,9 @@ pub(crate) struct Shared {
     /// The sequence number of the last record written; held while writing, so writes reach
     /// the store in order and an older snapshot never replaces a newer one.
     written: Mutex<u64>,
+    /// The record as last written to the store: what the API shows, so nothing is reported
+    /// (a task's pid, say) that a restarted agent would not recover.
+    durable: Mutex<AllocRecord>,
     store: Arc<dyn AllocStore>,
     max_events: usize,
 }
@@ -39,6 +42,7 @@ impl Shared {
     pub fn new(record: AllocRecord, store: Arc<dyn AllocStore>, max_events: usize) -> Self {
         Self {
             alloc_id: record.alloc_id.clone(),
+            durable: Mutex::new(record.clone()),
             state: Mutex::new(Versioned { record, seq: 0 }),
             written: Mutex::new(0),
             store,
@@ -51,9 +55,14 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reads the record.
+    /// Reads the record (with changes not yet persisted: for the alloc's own runners).
     pub fn read<R>(&self, f: impl FnOnce(&AllocRecord) -> R) -> R {
         f(&self.lock().record)
+    }
+
+    /// Reads the record as last persisted (what status and the API show).
+    pub fn read_durable<R>(&self, f: impl FnOnce(&AllocRecord) -> R) -> R {
+        f(&self.durable.lock().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// Changes the record, then persists it. The change stays in memory when the write fails
@@ -105,6 +114,7 @@ impl Shared {
         match self.store.put(&snapshot) {
             Ok(()) => {
                 *written = seq;
+                *self.durable.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
                 Ok(())
             }
             Err(e) => {

@@ -301,6 +301,11 @@ async fn after_kill_9_the_agent_stops_the_plugin_process_it_left_and_starts_one(
     agent
         .wait_plugin("managed", Duration::from_secs(10), |p| p.health.healthy)
         .await;
+    // The orphan may have answered the health check before it was stopped: wait for the new
+    // process's start to be logged.
+    berth_testkit::assert_eventually!(Duration::from_secs(15), || async {
+        plugin_pid_after(&agent.log(), orphan).is_some_and(alive)
+    });
     let new = plugin_pid_after(&agent.log(), orphan).expect("a new plugin process");
     assert!(alive(new));
     let status = agent.terminate().await;
