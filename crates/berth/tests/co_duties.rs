@@ -23,13 +23,9 @@ use berth_csi::model::{AccessMode, AttachmentMode};
 const PLUGIN: &str = "blk";
 
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\", \
-         \"--backing\", \"image\", \"--enable-stage\", \"--enable-attach\"]\n}}\n",
-        hostpath.display()
+    agent_support::hostpath_config(
+        PLUGIN,
+        &["--backing", "image", "--enable-stage", "--enable-attach"],
     )
 }
 

@@ -18,13 +18,7 @@ const PLUGIN: &str = "hp";
 /// A berth-hostpath the agent runs; its state dir is outside the data dir (its files are the
 /// plugin's business).
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\"]\n}}\n",
-        hostpath.display()
-    )
+    agent_support::hostpath_config(PLUGIN, &[])
 }
 
 /// Starts an agent with umask 000: the agent inherits it from this process (the test binary

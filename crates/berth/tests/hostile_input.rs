@@ -38,13 +38,7 @@ fn leaks(text: &str) -> bool {
 
 /// A monolith berth-hostpath the agent runs, staging and attaching.
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--enable-stage\", \"--enable-attach\"]\n}}\n",
-        hostpath.display()
-    )
+    agent_support::hostpath_config(PLUGIN, &["--enable-stage", "--enable-attach"])
 }
 
 /// An agent with volume `v1` (secrets, mount flags) claimed by `alloc-1`.

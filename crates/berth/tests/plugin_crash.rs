@@ -24,13 +24,7 @@ const WAIT: Duration = Duration::from_secs(30);
 
 /// A monolith berth-hostpath the agent runs, its state in `@TMP@/hp`.
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--enable-stage\", \"--enable-attach\"]\n}}\n",
-        hostpath.display()
-    )
+    agent_support::hostpath_config(PLUGIN, &["--enable-stage", "--enable-attach"])
 }
 
 fn statedir(agent: &AgentProcess) -> PathBuf {

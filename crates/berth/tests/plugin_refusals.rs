@@ -20,12 +20,14 @@ const SIZE: &str = r#"capacity_min = "1MiB""#;
 
 /// berth-hostpath staging and attaching, at most one volume published per node.
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--max-volumes-per-node\", \"1\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
-        hostpath.display()
+    agent_support::hostpath_config(
+        PLUGIN,
+        &[
+            "--max-volumes-per-node",
+            "1",
+            "--call-log",
+            "@TMP@/calls.log",
+        ],
     )
 }
 

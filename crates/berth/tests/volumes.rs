@@ -26,12 +26,14 @@ const PLUGIN: &str = "hp";
 
 /// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
 fn config() -> String {
-    let hostpath = berth_testkit::bin_path("berth-hostpath");
-    format!(
-        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
-         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-         args = [\"--statedir\", \"@TMP@/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--enable-stage\", \"--enable-attach\", \"--call-log\", \"@TMP@/calls.log\"]\n}}\n",
-        hostpath.display()
+    agent_support::hostpath_config(
+        PLUGIN,
+        &[
+            "--enable-stage",
+            "--enable-attach",
+            "--call-log",
+            "@TMP@/calls.log",
+        ],
     )
 }
 

@@ -278,6 +278,20 @@ pub fn alive(pid: i32) -> bool {
         && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(") Z "))
 }
 
+/// An agent config that runs berth-hostpath as plugin `plugin_id` (a monolith, state in
+/// `@TMP@/hp`, node id `n1`, strict about the CO's duties unless `args` say otherwise), with a
+/// fast health loop; `args` are added to the plugin's arguments.
+pub fn hostpath_config(plugin_id: &str, args: &[&str]) -> String {
+    let hostpath = berth_testkit::bin_path("berth-hostpath");
+    let mut all = vec!["--statedir", "@TMP@/hp", "--nodeid", "n1", "--strict"];
+    all.extend_from_slice(args);
+    format!(
+        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
+         plugin \"{plugin_id}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  args = {all:?}\n}}\n",
+        hostpath.display()
+    )
+}
+
 /// `HostpathPlugin` on a given socket path.
 pub async fn hostpath_at(socket: &Path) -> berth_testkit::HostpathPlugin {
     berth_testkit::HostpathPlugin::builder()
