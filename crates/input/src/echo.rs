@@ -19,9 +19,26 @@ pub struct Quoted<'a>(pub &'a str);
 #[derive(Debug, Clone, Copy)]
 pub struct Shown<'a>(pub &'a str);
 
+/// Most values [`quoted_list`] lists.
+pub const MAX_LISTED: usize = 8;
+
 /// [`Quoted`] as a `String`.
 pub fn quoted(value: &str) -> String {
     Quoted(value).to_string()
+}
+
+/// `"a", "b", "c"`: the first [`MAX_LISTED`] values, each [`Quoted`], then ` and N more` when
+/// there are more.
+pub fn quoted_list<'a>(values: impl ExactSizeIterator<Item = &'a str>) -> String {
+    let total = values.len();
+    let listed: Vec<String> = values
+        .take(MAX_LISTED)
+        .map(|v| Quoted(v).to_string())
+        .collect();
+    match total - listed.len() {
+        0 => listed.join(", "),
+        n => format!("{} and {n} more", listed.join(", ")),
+    }
 }
 
 fn escape(f: &mut fmt::Formatter<'_>, c: char, quotes: bool) -> fmt::Result {
@@ -83,6 +100,16 @@ mod tests {
         let s = Shown("dir/x\ny: fake\u{2066}.hcl").to_string();
         assert_eq!(s, "dir/x\\ny: fake\\u{2066}.hcl");
         assert!(!s.chars().any(berth_sys::is_unprintable), "{s}");
+    }
+
+    #[test]
+    fn lists_are_cut() {
+        let few = ["a", "b\n"];
+        assert_eq!(quoted_list(few.iter().copied()), "\"a\", \"b\\n\"");
+        let many: Vec<String> = (0..100_000).map(|i| format!("k{i}")).collect();
+        let shown = quoted_list(many.iter().map(String::as_str));
+        assert!(shown.ends_with("\"k7\" and 99992 more"), "{shown}");
+        assert_eq!(quoted_list(std::iter::empty()), "");
     }
 
     #[test]

@@ -14,5 +14,5 @@
 mod echo;
 mod text;
 
-pub use echo::{MAX_SHOWN_CHARS, Quoted, Shown, quoted};
+pub use echo::{MAX_LISTED, MAX_SHOWN_CHARS, Quoted, Shown, quoted, quoted_list};
 pub use text::{MAX_NESTING, MAX_SPEC_BYTES, Syntax, TextError, check_text, read_text};

@@ -33,7 +33,9 @@ pub enum Syntax {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TextError {
     /// Longer than [`MAX_SPEC_BYTES`].
-    #[error("is more than {MAX_SPEC_BYTES} bytes (1 MiB), the most berth reads in one file")]
+    #[error(
+        "too large: more than {MAX_SPEC_BYTES} bytes (1 MiB), the most berth reads in one file"
+    )]
     TooLarge,
     /// Nested deeper than [`MAX_NESTING`] levels.
     #[error("nesting deeper than {MAX_NESTING} levels")]
@@ -590,7 +592,7 @@ mod tests {
         assert_eq!(check_text(Syntax::Json, &over), Err(TextError::TooLarge));
         assert_eq!(
             TextError::TooLarge.to_string(),
-            "is more than 1048576 bytes (1 MiB), the most berth reads in one file"
+            "too large: more than 1048576 bytes (1 MiB), the most berth reads in one file"
         );
 
         let dir = tempfile::tempdir().expect("tempdir");
