@@ -46,6 +46,7 @@ fn escape(f: &mut fmt::Formatter<'_>, c: char, quotes: bool) -> fmt::Result {
         '\n' => f.write_str("\\n"),
         '\r' => f.write_str("\\r"),
         '\t' => f.write_str("\\t"),
+        '\0' => f.write_str("\\0"),
         c if berth_sys::is_unprintable(c) => write!(f, "\\u{{{:x}}}", u32::from(c)),
         '"' | '\\' if quotes => write!(f, "\\{c}"),
         c if quotes => write!(f, "{}", c.escape_debug()),
@@ -96,7 +97,7 @@ mod tests {
     #[test]
     fn control_and_bidi_characters_are_escaped() {
         let q = quoted("a\nb\r\u{1b}[31m\u{202e}c\u{0}\u{85}");
-        assert_eq!(q, "\"a\\nb\\r\\u{1b}[31m\\u{202e}c\\u{0}\\u{85}\"");
+        assert_eq!(q, "\"a\\nb\\r\\u{1b}[31m\\u{202e}c\\0\\u{85}\"");
         let s = Shown("dir/x\ny: fake\u{2066}.hcl").to_string();
         assert_eq!(s, "dir/x\\ny: fake\\u{2066}.hcl");
         assert!(!s.chars().any(berth_sys::is_unprintable), "{s}");
