@@ -765,4 +765,13 @@ plugin "hostpath" {
         assert!(shown.starts_with("/etc/x\\ny: forged\\u{1b}nnn"), "{shown}");
         assert!(shown.len() < 800, "{}", shown.len());
     }
+
+    #[test]
+    fn syntax_errors_far_along_a_line_are_reported() {
+        // hcl's own error text cannot be formatted past column 65535, and quotes the line.
+        let e = parse(&format!("data_dir = \"/{}\" ]\n", "x".repeat(70_000))).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.starts_with("column 70"), "{e}");
+        assert!(e.to_string().len() < 400, "{e}");
+    }
 }

@@ -498,3 +498,11 @@ fn flags_and_env_values_in_wrong_shapes_never_show() {
         }
     }
 }
+
+#[test]
+fn syntax_errors_far_along_a_line_are_reported() {
+    let text = job("", "", &format!("x = \"{}\" ]\n", "y".repeat(70_000)));
+    let e = parse("/j/j.hcl", &text).unwrap_err();
+    assert!(e.message.starts_with("column 70"), "{e}");
+    assert!(e.to_string().len() < 400, "{e}");
+}

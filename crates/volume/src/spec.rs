@@ -297,52 +297,30 @@ pub(crate) fn text_error(file: &Path, e: TextError) -> SpecError {
 
 /// A syntax error, with its line and without the source excerpt hcl adds (it could show a
 /// secret). `lines` maps the lines of a rewritten text to the original's; the column is then
-/// left out, as it is the rewritten text's.
+/// left out, as it is the rewritten text's. hcl's error is never formatted whole: its `Display`
+/// quotes the source line, and panics when the column is past 65535.
 fn hcl_syntax_error(file: &Path, e: &hcl::Error, lines: Option<&[usize]>) -> SpecError {
-    let text = e.to_string();
-    let mut line = hcl_line(&text);
+    let (mut line, message) = match e {
+        hcl::Error::Parse(p) => {
+            let at = p.location();
+            let what = p.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let message = match lines {
+                None => format!("column {}: {what}", at.column()),
+                Some(_) => what,
+            };
+            (Some(at.line()), message)
+        }
+        _ => (None, "syntax error".to_string()),
+    };
     if let Some(lines) = lines {
         line = line.and_then(|l| lines.get(l.checked_sub(1)?).copied());
     }
-    let column = text
-        .find(", column ")
-        .and_then(|at| {
-            text[at + 9..]
-                .split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .filter(|_| lines.is_none())
-        .map(|c| format!("column {c}: "))
-        .unwrap_or_default();
-    // hcl's text: "--> HCL parse error in line L, column C", then the source line, then
-    // "= <what was expected>". Keep only the last part.
-    let what: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("= "))
-        .collect();
-    let message = if what.is_empty() {
-        "syntax error".to_string()
-    } else {
-        format!("{column}{}", what.join("; "))
-    };
     SpecError {
         file: file.to_path_buf(),
         line,
         field: String::new(),
         message,
     }
-}
-
-/// The line a parse error points at ("… parse error in line 3, column 10 …").
-fn hcl_line(s: &str) -> Option<usize> {
-    let at = s.find("in line ")?;
-    s[at + 8..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Where errors go: the file, and the outline of HCL text for lines.

@@ -413,3 +413,17 @@ fn secrets_and_flags_in_wrong_shapes_never_show() {
         }
     }
 }
+
+#[test]
+fn syntax_errors_far_along_a_line_are_reported() {
+    // hcl's own error text cannot be formatted past column 65535.
+    for text in [
+        reg(&format!("name = \"{}\" ]\n", "x".repeat(70_000))),
+        reg(&format!("name = \"{}\" ]\n", "x".repeat(70_000))).replace('\n', " "),
+        format!("{}\n{}", " ".repeat(100_000), reg("]")),
+    ] {
+        let e = parse("/s/v.hcl", &text).unwrap_err();
+        assert!(e.line.is_some(), "{e}");
+        assert!(e.to_string().len() < 400, "{e}");
+    }
+}
