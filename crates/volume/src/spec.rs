@@ -31,7 +31,7 @@
 //! ([`berth_input::Quoted`]), and so is the file name, which an API client chooses.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
@@ -726,8 +726,10 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
             ));
         }
         let required: Vec<_> = required.into_iter().map(|(t, _)| t).collect();
+        // A set: a spec may list thousands of topologies.
+        let required_set: BTreeSet<&BTreeMap<String, String>> = required.iter().collect();
         if !required.is_empty()
-            && let Some((_, at)) = preferred.iter().find(|(p, _)| !required.contains(p))
+            && let Some((_, at)) = preferred.iter().find(|(p, _)| !required_set.contains(p))
         {
             return Err(cx.err(
                 at,
