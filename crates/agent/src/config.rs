@@ -1,5 +1,9 @@
 //! The agent's configuration file (HCL; JSON when the file ends in `.json`), checked whole
 //! before the agent starts. Every error names the file, and the line or the field.
+//!
+//! The text is bounded before it is parsed ([`berth_input::check_text`]: 1 MiB, 64 levels of
+//! nesting). Errors repeat no value of the wrong type (a plugin's `env` may hold credentials),
+//! and what they do repeat (the file name, keys, values of the right type) is escaped and cut.
 
 use std::{
     collections::{BTreeMap, HashSet},
@@ -9,6 +13,7 @@ use std::{
 };
 
 use berth_api::PluginType;
+use berth_input::{Quoted, Shown, Syntax};
 use serde::Deserialize;
 
 /// Default interval between health probes.
@@ -18,9 +23,10 @@ pub const DEFAULT_HEALTH_FAILURES: u32 = 3;
 /// Default rescan interval of the registration directory.
 pub const DEFAULT_RESCAN_INTERVAL: Duration = Duration::from_secs(60);
 
-/// A configuration problem: file, line when known, the field, and what is wrong.
+/// A configuration problem: file, line when known, the field, and what is wrong. The file name
+/// is shown escaped and cut.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}: {field}{}{message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), if field.is_empty() { "" } else { ": " })]
+#[error("{}{}: {field}{}{message}", Shown(&file.to_string_lossy()), line.map(|l| format!(":{l}")).unwrap_or_default(), if field.is_empty() { "" } else { ": " })]
 pub struct ConfigError {
     /// The config file.
     pub file: PathBuf,
@@ -144,9 +150,10 @@ struct RawPlugin {
 }
 
 impl Config {
-    /// Reads and checks `file`. Nothing is created or changed.
+    /// Reads and checks `file`. Nothing is created or changed. Reads at most one byte past the
+    /// 1 MiB a config may take.
     pub fn load(file: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(file).map_err(|e| ConfigError {
+        let text = berth_input::read_text(file).map_err(|e| ConfigError {
             file: file.to_path_buf(),
             line: None,
             field: String::new(),
@@ -164,18 +171,31 @@ impl Config {
             message,
         };
         let json = file.extension().is_some_and(|e| e == "json");
+        let syntax = if json { Syntax::Json } else { Syntax::Hcl };
+        berth_input::check_text(syntax, text).map_err(|e| err(e.line(), "", e.to_string()))?;
         let raw: Raw = if json {
-            serde_json::from_str(text).map_err(|e| err(Some(e.line()), "", e.to_string()))?
+            serde_json::from_str(text).map_err(|e| {
+                let line = Some(e.line()).filter(|l| *l > 0);
+                err(line, "", serde_message(&e.to_string()))
+            })?
         } else {
-            let body = hcl::parse(text).map_err(|e| {
-                let msg = one_line(&e.to_string());
-                let msg = msg.trim_start_matches("-->").trim().to_string();
-                err(hcl_line(&e), "", msg)
+            let body = hcl::parse(text).map_err(|e| match &e {
+                // Without the source line hcl quotes (it could hold an env value).
+                hcl::Error::Parse(p) => err(
+                    Some(p.location().line()),
+                    "",
+                    format!(
+                        "column {}: {}",
+                        p.location().column(),
+                        one_line(p.message())
+                    ),
+                ),
+                other => err(None, "", serde_message(&other.to_string())),
             })?;
             check_duplicate_blocks(&body, text).map_err(|(line, label)| {
                 err(
                     line,
-                    &format!("plugin {label:?}"),
+                    &format!("plugin {}", Quoted(&label)),
                     "declared more than once".into(),
                 )
             })?;
@@ -183,8 +203,12 @@ impl Config {
             serde_path_to_error::deserialize(hcl::de::Deserializer::from_body(body)).map_err(
                 |e| {
                     let field = e.path().to_string();
-                    let field = if field == "." { String::new() } else { field };
-                    err(None, &field, one_line(&e.inner().to_string()))
+                    let field = if field == "." {
+                        String::new()
+                    } else {
+                        Shown(&field).to_string()
+                    };
+                    err(None, &field, serde_message(&e.inner().to_string()))
                 },
             )?
         };
@@ -203,7 +227,7 @@ impl Config {
             return Err(err(
                 None,
                 "log_format",
-                format!("{f:?}: expected \"human\" or \"json\""),
+                format!("{}: expected \"human\" or \"json\"", Quoted(f)),
             ));
         }
         for (field, dir) in [
@@ -216,7 +240,7 @@ impl Config {
                 return Err(err(
                     None,
                     field,
-                    format!("{} must be an absolute path", d.display()),
+                    format!("{} must be an absolute path", Shown(&d.to_string_lossy())),
                 ));
             }
         }
@@ -226,7 +250,7 @@ impl Config {
                     return Err(err(
                         None,
                         "api.socket",
-                        format!("{} must be an absolute path", s.display()),
+                        format!("{} must be an absolute path", Shown(&s.to_string_lossy())),
                     ));
                 }
                 cfg.api_socket = Some(s);
@@ -236,7 +260,7 @@ impl Config {
                     err(
                         None,
                         "api.address",
-                        format!("{a:?} is not an address like 127.0.0.1:4747"),
+                        format!("{} is not an address like 127.0.0.1:4747", Quoted(&a)),
                     )
                 })?;
                 if !addr.ip().is_loopback() {
@@ -270,9 +294,9 @@ impl Config {
             } else {
                 block_line(text, "plugin", &id, 0)
             };
-            let field = |f: &str| format!("plugin {id:?}.{f}");
+            let field = |f: &str| format!("plugin {}.{f}", Quoted(&id));
             berth_sys::validate_path_segment("plugin id", &id)
-                .map_err(|e| err(line, &format!("plugin {id:?}"), e.to_string()))?;
+                .map_err(|e| err(line, &format!("plugin {}", Quoted(&id)), e.to_string()))?;
             let plugin_type: PluginType = p
                 .plugin_type
                 .parse()
@@ -293,7 +317,10 @@ impl Config {
                         return Err(err(
                             line,
                             &field("socket"),
-                            format!("{} must be an absolute path", socket.display()),
+                            format!(
+                                "{} must be an absolute path",
+                                Shown(&socket.to_string_lossy())
+                            ),
                         ));
                     }
                     berth_csi::Endpoint::from_path(&socket)
@@ -329,10 +356,15 @@ impl Config {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    let d =
-        humantime::parse_duration(s).map_err(|e| format!("{s:?}: {e} (e.g. \"30s\", \"2m\")"))?;
+    let d = humantime::parse_duration(s).map_err(|e| {
+        format!(
+            "{}: {} (e.g. \"30s\", \"2m\")",
+            Quoted(s),
+            Shown(&e.to_string())
+        )
+    })?;
     if d.is_zero() {
-        return Err(format!("{s:?}: must be more than zero"));
+        return Err(format!("{}: must be more than zero", Quoted(s)));
     }
     Ok(d)
 }
@@ -341,15 +373,36 @@ fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The line a parse error points at ("… parse error in line 3, column 10 …").
-fn hcl_line(e: &hcl::Error) -> Option<usize> {
-    let s = e.to_string();
-    let at = s.find("in line ")?;
-    s[at + 8..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
+/// serde's message without the value it quotes (`invalid type: string "…", expected a map`
+/// becomes `invalid type: string, expected a map`), with the key it names escaped and cut, on
+/// one line. Anything else is escaped and cut whole.
+fn serde_message(msg: &str) -> String {
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            // The expectation is berth's own text; the value comes before it.
+            let (unexpected, expected) = rest
+                .rfind(", expected ")
+                .map_or((rest, ""), |at| rest.split_at(at));
+            let kind = unexpected
+                .split(['`', '"'])
+                .next()
+                .unwrap_or_default()
+                .trim();
+            return one_line(&format!("{prefix}{}{expected}", Shown(kind)));
+        }
+    }
+    for prefix in ["unknown field `", "unknown variant `"] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            let end = ["`, expected", "`, there are no"]
+                .iter()
+                .filter_map(|m| rest.rfind(m))
+                .max()
+                .unwrap_or(rest.len());
+            let (key, tail) = rest.split_at(end);
+            return format!("{prefix}{}{}", Shown(key), one_line(tail));
+        }
+    }
+    Shown(&one_line(msg)).to_string()
 }
 
 /// `Err((line, label))` for the second `plugin "<label>"` block with a label already seen.
@@ -540,5 +593,185 @@ plugin "hostpath" {
         }
         let syntax = parse("data_dir = \"/x\"\nplugin \"a\" {\n  type = \n}\n").unwrap_err();
         assert!(syntax.line.is_some(), "a syntax error has a line: {syntax}");
+    }
+
+    /// Runs `f` on a thread with a 256 KiB stack: a parser that recursed once per level before
+    /// the depth check would overflow it.
+    fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(f)
+            .expect("thread")
+            .join()
+            .expect("no panic")
+    }
+
+    #[test]
+    fn deep_or_huge_configs_are_refused_before_parsing() {
+        let plugin = "plugin \"p\" {\n  type = \"node\"\n  command = \"/bin/p\"\n";
+        for (file, text, line) in [
+            (
+                "/etc/b/agent.hcl",
+                format!("{}{}", "a{\n".repeat(65), "}\n".repeat(65)),
+                65,
+            ),
+            (
+                "/etc/b/agent.hcl",
+                format!(
+                    "{plugin}  env = {}1{}\n}}\n",
+                    "{a=".repeat(64),
+                    "}".repeat(64)
+                ),
+                4,
+            ),
+            (
+                "/etc/b/agent.hcl",
+                format!(
+                    "{plugin}  args = {}\"x\"{}\n}}\n",
+                    "[".repeat(64),
+                    "]".repeat(64)
+                ),
+                4,
+            ),
+            (
+                "/etc/b/agent.json",
+                format!(
+                    "{{\"plugin\":\n{}1{}}}",
+                    "{\"\":".repeat(64),
+                    "}".repeat(64)
+                ),
+                2,
+            ),
+        ] {
+            let e = Config::parse(Path::new(file), &text).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("{file}:{line}: nesting deeper than 64 levels")
+            );
+        }
+        for (file, text) in [
+            (
+                "/etc/b/agent.hcl",
+                format!("{}{}", "a{\n".repeat(200_000), "}\n".repeat(200_000)),
+            ),
+            ("/etc/b/agent.hcl", format!("x = {}", "{a=".repeat(300_000))),
+            ("/etc/b/agent.json", "[".repeat(1_000_000)),
+        ] {
+            let e = small_stack(move || Config::parse(Path::new(file), &text)).unwrap_err();
+            assert!(e.message.contains("nesting deeper than 64"), "{e}");
+        }
+        let huge = format!("# {}\n", "x".repeat(berth_input::MAX_SPEC_BYTES));
+        let e = parse(&huge).unwrap_err();
+        assert!(e.message.starts_with("too large"), "{e}");
+        // At the limit it parses (and is then checked).
+        let ok = format!(
+            "{plugin}  args = {}\"x\"{}\n}}\n",
+            "[".repeat(63),
+            "]".repeat(63)
+        );
+        // hcl turns the nested list into one string.
+        assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn values_of_the_wrong_type_never_show() {
+        const CANARY: &str = "canary-env-2291";
+        const NUMBER: &str = "75318642";
+        let plugin = |x: &str| {
+            format!("plugin \"p\" {{\n  type = \"node\"\n  command = \"/bin/p\"\n  {x}\n}}\n")
+        };
+        let json = |x: &str| {
+            format!(
+                "{{\"plugin\": {{\"p\": {{\"type\": \"node\", \"command\": \"/bin/p\", {x}}}}}}}"
+            )
+        };
+        let hcl_cases = [
+            format!("env = \"{CANARY}\""),
+            format!("env = {NUMBER}"),
+            format!("env = [\"{CANARY}\"]"),
+            format!("env = {{ A = [\"{CANARY}\"] }}"),
+            format!("env = {{ A = {{ x = \"{CANARY}\" }} }}"),
+            format!("env = {{ A = [{{ x = \"{CANARY}\" }}] }}"),
+            format!("args = \"{CANARY}\""),
+            format!("args = [{{ x = \"{CANARY}\" }}]"),
+            format!("args = [[\"{CANARY}\"]]"),
+            format!("env = {{ A = \"{CANARY}\" ]"),
+            format!("env = {{ A = \"{CANARY}\" }} }}"),
+        ];
+        let json_cases = [
+            format!("\"env\": \"{CANARY}\""),
+            format!("\"env\": {NUMBER}"),
+            format!("\"env\": [\"{CANARY}\"]"),
+            format!("\"env\": {{\"A\": [\"{CANARY}\"]}}"),
+            format!("\"env\": {{\"A\": {{\"x\": \"{CANARY}\"}}}}"),
+            format!("\"env\": {{\"A\": {NUMBER}}}"),
+            format!("\"args\": \"{CANARY}\""),
+            format!("\"args\": [{{\"x\": \"{CANARY}\"}}]"),
+            format!("\"env\": {{\"A\": \"{CANARY}\" ]"),
+        ];
+        let cases = hcl_cases
+            .iter()
+            .map(|c| ("/etc/b/agent.hcl", plugin(c)))
+            .chain(json_cases.iter().map(|c| ("/etc/b/agent.json", json(c))));
+        let mut refused = 0;
+        for (file, text) in cases {
+            // hcl turns some shapes into strings (`"${[…]}"`) rather than refusing them.
+            if let Err(e) = Config::parse(Path::new(file), &text) {
+                let out = format!("{e} {e:?}");
+                assert!(
+                    !out.contains(CANARY) && !out.contains(NUMBER),
+                    "leaked:\n{text}\n{out}"
+                );
+                refused += 1;
+            }
+        }
+        assert!(refused >= 12, "only {refused} refused");
+        let e = parse(&plugin(&format!("env = \"{CANARY}\""))).unwrap_err();
+        assert!(
+            e.message
+                .starts_with("invalid type: string, expected a map"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn echoes_are_escaped_and_cut() {
+        let long = format!("a\\nb\\u001b[2J{}", "x".repeat(100_000));
+        for text in [
+            format!("log_format = \"{long}\"\n"),
+            format!("data_dir = \"{long}\"\n"),
+            format!("api {{\n  address = \"{long}\"\n}}\n"),
+            format!("health {{\n  interval = \"{long}\"\n}}\n"),
+            format!("{} = 1\n", "k".repeat(100_000)),
+            format!("plugin \"{long}\" {{\n  type = \"node\"\n  socket = \"/s\"\n}}\n"),
+            format!(
+                "plugin \"p\" {{\n  type = \"node\"\n  command = \"/p\"\n  env = {{ \"{long}\" = [1] }}\n}}\n"
+            )
+            .replace("command", "socket"),
+        ] {
+            let e = parse(&text).unwrap_err();
+            let shown = e.to_string();
+            assert!(
+                shown.len() < 1500,
+                "{} bytes: {}",
+                shown.len(),
+                &shown[..300]
+            );
+            assert!(!shown.chars().any(berth_sys::is_unprintable), "{shown:?}");
+        }
+        let name = format!("/etc/x\ny: forged\u{1b}{}", "n".repeat(10_000));
+        let e = Config::parse(Path::new(&name), "colour = 1\n").unwrap_err();
+        let shown = e.to_string();
+        assert!(shown.starts_with("/etc/x\\ny: forged\\u{1b}nnn"), "{shown}");
+        assert!(shown.len() < 800, "{}", shown.len());
+    }
+
+    #[test]
+    fn syntax_errors_far_along_a_line_are_reported() {
+        // hcl's own error text cannot be formatted past column 65535, and quotes the line.
+        let e = parse(&format!("data_dir = \"/{}\" ]\n", "x".repeat(70_000))).unwrap_err();
+        assert_eq!(e.line, Some(1), "{e}");
+        assert!(e.message.starts_with("column 70"), "{e}");
+        assert!(e.to_string().len() < 400, "{e}");
     }
 }

@@ -1,15 +1,17 @@
 //! From the tree as read to a checked [`JobSpec`]: structure, types, defaults, rules. The first
 //! problem is returned, with the field path and (HCL) line. No message repeats a mount flag or
-//! an env value.
+//! an env value; other values are repeated escaped and cut ([`Quoted`]). Every check is linear
+//! in the size of the spec (or close): a 1 MiB spec may hold many thousand blocks.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::{Component, Path, PathBuf},
     time::Duration,
 };
 
 use berth_csi::model::{AccessMode, AttachmentMode, MountFlags};
-use berth_volume::{SpecError, StoredMountOptions, check_mount_flags};
+use berth_input::{Quoted, Shown, quoted_list};
+use berth_volume::{SpecError, StoredMountOptions, check_fs_type, check_mount_flags};
 
 use crate::{
     duration::{GoDuration, parse_duration},
@@ -99,12 +101,12 @@ impl Fields {
         let Some((first, n)) = unknown.next() else {
             return Ok(());
         };
-        let mut others: Vec<String> = unknown.map(|(k, _)| format!("{k:?}")).collect();
+        let mut others: Vec<&str> = unknown.map(|(k, _)| k.as_str()).collect();
         others.dedup();
         let also = if others.is_empty() {
             String::new()
         } else {
-            format!(" (also unknown: {})", others.join(", "))
+            format!(" (also unknown: {})", quoted_list(others.into_iter()))
         };
         Err(cx.err(
             &self.path.key(first),
@@ -285,7 +287,7 @@ impl Fields {
         };
         parse_duration(s)
             .map(Some)
-            .map_err(|e| cx.err(&path, line, format!("{s:?} is not a duration: {e}")))
+            .map_err(|e| cx.err(&path, line, format!("{} is not a duration: {e}", Quoted(s))))
     }
 
     /// A list of strings; errors name the item, never its value.
@@ -328,11 +330,11 @@ fn segment(
 /// An absolute path without `..`, normalized (no `.`, no repeated or trailing `/`).
 fn absolute(cx: &Cx<'_>, path: &FieldPath, line: Option<usize>, p: &str) -> Res<PathBuf> {
     if !p.starts_with('/') {
-        return Err(cx.err(path, line, format!("{p:?} is not an absolute path")));
+        return Err(cx.err(path, line, format!("{} is not an absolute path", Quoted(p))));
     }
     let parts: Vec<Component<'_>> = Path::new(p).components().collect();
     if parts.contains(&Component::ParentDir) {
-        return Err(cx.err(path, line, format!("{p:?} must not contain \"..\"")));
+        return Err(cx.err(path, line, format!("{} must not contain \"..\"", Quoted(p))));
     }
     Ok(parts.into_iter().collect())
 }
@@ -434,7 +436,7 @@ fn duplicate(cx: &Cx<'_>, f: &Fields, kind: &str, name: &str, first: Option<usiz
     cx.err(
         &f.path,
         f.line,
-        format!("duplicate {kind} name {name:?}{at}"),
+        format!("duplicate {kind} name {}{at}", Quoted(name)),
     )
 }
 
@@ -447,6 +449,8 @@ fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<Gro
 
     let mut volumes: BTreeMap<String, VolumeRequest> = BTreeMap::new();
     let mut lines = BTreeMap::new();
+    // Volume id → the volume blocks that claim it: for every alloc (`None`) or one (per_alloc).
+    let mut claims: HashMap<String, Vec<(Option<u32>, String)>> = HashMap::new();
     for (vname, v) in g.labelled(cx, "volume", "name")? {
         if let Some(first) = lines.get(&vname) {
             return Err(duplicate(cx, &v, "volume", &vname, *first));
@@ -456,18 +460,42 @@ fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<Gro
         let req = volume(cx, count, vname.clone(), v)?;
         // An alloc claims a volume once: two blocks naming the same volume for one alloc
         // would share one claim, and the first release would pull it from under the other.
-        for (other, o) in &volumes {
-            if let Some(i) = (0..count).find(|&i| o.source_for(i) == req.source_for(i)) {
-                return Err(cx.err(
-                    &path,
-                    source_line,
-                    format!(
-                        "alloc {i} would claim volume {:?} twice, here and in volume {other:?}; \
-                         an alloc claims a volume once: mount one volume block in several places",
-                        req.source_for(i)
-                    ),
-                ));
-            }
+        let ids: Vec<(String, Option<u32>)> = if req.per_alloc {
+            (0..count).map(|i| (req.source_for(i), Some(i))).collect()
+        } else {
+            vec![(req.source.clone(), None)]
+        };
+        let clash = ids
+            .iter()
+            .flat_map(|(id, mine)| {
+                claims
+                    .get(id)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(move |(theirs, other)| {
+                        let i = match (mine, theirs) {
+                            (None, None) => Some(0),
+                            (None, Some(i)) | (Some(i), None) => Some(*i),
+                            (Some(i), Some(j)) => (i == j).then_some(*i),
+                        };
+                        i.map(|i| (other, i))
+                    })
+            })
+            .min();
+        if let Some((other, i)) = clash {
+            return Err(cx.err(
+                &path,
+                source_line,
+                format!(
+                    "alloc {i} would claim volume {} twice, here and in volume {}; \
+                     an alloc claims a volume once: mount one volume block in several places",
+                    Quoted(&req.source_for(i)),
+                    Quoted(other)
+                ),
+            ));
+        }
+        for (id, which) in ids {
+            claims.entry(id).or_default().push((which, vname.clone()));
         }
         volumes.insert(vname, req);
     }
@@ -513,7 +541,10 @@ fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeReq
         return Err(cx.err(
             &p.key("type"),
             line,
-            format!("{ty:?}: berth handles CSI volumes only (type = \"csi\")"),
+            format!(
+                "{}: berth handles CSI volumes only (type = \"csi\")",
+                Quoted(&ty)
+            ),
         ));
     }
     v.deny_unknown(
@@ -551,7 +582,8 @@ fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeReq
             &p.key("access_mode"),
             line,
             format!(
-                "unknown access mode {access:?} (expected one of {})",
+                "unknown access mode {} (expected one of {})",
+                Quoted(&access),
                 all.join(", ")
             ),
         )
@@ -563,7 +595,10 @@ fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeReq
             cx.err(
                 &p.key("attachment_mode"),
                 line,
-                format!("unknown attachment mode {a:?} (expected file-system or block-device)"),
+                format!(
+                    "unknown attachment mode {} (expected file-system or block-device)",
+                    Quoted(&a)
+                ),
             )
         })?,
     };
@@ -587,7 +622,10 @@ fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeReq
                 "apply to file-system volumes only, and this one is block-device",
             ));
         }
+        let line = mo.line_of("fs_type");
         mount_options.fs_type = mo.string(cx, "fs_type")?.unwrap_or_default();
+        check_fs_type(&mount_options.fs_type)
+            .map_err(|m| cx.err(&mo.path.key("fs_type"), line, m))?;
         let line = mo.line_of("mount_flags");
         let flags = mo.strings(cx, "mount_flags")?.unwrap_or_default();
         let flags = MountFlags::new(flags);
@@ -628,7 +666,10 @@ fn restart(cx: &Cx<'_>, base: RestartPolicy, mut r: Fields) -> Res<RestartPolicy
                 return Err(cx.err(
                     &r.path.key("mode"),
                     line,
-                    format!("unknown restart mode {m:?} (expected fail or delay)"),
+                    format!(
+                        "unknown restart mode {} (expected fail or delay)",
+                        Quoted(&m)
+                    ),
                 ));
             }
         };
@@ -704,6 +745,7 @@ fn task(
     };
 
     let mut volume_mounts: Vec<VolumeMount> = Vec::new();
+    let mut destinations: HashMap<PathBuf, usize> = HashMap::new();
     for mut m in t.blocks(cx, "volume_mount")? {
         m.deny_unknown(cx, &["volume", "destination", "read_only"])?;
         let line = m.line_of("volume");
@@ -712,28 +754,26 @@ fn task(
             let declared = if volumes.is_empty() {
                 "the group declares no volume".to_string()
             } else {
-                let names: Vec<String> = volumes.keys().map(|k| format!("{k:?}")).collect();
-                format!("the group declares {}", names.join(", "))
+                let names = quoted_list(volumes.keys().map(String::as_str));
+                format!("the group declares {names}")
             };
             return Err(cx.err(
                 &m.path.key("volume"),
                 line,
-                format!("no volume {volume:?} in this group ({declared})"),
+                format!("no volume {} in this group ({declared})", Quoted(&volume)),
             ));
         };
         let line = m.line_of("destination");
         let dest = m.required_string(cx, "destination", " (an absolute path in the task)")?;
         let destination = absolute(cx, &m.path.key("destination"), line, &dest)?;
-        if let Some(i) = volume_mounts
-            .iter()
-            .position(|o| o.destination == destination)
-        {
+        if let Some(i) = destinations.get(&destination) {
             return Err(cx.err(
                 &m.path.key("destination"),
                 line,
                 format!("same destination as volume_mount[{i}]"),
             ));
         }
+        destinations.insert(destination.clone(), volume_mounts.len());
         let read_only = m.bool(cx, "read_only")?.unwrap_or(false) || req.read_only;
         volume_mounts.push(VolumeMount {
             volume,
@@ -843,8 +883,8 @@ fn plugin(cx: &Cx<'_>, mut c: Fields) -> Res<CsiPluginSpec> {
             mount_line,
             format!(
                 "{} lies inside stage_publish_base_dir {} (or is it); the socket directory and the volumes' directory must be apart",
-                mount_dir.display(),
-                stage_publish_base_dir.display()
+                Shown(&mount_dir.to_string_lossy()),
+                Shown(&stage_publish_base_dir.to_string_lossy())
             ),
         ));
     }
@@ -854,8 +894,8 @@ fn plugin(cx: &Cx<'_>, mut c: Fields) -> Res<CsiPluginSpec> {
             stage_line,
             format!(
                 "{} lies inside mount_dir {}; the socket directory and the volumes' directory must be apart",
-                stage_publish_base_dir.display(),
-                mount_dir.display()
+                Shown(&stage_publish_base_dir.to_string_lossy()),
+                Shown(&mount_dir.to_string_lossy())
             ),
         ));
     }

@@ -375,4 +375,35 @@ mod tests {
         assert_eq!(e.line, Some(2));
         assert!(!e.to_string().contains("SECRETFLAG"), "{e}");
     }
+
+    #[test]
+    fn serde_json_refuses_deep_json_by_itself_too() {
+        // Specs reach this only after the depth check (64 levels). Without it, serde_json's
+        // own limit (128 levels) still answers with a line, on a stack the size of a tokio
+        // worker's (2 MiB; 128 levels overflow 256 KiB in a debug build).
+        let outcome = std::thread::Builder::new()
+            .stack_size(2 * 1024 * 1024)
+            .spawn(|| {
+                [
+                    format!(
+                        "{{\n\"a\": {}1{}}}",
+                        "{\"\":".repeat(200_000),
+                        "}".repeat(200_000)
+                    ),
+                    format!(
+                        "{{\n\"a\": {}{}}}",
+                        "[".repeat(200_000),
+                        "]".repeat(200_000)
+                    ),
+                ]
+                .map(|text| from_json(Path::new("d.json"), &text).unwrap_err())
+            })
+            .expect("thread")
+            .join()
+            .expect("no overflow");
+        for e in outcome {
+            assert_eq!(e.line, Some(2), "{e}");
+            assert!(e.message.starts_with("recursion limit exceeded"), "{e}");
+        }
+    }
 }

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use berth_input::{MAX_SHOWN_CHARS, Quoted};
+
 /// How many characters of a label a path shows.
 const SHOWN_LABEL_CHARS: usize = 64;
 
@@ -67,11 +69,12 @@ fn plain(s: &str) -> bool {
 impl fmt::Display for FieldPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, seg) in self.0.iter().enumerate() {
-            let name_plain = plain(&seg.name) && !seg.name.contains('.');
+            let name_plain =
+                plain(&seg.name) && !seg.name.contains('.') && seg.name.len() <= MAX_SHOWN_CHARS;
             match (name_plain, i) {
                 (true, 0) => f.write_str(&seg.name)?,
                 (true, _) => write!(f, ".{}", seg.name)?,
-                (false, _) => write!(f, "[{:?}]", seg.name)?,
+                (false, _) => write!(f, "[{}]", Quoted(&seg.name))?,
             }
             match &seg.which {
                 None => {}
@@ -84,7 +87,7 @@ impl fmt::Display for FieldPath {
                     if shown.len() < l.len() {
                         shown.push('…');
                     }
-                    write!(f, "[{shown:?}]")?
+                    write!(f, "[{}]", Quoted(&shown))?
                 }
             }
         }

@@ -9,6 +9,7 @@ use std::{
 };
 
 use berth_csi::model::{AccessMode, AttachmentMode, MountOptions};
+use berth_input::Syntax;
 use berth_volume::{PluginDir, SpecError, StoredMountOptions};
 use serde::{Deserialize, Serialize};
 
@@ -71,7 +72,8 @@ impl FromStr for JobType {
                 "{s:?}: berth runs service and batch jobs only (it places each group itself)"
             )),
             _ => Err(format!(
-                "unknown job type {s:?} (expected service or batch)"
+                "unknown job type {} (expected service or batch)",
+                berth_input::Quoted(s)
             )),
         }
     }
@@ -329,7 +331,8 @@ impl FromStr for CsiPluginType {
             "controller" => Ok(Self::Controller),
             "monolith" => Ok(Self::Monolith),
             _ => Err(format!(
-                "unknown plugin type {s:?} (expected node, controller or monolith)"
+                "unknown plugin type {} (expected node, controller or monolith)",
+                berth_input::Quoted(s)
             )),
         }
     }
@@ -346,9 +349,10 @@ impl From<CsiPluginType> for PluginDir {
 }
 
 impl JobSpec {
-    /// Reads and checks `file`: JSON when its name ends in `.json`, HCL otherwise.
+    /// Reads and checks `file`: JSON when its name ends in `.json`, HCL otherwise. Reads at
+    /// most one byte past the 1 MiB a spec may take.
     pub fn load(file: &Path) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(file).map_err(|e| SpecError {
+        let text = berth_input::read_text(file).map_err(|e| SpecError {
             file: file.to_path_buf(),
             line: None,
             field: String::new(),
@@ -367,14 +371,17 @@ impl JobSpec {
         }
     }
 
-    /// Checks `text` as HCL; `file` only names it in errors.
+    /// Checks `text` as HCL; `file` only names it in errors. A text over 1 MiB or nested
+    /// deeper than 64 levels is refused before it is parsed ([`berth_input::check_text`]).
     pub fn parse_hcl(file: &Path, text: &str) -> Result<Self, SpecError> {
+        bounded(file, Syntax::Hcl, text)?;
         check::job(file, input::from_hcl(file, text)?)
     }
 
     /// Checks `text` as JSON in HCL's JSON form (e.g. an API body); `file` only names it in
-    /// errors.
+    /// errors. Bounded as [`JobSpec::parse_hcl`] is.
     pub fn parse_json(file: &Path, text: &str) -> Result<Self, SpecError> {
+        bounded(file, Syntax::Json, text)?;
         check::job(file, input::from_json(file, text)?)
     }
 
@@ -382,6 +389,16 @@ impl JobSpec {
     pub fn group(&self, name: &str) -> Option<&GroupSpec> {
         self.groups.iter().find(|g| g.name == name)
     }
+}
+
+/// [`berth_input::check_text`], as a [`SpecError`].
+fn bounded(file: &Path, syntax: Syntax, text: &str) -> Result<(), SpecError> {
+    berth_input::check_text(syntax, text).map_err(|e| SpecError {
+        file: file.to_path_buf(),
+        line: e.line(),
+        field: String::new(),
+        message: e.to_string(),
+    })
 }
 
 impl GroupSpec {

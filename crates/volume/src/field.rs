@@ -1,6 +1,10 @@
-//! Dotted field paths for error messages: `capability[1].access_mode`.
+//! Dotted field paths for error messages: `capability[1].access_mode`. Keys are the user's
+//! (map keys, unknown fields): one that is not a plain name, or is longer than
+//! [`MAX_SHOWN_CHARS`], is shown quoted, escaped and cut.
 
 use std::fmt;
+
+use berth_input::{MAX_SHOWN_CHARS, Quoted};
 
 /// One step: a key, and which occurrence of it (blocks repeat).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +46,7 @@ impl fmt::Display for FieldPath {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, seg) in self.0.iter().enumerate() {
             let plain = !seg.name.is_empty()
+                && seg.name.len() <= MAX_SHOWN_CHARS
                 && seg
                     .name
                     .chars()
@@ -49,7 +54,7 @@ impl fmt::Display for FieldPath {
             match (plain, i) {
                 (true, 0) => f.write_str(&seg.name)?,
                 (true, _) => write!(f, ".{}", seg.name)?,
-                (false, _) => write!(f, "[{:?}]", seg.name)?,
+                (false, _) => write!(f, "[{}]", Quoted(&seg.name))?,
             }
             if let Some(n) = seg.index {
                 write!(f, "[{n}]")?;
@@ -72,5 +77,14 @@ mod tests {
             "parameters[\"a b\"]"
         );
         assert_eq!(FieldPath::root().to_string(), "");
+        let long = "k".repeat(100_000);
+        assert_eq!(
+            FieldPath::root().key("parameters").key(&long).to_string(),
+            format!("parameters[\"{}\"…]", "k".repeat(MAX_SHOWN_CHARS))
+        );
+        assert_eq!(
+            FieldPath::root().key("a\nb: forged").to_string(),
+            "[\"a\\nb: forged\"]"
+        );
     }
 }

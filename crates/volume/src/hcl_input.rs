@@ -141,6 +141,27 @@ pub(crate) fn line_of(outline: &[Node], path: &FieldPath) -> Option<usize> {
     line
 }
 
+/// The line of each key directly in the part of `outline` that `path` names (its first
+/// occurrence), in one pass; empty when the text has no such part.
+pub(crate) fn key_lines<'a>(outline: &'a [Node], path: &FieldPath) -> HashMap<&'a str, usize> {
+    let mut nodes = outline;
+    for seg in &path.0 {
+        match nodes
+            .iter()
+            .filter(|n| n.key == seg.name)
+            .nth(seg.index.unwrap_or(0))
+        {
+            Some(node) => nodes = &node.children,
+            None => return HashMap::new(),
+        }
+    }
+    let mut lines = HashMap::new();
+    for n in nodes {
+        lines.entry(n.key.as_str()).or_insert(n.line);
+    }
+    lines
+}
+
 /// What a lenient reading of an HCL text finds: its keys with their 1-based lines, nested as in
 /// the text, and the edits that turn Nomad's HCL1 forms into HCL2.
 ///
@@ -150,7 +171,9 @@ pub(crate) fn line_of(outline: &[Node], path: &FieldPath) -> Option<usize> {
 /// block (`segments { "rack" = "R2" }`). [`Scan::hcl2`] rewrites those: a newline after each
 /// block's `{` and before its `}`, commas between block items become newlines, and a block of
 /// attributes only with a quoted key becomes an object attribute (`segments = { … }`).
-/// Line numbers are only read from the original text.
+/// Line numbers are only read from the original text. The reading recurses once per brace, at
+/// most [`berth_input::MAX_NESTING`] deep: what is nested deeper is skipped, whatever the text
+/// (this reading is lenient, and runs on texts the HCL parser refused too).
 pub(crate) struct Scan {
     pub outline: Vec<Node>,
     edits: Vec<(usize, Edit)>,
@@ -173,7 +196,7 @@ impl Scan {
         let toks = lex(&chars);
         let mut i = 0;
         let mut edits = Vec::new();
-        let (outline, _) = body(&toks, &mut i, false, &mut edits);
+        let (outline, _) = body_of(&toks, &mut i, false, true, 0, &mut edits);
         Self {
             outline,
             edits,
@@ -404,23 +427,20 @@ struct Shape {
 }
 
 /// Reads items up to the closing brace (consumed) when `nested`, or to the end. Records
-/// rewrite edits for block bodies (`in_block`); object literals need none.
-fn body(
-    toks: &[T],
-    i: &mut usize,
-    nested: bool,
-    edits: &mut Vec<(usize, Edit)>,
-) -> (Vec<Node>, Shape) {
-    body_of(toks, i, nested, true, edits)
-}
-
+/// rewrite edits for block bodies (`in_block`); object literals need none. `depth` is how many
+/// braces it is inside of.
 fn body_of(
     toks: &[T],
     i: &mut usize,
     nested: bool,
     in_block: bool,
+    depth: usize,
     edits: &mut Vec<(usize, Edit)>,
 ) -> (Vec<Node>, Shape) {
+    if depth >= berth_input::MAX_NESTING {
+        skip_group(toks, i);
+        return (Vec::new(), Shape::default());
+    }
     let mut out = Vec::new();
     let mut shape = Shape::default();
     while let Some(t) = toks.get(*i) {
@@ -454,7 +474,7 @@ fn body_of(
                         let open_at = *i;
                         *i += 1;
                         let mut inner = Vec::new();
-                        let (children, sub) = body_of(toks, i, true, true, &mut inner);
+                        let (children, sub) = body_of(toks, i, true, true, depth + 1, &mut inner);
                         let close_at = *i - 1;
                         let newline = |j: usize| {
                             matches!(
@@ -503,7 +523,7 @@ fn body_of(
                                 ..
                             }) => {
                                 *i += 1;
-                                body_of(toks, i, true, false, &mut Vec::new()).0
+                                body_of(toks, i, true, false, depth + 1, &mut Vec::new()).0
                             }
                             _ => {
                                 skip_expr(toks, i);
@@ -526,6 +546,24 @@ fn body_of(
         }
     }
     (out, shape)
+}
+
+/// Skips to the closing bracket that matches an opening one just read (consumed), or to the end.
+fn skip_group(toks: &[T], i: &mut usize) {
+    let mut depth = 1usize;
+    while let Some(t) = toks.get(*i) {
+        *i += 1;
+        match t.tok {
+            Tok::Open { .. } => depth += 1,
+            Tok::Close => {
+                depth -= 1;
+                if depth == 0 {
+                    return;
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Skips one expression: to the end of its line, a comma, or the closing bracket of its
@@ -596,6 +634,38 @@ capability { access_mode = "a", attachment_mode = "b" }
                 assert_eq!(*orig, 8);
             }
         }
+    }
+
+    #[test]
+    fn the_outline_stops_at_the_nesting_limit() {
+        // The depth check reads the blocks as a comment inside an interpolation; this lenient
+        // reading sees them as code. It must not recurse once per block.
+        let n = 200_000;
+        let text = format!(
+            "x = \"${{ /* }}\"\n{}{} */ }}\"\n",
+            "a{".repeat(n),
+            "}".repeat(n)
+        );
+        let scan = std::thread::Builder::new()
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                let scan = Scan::new(&text);
+                let depth = {
+                    let (mut nodes, mut depth) = (&scan.outline[..], 0);
+                    while let Some(n) = nodes.iter().find(|n| n.key == "a") {
+                        nodes = &n.children;
+                        depth += 1;
+                    }
+                    depth
+                };
+                // Dropping the outline recurses too: bounded as well.
+                drop(scan);
+                depth
+            })
+            .expect("thread")
+            .join()
+            .expect("no overflow");
+        assert_eq!(scan, berth_input::MAX_NESTING);
     }
 
     #[test]

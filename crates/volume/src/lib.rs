@@ -17,6 +17,7 @@ pub use paths::{PathError, PluginDir, PluginPaths, publish_path, staging_path};
 pub use size::{SizeError, parse_size};
 pub use spec::{
     MAX_MAP_BYTES, MAX_STRING_BYTES, Operation, SpecError, SpecKind, TopologyRequest, VolumeSpec,
+    check_fs_type,
 };
 pub use stored::StoredMountOptions;
 pub use usage::{

@@ -1,20 +1,28 @@
 //! Human sizes (`10GiB`, `1G`, `500MB`) as Nomad's volume specs write them.
 
+use berth_input::Quoted;
+
 /// The largest size accepted: CSI carries byte counts as `int64`.
 pub const MAX_SIZE: u64 = i64::MAX as u64;
 
-/// Why a size could not be read. Messages repeat the input (sizes are not secret).
+/// Why a size could not be read. Messages repeat the input (sizes are not secret), escaped and
+/// cut to [`berth_input::MAX_SHOWN_CHARS`] characters.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SizeError {
     /// Not a number followed by an optional unit.
-    #[error("{input:?} is not a size (e.g. \"10GiB\", \"500MB\", \"1G\", \"1048576\")")]
+    #[error(
+        "{} is not a size (e.g. \"10GiB\", \"500MB\", \"1G\", \"1048576\")",
+        Quoted(input)
+    )]
     NotASize {
         /// The input as given.
         input: String,
     },
     /// A unit this parser does not know.
     #[error(
-        "{input:?}: unknown unit {unit:?} (expected B, K/KB, KiB, M/MB, MiB, G/GB, GiB, T/TB, TiB, P/PB, PiB, E/EB or EiB)"
+        "{}: unknown unit {} (expected B, K/KB, KiB, M/MB, MiB, G/GB, GiB, T/TB, TiB, P/PB, PiB, E/EB or EiB)",
+        Quoted(input),
+        Quoted(unit)
     )]
     UnknownUnit {
         /// The input as given.
@@ -23,7 +31,7 @@ pub enum SizeError {
         unit: String,
     },
     /// More bytes than [`MAX_SIZE`].
-    #[error("{input:?} is more than {MAX_SIZE} bytes")]
+    #[error("{} is more than {MAX_SIZE} bytes", Quoted(input))]
     TooLarge {
         /// The input as given.
         input: String,
@@ -141,5 +149,22 @@ mod tests {
             Err(SizeError::TooLarge { .. })
         ));
         assert_eq!(parse_size("9223372036854775807"), Ok(MAX_SIZE));
+    }
+
+    #[test]
+    fn errors_repeat_the_input_escaped_and_cut() {
+        let long = format!("1\n{}", "x".repeat(100_000));
+        for e in [
+            parse_size(&long).unwrap_err(),
+            parse_size(&format!("ten\u{1b}[2J{long}")).unwrap_err(),
+            parse_size(&"9".repeat(100_000)).unwrap_err(),
+        ] {
+            let shown = e.to_string();
+            assert!(shown.len() < 600, "{} bytes", shown.len());
+            assert!(
+                !shown.contains('\n') && !shown.contains('\u{1b}'),
+                "{shown}"
+            );
+        }
     }
 }

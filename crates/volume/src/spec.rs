@@ -25,19 +25,25 @@
 //! As in Nomad, an empty string counts as not given for every optional string field, so
 //! `capacity_min = ""` in a register spec is accepted. `namespace` is accepted only as
 //! `"default"` (berth has no namespaces). In JSON, a key given twice keeps its last value.
+//!
+//! Before either parser runs, the text is checked by [`berth_input::check_text`]: at most
+//! 1 MiB, nested at most 64 levels. Values an error repeats are escaped and cut
+//! ([`berth_input::Quoted`]), and so is the file name, which an API client chooses.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
 };
 
 use berth_csi::{
     CapacityRange, ContentSource, CreateVolume,
     model::{
-        AccessMode, AttachmentMode, ExternalId, MountFlags, MountOptions, Secrets, VolumeCapability,
+        AccessMode, AttachmentMode, ExternalId, ModelError, MountFlags, MountOptions, Secrets,
+        VolumeCapability, validate_fs_type,
     },
     pb,
 };
+use berth_input::{Quoted, Shown, Syntax, TextError, check_text, quoted_list, read_text};
 use serde_json::{Map, Value};
 
 use crate::{
@@ -55,9 +61,10 @@ pub const MAX_MAP_BYTES: usize = 4096;
 /// A problem with a spec: the file, the line when known, the field, and what is wrong.
 ///
 /// Displays as `file:line: field: message` (no `:line` when unknown, no `field: ` for syntax
-/// errors). Never contains a secret value or a mount flag.
+/// errors), the file name with control characters escaped and cut to
+/// [`berth_input::MAX_SHOWN_CHARS`] characters. Never contains a secret value or a mount flag.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}{}: {field}{}{message}", file.display(), line.map(|l| format!(":{l}")).unwrap_or_default(), if field.is_empty() { "" } else { ": " })]
+#[error("{}{}: {field}{}{message}", Shown(&file.to_string_lossy()), line.map(|l| format!(":{l}")).unwrap_or_default(), if field.is_empty() { "" } else { ": " })]
 pub struct SpecError {
     /// The spec file (or whatever the caller named the input, e.g. `request body`).
     pub file: PathBuf,
@@ -154,8 +161,9 @@ pub struct VolumeSpec {
 
 impl VolumeSpec {
     /// Reads and checks `file` for `op`: JSON when its name ends in `.json`, HCL otherwise.
+    /// Reads at most one byte past the 1 MiB a spec may take.
     pub fn load(op: Operation, file: &Path) -> Result<Self, SpecError> {
-        let text = std::fs::read_to_string(file).map_err(|e| SpecError {
+        let text = read_text(file).map_err(|e| SpecError {
             file: file.to_path_buf(),
             line: None,
             field: String::new(),
@@ -175,6 +183,7 @@ impl VolumeSpec {
 
     /// Checks `text` as HCL; `file` only names it in errors.
     pub fn parse_hcl(op: Operation, file: &Path, text: &str) -> Result<Self, SpecError> {
+        check_text(Syntax::Hcl, text).map_err(|e| text_error(file, e))?;
         let scan = Scan::new(text);
         let body = match hcl::parse(text) {
             Ok(body) => body,
@@ -204,6 +213,7 @@ impl VolumeSpec {
 
     /// Checks `text` as JSON (e.g. an API body); `file` only names it in errors.
     pub fn parse_json(op: Operation, file: &Path, text: &str) -> Result<Self, SpecError> {
+        check_text(Syntax::Json, text).map_err(|e| text_error(file, e))?;
         let root: Value = serde_json::from_str(text).map_err(|e| SpecError {
             file: file.to_path_buf(),
             line: Some(e.line()).filter(|l| *l > 0),
@@ -275,54 +285,42 @@ impl VolumeSpec {
     }
 }
 
+/// A text refused before parsing: too large, or nested too deep.
+pub(crate) fn text_error(file: &Path, e: TextError) -> SpecError {
+    SpecError {
+        file: file.to_path_buf(),
+        line: e.line(),
+        field: String::new(),
+        message: e.to_string(),
+    }
+}
+
 /// A syntax error, with its line and without the source excerpt hcl adds (it could show a
 /// secret). `lines` maps the lines of a rewritten text to the original's; the column is then
-/// left out, as it is the rewritten text's.
+/// left out, as it is the rewritten text's. hcl's error is never formatted whole: its `Display`
+/// quotes the source line, and panics when the column is past 65535.
 fn hcl_syntax_error(file: &Path, e: &hcl::Error, lines: Option<&[usize]>) -> SpecError {
-    let text = e.to_string();
-    let mut line = hcl_line(&text);
+    let (mut line, message) = match e {
+        hcl::Error::Parse(p) => {
+            let at = p.location();
+            let what = p.message().split_whitespace().collect::<Vec<_>>().join(" ");
+            let message = match lines {
+                None => format!("column {}: {what}", at.column()),
+                Some(_) => what,
+            };
+            (Some(at.line()), message)
+        }
+        _ => (None, "syntax error".to_string()),
+    };
     if let Some(lines) = lines {
         line = line.and_then(|l| lines.get(l.checked_sub(1)?).copied());
     }
-    let column = text
-        .find(", column ")
-        .and_then(|at| {
-            text[at + 9..]
-                .split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .filter(|_| lines.is_none())
-        .map(|c| format!("column {c}: "))
-        .unwrap_or_default();
-    // hcl's text: "--> HCL parse error in line L, column C", then the source line, then
-    // "= <what was expected>". Keep only the last part.
-    let what: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("= "))
-        .collect();
-    let message = if what.is_empty() {
-        "syntax error".to_string()
-    } else {
-        format!("{column}{}", what.join("; "))
-    };
     SpecError {
         file: file.to_path_buf(),
         line,
         field: String::new(),
         message,
     }
-}
-
-/// The line a parse error points at ("… parse error in line 3, column 10 …").
-fn hcl_line(s: &str) -> Option<usize> {
-    let at = s.find("in line ")?;
-    s[at + 8..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()?
-        .parse()
-        .ok()
 }
 
 /// Where errors go: the file, and the outline of HCL text for lines.
@@ -432,27 +430,70 @@ fn single_block(
 
 /// Refuses keys outside `known`, naming the first (in file order when known) and the rest.
 fn deny_unknown(cx: &Cx<'_>, path: &FieldPath, m: &Map<String, Value>, known: &[&str]) -> Res<()> {
-    let mut unknown: Vec<&String> = m.keys().filter(|k| !known.contains(&k.as_str())).collect();
-    if unknown.is_empty() {
+    let unknown = unknown_keys(cx, path, m, known);
+    let Some((first, _)) = unknown.first() else {
         return Ok(());
-    }
-    unknown.sort_by_key(|k| {
-        (
-            cx.line(&path.key(k)).unwrap_or(usize::MAX),
-            k.as_str().to_owned(),
-        )
-    });
-    let first = unknown[0];
-    let also = if unknown.len() > 1 {
-        let rest: Vec<String> = unknown[1..].iter().map(|k| format!("{k:?}")).collect();
-        format!(" (also unknown: {})", rest.join(", "))
-    } else {
-        String::new()
     };
+    let also = also_unknown(unknown[1..].iter().map(|(k, _)| *k));
     Err(cx.err(
         &path.key(first),
         format!("unknown field{also}; expected one of: {}", known.join(", ")),
     ))
+}
+
+/// Like [`deny_unknown`], but names no key (the error points at its line): in `mount_options`
+/// a stray key could be a mount flag written in the wrong place.
+fn deny_unknown_unnamed(
+    cx: &Cx<'_>,
+    path: &FieldPath,
+    m: &Map<String, Value>,
+    known: &[&str],
+) -> Res<()> {
+    match unknown_keys(cx, path, m, known).first() {
+        None => Ok(()),
+        Some((_, line)) => Err(SpecError {
+            line: *line,
+            ..cx.err(
+                path,
+                format!(
+                    "unknown field (not repeated: it could be a mount flag); expected one of: {}",
+                    known.join(", ")
+                ),
+            )
+        }),
+    }
+}
+
+/// The keys of `m` outside `known`, in file order when known (by name otherwise), each with its
+/// line. Linear in the keys (but for the sort): a spec may hold a hundred thousand of them.
+fn unknown_keys<'a>(
+    cx: &Cx<'_>,
+    path: &FieldPath,
+    m: &'a Map<String, Value>,
+    known: &[&str],
+) -> Vec<(&'a str, Option<usize>)> {
+    let lines = cx
+        .outline
+        .as_deref()
+        .map(|o| hcl_input::key_lines(o, path))
+        .unwrap_or_default();
+    // A key the outline misses points at its parent, as `Cx::err` does.
+    let parent = cx.line(path);
+    let mut unknown: Vec<(&str, Option<usize>)> = m
+        .keys()
+        .filter(|k| !known.contains(&k.as_str()))
+        .map(|k| (k.as_str(), lines.get(k.as_str()).copied().or(parent)))
+        .collect();
+    unknown.sort_by_key(|(k, line)| (line.unwrap_or(usize::MAX), *k));
+    unknown
+}
+
+/// ` (also unknown: "a", "b" and 3 more)`, or nothing when `rest` is empty.
+fn also_unknown<'a>(rest: impl ExactSizeIterator<Item = &'a str>) -> String {
+    if rest.len() == 0 {
+        return String::new();
+    }
+    format!(" (also unknown: {})", quoted_list(rest))
 }
 
 /// A `map<string, string>` field: an object (or HCL-JSON's list of objects); numbers and bools
@@ -549,7 +590,10 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
     if !ty.eq_ignore_ascii_case("csi") {
         return Err(cx.err(
             &f("type"),
-            format!("{ty:?}: berth handles CSI volumes only (type = \"csi\")"),
+            format!(
+                "{}: berth handles CSI volumes only (type = \"csi\")",
+                Quoted(&ty)
+            ),
         ));
     }
     deny_unknown(cx, &top, &m, TOP)?;
@@ -558,7 +602,7 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
     {
         return Err(cx.err(
             &f("namespace"),
-            format!("{ns:?}: berth has one namespace, \"default\""),
+            format!("{}: berth has one namespace, \"default\"", Quoted(&ns)),
         ));
     }
 
@@ -594,7 +638,8 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
             cx.err(
                 &ap,
                 format!(
-                    "unknown access mode {access:?} (expected one of {})",
+                    "unknown access mode {} (expected one of {})",
+                    Quoted(&access),
                     all.join(", ")
                 ),
             )
@@ -605,7 +650,8 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
             cx.err(
                 &tp,
                 format!(
-                    "unknown attachment mode {attach:?} (expected file-system or block-device)"
+                    "unknown attachment mode {} (expected file-system or block-device)",
+                    Quoted(&attach)
                 ),
             )
         })?;
@@ -619,9 +665,10 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
     let mo_path = f("mount_options");
     let mut mount_options = MountOptions::default();
     if let Some(mut mo) = single_block(cx, &mo_path, m.remove("mount_options"))? {
-        deny_unknown(cx, &mo_path, &mo, &["fs_type", "mount_flags"])?;
-        mount_options.fs_type =
-            opt_string(cx, &mo_path.key("fs_type"), mo.remove("fs_type"))?.unwrap_or_default();
+        deny_unknown_unnamed(cx, &mo_path, &mo, &["fs_type", "mount_flags"])?;
+        let fs_path = mo_path.key("fs_type");
+        mount_options.fs_type = opt_string(cx, &fs_path, mo.remove("fs_type"))?.unwrap_or_default();
+        check_fs_type(&mount_options.fs_type).map_err(|m| cx.err(&fs_path, m))?;
         let fp = mo_path.key("mount_flags");
         let flags = match mo.remove("mount_flags") {
             None | Some(Value::Null) => Vec::new(),
@@ -679,8 +726,10 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
             ));
         }
         let required: Vec<_> = required.into_iter().map(|(t, _)| t).collect();
+        // A set: a spec may list thousands of topologies.
+        let required_set: BTreeSet<&BTreeMap<String, String>> = required.iter().collect();
         if !required.is_empty()
-            && let Some((_, at)) = preferred.iter().find(|(p, _)| !required.contains(p))
+            && let Some((_, at)) = preferred.iter().find(|(p, _)| !required_set.contains(p))
         {
             return Err(cx.err(
                 at,
@@ -752,7 +801,9 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
                 return Err(cx.err(
                     &f("capacity_min"),
                     format!(
-                        "{min_s:?} ({min} bytes) is more than capacity_max {max_s:?} ({max} bytes)"
+                        "{} ({min} bytes) is more than capacity_max {} ({max} bytes)",
+                        Quoted(min_s),
+                        Quoted(max_s)
                     ),
                 ));
             }
@@ -791,6 +842,19 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
         parameters,
         context,
         kind,
+    })
+}
+
+/// Checks a spec's `mount_options.fs_type` with [`validate_fs_type`] (empty passes: the
+/// plugin's default). The error is the message of a [`SpecError`] naming the field: it repeats
+/// neither the field nor the value (which may be anything, of any size).
+pub fn check_fs_type(fs_type: &str) -> Result<(), String> {
+    validate_fs_type("mount_options.fs_type", fs_type).map_err(|e| match e {
+        ModelError::InvalidFsType { len, .. } => format!(
+            "not a filesystem type ({len} bytes; expected at most {} of a-z, A-Z, 0-9, '.', '_', '-')",
+            berth_csi::model::MAX_FS_TYPE_LEN
+        ),
+        _ => "not a filesystem type".to_string(),
     })
 }
 
@@ -1299,8 +1363,8 @@ parameters = {
             (
                 Operation::Register,
                 reg("mount_options {\n  fs = \"xfs\"\n}\n"),
-                "mount_options.fs",
-                "unknown field",
+                "mount_options",
+                "unknown field (not repeated",
             ),
             (
                 Operation::Register,

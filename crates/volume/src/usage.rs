@@ -174,7 +174,8 @@ impl FromStr for UsageKey {
 /// A name that [`UsageKey::dir_name`] does not make.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "{0:?} is not a usage directory name (expected ro|rw-<file-system|block-device>-<access-mode>, then .<n> for a variant n > 0)"
+    "{} is not a usage directory name (expected ro|rw-<file-system|block-device>-<access-mode>, then .<n> for a variant n > 0)",
+    berth_input::Quoted(&self.0)
 )]
 pub struct NotAUsageDir(pub String);
 
