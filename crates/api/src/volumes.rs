@@ -13,8 +13,9 @@ use crate::{checks, types::InvalidField};
 /// What mount flags are shown as.
 pub const REDACTED: &str = "[REDACTED]";
 
-/// Longest spec text a request may carry (volume and job specs), in bytes.
-pub const MAX_SPEC_BYTES: usize = 256 * 1024;
+/// Longest spec text a request may carry (volume and job specs), in bytes: the parsers' own
+/// bound, and the CLI's for a spec file.
+pub const MAX_SPEC_BYTES: usize = berth_input::MAX_SPEC_BYTES;
 
 /// Longest `file` name a spec request may give, in bytes: the agent repeats it in its errors.
 pub const MAX_FILE_NAME_BYTES: usize = 256;

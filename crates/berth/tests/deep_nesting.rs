@@ -20,7 +20,7 @@ use berth_api::{
 
 /// The most bytes of a spec the agent reads (1 MiB): the deep texts stay under it, so it is
 /// the depth that refuses them.
-const MAX_SPEC_BYTES: usize = 1 << 20;
+use berth_api::volumes::MAX_SPEC_BYTES;
 
 /// The start of a create spec; the deep part follows on line 9.
 const SPEC_HEAD: &str = "id = \"deep\"\ntype = \"csi\"\nplugin_id = \"hp\"\ncapability {\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}\n# the deep part:\n";

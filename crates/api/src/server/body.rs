@@ -12,7 +12,8 @@ use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use super::{ApiError, Refusal};
 
 /// Largest request body, in bytes; a larger one is answered 413 without being read further.
-pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Room for a spec of [`crate::volumes::MAX_SPEC_BYTES`] escaped in a JSON string.
+pub const MAX_BODY_BYTES: usize = 2 * crate::volumes::MAX_SPEC_BYTES;
 
 /// How long a client may take to send its request body once the head is in; a slower one is
 /// answered 408.

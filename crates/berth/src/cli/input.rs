@@ -9,10 +9,10 @@ use std::{
     path::{Path, PathBuf},
 };
 
-/// The most a spec file (or any other file the CLI reads) may hold: 1 MiB. The agent's API
-/// takes request bodies up to 2 MiB, and a spec travels in one as a JSON string, where
-/// escaping may double its size.
-pub const MAX_INPUT_BYTES: u64 = 1 << 20;
+/// The most a spec file (or any other file the CLI reads) may hold: 1 MiB, the agent's own
+/// bound for a spec. Its API takes request bodies up to 2 MiB, room for a spec escaped in a JSON
+/// string.
+pub const MAX_INPUT_BYTES: u64 = berth_api::volumes::MAX_SPEC_BYTES as u64;
 
 /// What the bound reads as in messages.
 const MAX_INPUT_TEXT: &str = "1 MiB";
