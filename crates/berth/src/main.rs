@@ -11,8 +11,11 @@ fn main() -> ExitCode {
             Ok(p) => p,
             Err(err) => return fail(&err),
         };
+    // Spec parsers recurse up to the 64 levels of nesting berth accepts: a debug build can use
+    // about 1.5 MiB of stack for that, close to tokio's 2 MiB default. 8 MiB leaves room.
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        .thread_stack_size(8 << 20)
         .build()
     {
         Ok(rt) => rt,
