@@ -595,17 +595,6 @@ plugin "hostpath" {
         assert!(syntax.line.is_some(), "a syntax error has a line: {syntax}");
     }
 
-    /// Runs `f` on a thread with a 256 KiB stack: a parser that recursed once per level before
-    /// the depth check would overflow it.
-    fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::Builder::new()
-            .stack_size(256 * 1024)
-            .spawn(f)
-            .expect("thread")
-            .join()
-            .expect("no panic")
-    }
-
     #[test]
     fn deep_or_huge_configs_are_refused_before_parsing() {
         let plugin = "plugin \"p\" {\n  type = \"node\"\n  command = \"/bin/p\"\n";
@@ -657,7 +646,8 @@ plugin "hostpath" {
             ("/etc/b/agent.hcl", format!("x = {}", "{a=".repeat(300_000))),
             ("/etc/b/agent.json", "[".repeat(1_000_000)),
         ] {
-            let e = small_stack(move || Config::parse(Path::new(file), &text)).unwrap_err();
+            let e = berth_testkit::on_small_stack(move || Config::parse(Path::new(file), &text))
+                .unwrap_err();
             assert!(e.message.contains("nesting deeper than 64"), "{e}");
         }
         let huge = format!("# {}\n", "x".repeat(berth_input::MAX_SPEC_BYTES));

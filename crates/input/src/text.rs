@@ -396,17 +396,6 @@ fn hcl_too_deep(b: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
-    /// Runs `f` on a thread with a 256 KiB stack: a recursion per level would overflow it at
-    /// a depth of 200,000 and abort the test.
-    fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-        std::thread::Builder::new()
-            .stack_size(256 * 1024)
-            .spawn(f)
-            .expect("thread")
-            .join()
-            .expect("no panic")
-    }
-
     fn hcl(text: &str) -> Result<(), TextError> {
         check_text(Syntax::Hcl, text)
     }
@@ -464,7 +453,8 @@ mod tests {
             let n = 200_000.min(MAX_SPEC_BYTES / open.len() - 1);
             let deep = hcl_shape(name, n);
             assert!(deep.len() <= MAX_SPEC_BYTES, "{name}");
-            let e = small_stack(move || check_text(Syntax::Hcl, &deep)).expect_err(name);
+            let e = berth_testkit::on_small_stack(move || check_text(Syntax::Hcl, &deep))
+                .expect_err(name);
             assert!(matches!(e, TextError::TooDeep { .. }), "{name}: {e}");
         }
     }
@@ -498,7 +488,7 @@ mod tests {
             format!("x = \"a\\\"{braces}\"\n"),
         ] {
             let t = text.clone();
-            let r = small_stack(move || check_text(Syntax::Hcl, &t));
+            let r = berth_testkit::on_small_stack(move || check_text(Syntax::Hcl, &t));
             assert_eq!(r, Ok(()), "{}", &text[..40]);
         }
     }
@@ -571,7 +561,7 @@ mod tests {
         assert_eq!(json(&arr(65)), Err(TextError::TooDeep { line: 1 }));
         let flat_obj = format!("{}1{}", "{\"\":".repeat(200_000), "}".repeat(200_000));
         for deep in [flat_obj, arr(200_000)] {
-            let r = small_stack(move || check_text(Syntax::Json, &deep));
+            let r = berth_testkit::on_small_stack(move || check_text(Syntax::Json, &deep));
             assert!(matches!(r, Err(TextError::TooDeep { .. })));
         }
         let quoted = format!(

@@ -45,17 +45,6 @@ fn parse(file: &str, text: &str) -> Result<JobSpec, SpecError> {
     JobSpec::parse(Path::new(file), text)
 }
 
-/// Runs `f` on a thread with a 256 KiB stack: a parser that recursed once per level before the
-/// depth check would overflow it and abort the test binary.
-fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(f)
-        .expect("thread")
-        .join()
-        .expect("no panic")
-}
-
 /// `n` levels of `shape` after the job, starting on line `job("", "", "").lines().count() + 1`.
 fn deep_hcl(shape: &str, n: usize) -> String {
     let (open, inner, close, lead) = match shape {
@@ -110,7 +99,8 @@ fn deep_hcl_is_refused_before_parsing() {
         );
         let text = deep_hcl(shape, 200_000.min(berth_input::MAX_SPEC_BYTES / 8));
         assert!(text.len() <= berth_input::MAX_SPEC_BYTES, "{shape}");
-        let e = small_stack(move || parse("/j/deep.hcl", &text)).expect_err(shape);
+        let e =
+            berth_testkit::on_small_stack(move || parse("/j/deep.hcl", &text)).expect_err(shape);
         assert!(e.message.contains("nesting deeper than 64"), "{shape}: {e}");
     }
 }
@@ -140,7 +130,7 @@ fn deep_json_is_refused_before_parsing() {
     }
     for text in [objects(190_000), arrays(200_000)] {
         assert!(text.len() <= berth_input::MAX_SPEC_BYTES);
-        let e = small_stack(move || parse("/j/deep.json", &text)).unwrap_err();
+        let e = berth_testkit::on_small_stack(move || parse("/j/deep.json", &text)).unwrap_err();
         assert!(e.message.contains("nesting deeper than 64"), "{e}");
     }
 }
@@ -171,7 +161,7 @@ fn nesting_up_to_the_limit_reaches_the_checker() {
         ),
         &format!("# {braces}\n/* {braces} */\n"),
     );
-    let s = small_stack(move || parse("/j/j.hcl", &spec)).expect("valid");
+    let s = berth_testkit::on_small_stack(move || parse("/j/j.hcl", &spec)).expect("valid");
     assert_eq!(s.groups[0].tasks[0].env["A"], braces);
 }
 

@@ -172,6 +172,21 @@ macro_rules! assert_eventually {
     }};
 }
 
+/// Size of the stack [`on_small_stack`] gives: a parser that recursed once per nesting level
+/// would overflow it long before a depth of 200,000 (and abort the test).
+pub const SMALL_STACK: usize = 256 * 1024;
+
+/// Runs `f` on a thread with a [`SMALL_STACK`] and returns what it returns (a panic in it
+/// fails the caller).
+pub fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    std::thread::Builder::new()
+        .stack_size(SMALL_STACK)
+        .spawn(f)
+        .expect("thread")
+        .join()
+        .expect("no panic on the small stack")
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicU32, Ordering};

@@ -646,26 +646,21 @@ capability { access_mode = "a", attachment_mode = "b" }
             "a{".repeat(n),
             "}".repeat(n)
         );
-        let scan = std::thread::Builder::new()
-            .stack_size(256 * 1024)
-            .spawn(move || {
-                let scan = Scan::new(&text);
-                let depth = {
-                    let (mut nodes, mut depth) = (&scan.outline[..], 0);
-                    while let Some(n) = nodes.iter().find(|n| n.key == "a") {
-                        nodes = &n.children;
-                        depth += 1;
-                    }
-                    depth
-                };
-                // Dropping the outline recurses too: bounded as well.
-                drop(scan);
+        let depth = berth_testkit::on_small_stack(move || {
+            let scan = Scan::new(&text);
+            let depth = {
+                let (mut nodes, mut depth) = (&scan.outline[..], 0);
+                while let Some(n) = nodes.iter().find(|n| n.key == "a") {
+                    nodes = &n.children;
+                    depth += 1;
+                }
                 depth
-            })
-            .expect("thread")
-            .join()
-            .expect("no overflow");
-        assert_eq!(scan, berth_input::MAX_NESTING);
+            };
+            // Dropping the outline recurses too: bounded as well.
+            drop(scan);
+            depth
+        });
+        assert_eq!(depth, berth_input::MAX_NESTING);
     }
 
     #[test]

@@ -31,17 +31,6 @@ fn parse(file: &str, text: &str) -> Result<VolumeSpec, SpecError> {
     VolumeSpec::parse(Operation::Register, Path::new(file), text)
 }
 
-/// Runs `f` on a thread with a 256 KiB stack: a parser that recursed once per level before the
-/// depth check would overflow it and abort the test binary.
-fn small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
-    std::thread::Builder::new()
-        .stack_size(256 * 1024)
-        .spawn(f)
-        .expect("thread")
-        .join()
-        .expect("no panic")
-}
-
 /// A spec with its nesting starting on line `reg("").lines().count() + 1`.
 fn deep_hcl(shape: &str, n: usize) -> String {
     let (open, inner, close, lead) = match shape {
@@ -100,7 +89,8 @@ fn deep_hcl_is_refused_before_parsing() {
         let text = deep_hcl(shape, 200_000.min(berth_input::MAX_SPEC_BYTES / 8));
         assert!(text.len() <= berth_input::MAX_SPEC_BYTES, "{shape}");
         let started = Instant::now();
-        let e = small_stack(move || parse("/s/deep.hcl", &text)).expect_err(shape);
+        let e =
+            berth_testkit::on_small_stack(move || parse("/s/deep.hcl", &text)).expect_err(shape);
         assert!(e.message.contains("nesting deeper than 64"), "{shape}: {e}");
         eprintln!("{shape}: refused in {:?}", started.elapsed());
     }
@@ -128,7 +118,8 @@ fn deep_json_is_refused_before_parsing() {
     }
     for text in [objects(190_000), arrays(200_000)] {
         assert!(text.len() <= berth_input::MAX_SPEC_BYTES);
-        let e = small_stack(move || parse("/s/deep.json", &text)).expect_err("deep");
+        let e =
+            berth_testkit::on_small_stack(move || parse("/s/deep.json", &text)).expect_err("deep");
         assert!(e.message.contains("nesting deeper than 64"), "{e}");
     }
 }
@@ -156,11 +147,12 @@ fn nesting_up_to_the_limit_reaches_the_checker() {
     let spec = reg(&format!(
         "# {braces}\n/* {braces} */\nname = <<EOT\n{braces}\nEOT\nparameters = {{ a = \"{braces}\" }}\n"
     ));
-    let e = small_stack(move || parse("/s/v.hcl", &spec)).expect_err("parameters too big");
+    let e = berth_testkit::on_small_stack(move || parse("/s/v.hcl", &spec))
+        .expect_err("parameters too big");
     assert_eq!(e.field, "parameters", "{e}");
     assert!(e.message.contains("more than 4096"), "{e}");
     let spec = reg(&format!("# {braces}\nname = <<EOT\n{braces}\n  EOT\n"));
-    let s = small_stack(move || parse("/s/v.hcl", &spec)).expect("valid");
+    let s = berth_testkit::on_small_stack(move || parse("/s/v.hcl", &spec)).expect("valid");
     assert_eq!(s.name, format!("{braces}\n"));
 }
 
