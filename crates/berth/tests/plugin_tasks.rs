@@ -320,6 +320,19 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
             .any(|m| m.mount_point.starts_with(&per_alloc)),
         "the service's volume is still mounted"
     );
+    // Its plugin gone, the volume's status still shows what the node holds, where.
+    let status = client
+        .volume("v1")
+        .await
+        .expect("status without its plugin");
+    let published: Vec<_> = status
+        .usages
+        .iter()
+        .flat_map(|u| &u.allocs)
+        .filter(|a| a.alloc_id == srv.alloc_id && a.state == "published")
+        .collect();
+    assert_eq!(published.len(), 1, "{status:?}");
+    assert!(published[0].target.starts_with(&per_alloc), "{status:?}");
     // A new plugin job takes over; the service's release goes through it, in CSI order.
     client.stop_job("plugin").await.ok();
     run_job(

@@ -22,12 +22,7 @@ impl Volumes {
         if records.is_empty() {
             return Ok(status_of(&vol, Vec::new()));
         }
-        let Some(paths) = self.plugin_paths(&vol.plugin_id) else {
-            return Err(ApiError::Internal(format!(
-                "volume {id:?}: this node holds usages of plugin {:?}, which is not registered",
-                vol.plugin_id
-            )));
-        };
+        let paths = self.plugin_paths(&vol.plugin_id);
         // Stats only from the instance that serves now.
         let live = self
             .existing_node_plugin(&vol.plugin_id)
@@ -53,7 +48,10 @@ impl Volumes {
                 .map(|((alloc_id, state), stats)| PublishedView {
                     alloc_id: alloc_id.clone(),
                     state: publish_state(*state).into(),
-                    target: paths.publish(id, alloc_id, rec.usage).unwrap_or_default(),
+                    target: paths
+                        .as_ref()
+                        .and_then(|p| p.publish(id, alloc_id, rec.usage).ok())
+                        .unwrap_or_default(),
                     stats,
                 })
                 .collect();
@@ -68,14 +66,22 @@ impl Volumes {
     }
 
     /// Where the plugin's staging and publish paths are on this node: from its registered
-    /// node instance's type.
+    /// node instance's type, else (the plugin is gone, its volumes still mounted) from the
+    /// directory its type left under the data dir.
     fn plugin_paths(&self, plugin_id: &str) -> Option<PluginPaths> {
-        let record = self
+        let registered = self
             .registry
             .instances(plugin_id)
             .into_iter()
-            .find(|r| r.plugin_type.is_node())?;
-        let dir: PluginDir = record.plugin_type.as_str().parse().ok()?;
+            .find(|r| r.plugin_type.is_node())
+            .and_then(|r| r.plugin_type.as_str().parse::<PluginDir>().ok());
+        let dir = registered.or_else(|| {
+            [PluginDir::Monolith, PluginDir::Node]
+                .into_iter()
+                .find(|d| {
+                    PluginPaths::new(&self.data_dir, *d, plugin_id).is_ok_and(|p| p.root().is_dir())
+                })
+        })?;
         PluginPaths::new(&self.data_dir, dir, plugin_id).ok()
     }
 }
