@@ -433,7 +433,11 @@ impl VolumeManager {
         let in_use: Vec<&UsageRecord> = existing.iter().filter(|r| !r.allocs.is_empty()).collect();
         if in_use.is_empty() {
             return Ok(match found {
-                Some(rec) if existing.len() == 1 => Plan::Use(Box::new(rec.clone())),
+                // The volume's only record: reused, unless it says staged where nothing is
+                // mounted any more (its twin unstaged it): then it starts afresh.
+                Some(rec) if existing.len() == 1 && !self.staged_but_unmounted(rec)? => {
+                    Plan::Use(Box::new(rec.clone()))
+                }
                 _ => Plan::New {
                     usage: base,
                     staging: Some(StageState::Staging),
@@ -973,6 +977,15 @@ impl VolumeManager {
     /// The staging path of a record, when its plugin stages.
     fn staging_of(&self, rec: &UsageRecord) -> Result<Option<PathBuf>, VolumeError> {
         rec.staging.map(|_| self.staging_path(rec)).transpose()
+    }
+
+    /// Whether the record says staged while nothing is mounted at its staging path.
+    fn staged_but_unmounted(&self, rec: &UsageRecord) -> Result<bool, VolumeError> {
+        if rec.staging != Some(StageState::Staged) {
+            return Ok(false);
+        }
+        let table = self.mounts.mounts().map_err(VolumeError::MountTable)?;
+        Ok(top_mount_at(&table, &self.staging_path(rec)?).is_none())
     }
 
     /// The record's staging path: the volume's one staging directory (shared by its read-only

@@ -961,3 +961,41 @@ async fn berth_makes_and_removes_the_directories_the_spec_puts_on_the_co() {
     assert!(!mgr.paths().alloc_dir("a2").unwrap().exists());
     assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
 }
+
+#[tokio::test]
+async fn a_record_left_staged_after_its_twin_unstaged_is_staged_again_before_use() {
+    let env = env(true).await;
+    let mgr = env.manager().await;
+    let ext = env.volume("leftover").await;
+    let rw = usage(false);
+    let ro = Usage {
+        read_only: true,
+        ..rw.clone()
+    };
+    mgr.mount(req("v", &ext, "a1", rw.clone()))
+        .await
+        .expect("rw");
+    let staged = mgr.record("v", rw.key()).unwrap().expect("rw record");
+    mgr.unmount("v", "a1").await.expect("unmount rw");
+    let staging = staging(&mgr, "v", rw.key()).unwrap();
+    assert!(!env.mounted(&staging), "the last user unstaged it");
+    // A read-only twin left behind (say, by a store restored from before the unstage): unused,
+    // and saying staged where nothing is mounted.
+    let twin = UsageRecord {
+        usage: ro.key(),
+        allocs: BTreeMap::new(),
+        ..staged
+    };
+    env.store
+        .put(Table::USAGES, &twin.key(), &twin)
+        .expect("put");
+
+    let target = mgr
+        .mount(req("v", &ext, "a2", ro.clone()))
+        .await
+        .expect("the twin is staged again, not trusted");
+    assert!(env.mounted(&staging) && env.mounted(&target));
+    mgr.unmount("v", "a2").await.expect("unmount ro");
+    assert_eq!(env.mounts_under_data(), Vec::<PathBuf>::new());
+    assert!(env.records().is_empty());
+}
