@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use berth_csi::short_duration as format_duration;
+use berth_csi::short_duration;
 use berth_drivers::{DriverError, TaskId};
 use berth_job::{JobType, TaskSpec};
 use tokio::{sync::mpsc, task::JoinSet};
@@ -565,7 +565,7 @@ impl AllocRunner {
             EventKind::UpstreamWaiting,
             format!(
                 "waiting up to {} for previous allocs {} to finish",
-                format_duration(timeout),
+                short_duration(timeout),
                 upstream.join(", ")
             ),
         );
@@ -588,7 +588,7 @@ impl AllocRunner {
                 EventKind::UpstreamGaveUp,
                 format!(
                     "previous allocs still not finished after {}; going on",
-                    format_duration(timeout)
+                    short_duration(timeout)
                 ),
             ),
         };

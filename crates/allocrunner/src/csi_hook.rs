@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use berth_csi::short_duration as format_duration;
+use berth_csi::short_duration;
 use berth_job::GroupSpec;
 use tokio_util::sync::CancellationToken;
 
@@ -110,7 +110,7 @@ pub(crate) async fn claim_volumes(
                         EventKind::VolumeClaimRetrying,
                         format!(
                             "claim of volume {name} ({volume_id}) failed (attempt {attempt} of {attempts}): {e}; retrying in {}",
-                            format_duration(delay)
+                            short_duration(delay)
                         ),
                     );
                     interruptible(tokio::time::sleep(delay), cancel, stop).await?;
@@ -192,7 +192,7 @@ pub(crate) async fn release_volumes(
                         EventKind::VolumeReleaseRetrying,
                         format!(
                             "release of volume {name} ({volume_id}) failed (attempt {attempt} of {attempts}): {e}; retrying in {}",
-                            format_duration(delay)
+                            short_duration(delay)
                         ),
                     );
                     interruptible(tokio::time::sleep(delay), cancel, &never)

@@ -149,8 +149,8 @@ pub struct VolumeRecord {
     /// for a healthy controller instead of skipping the step.
     #[serde(default)]
     pub controller_publish: bool,
-    /// The controller instance that created it (CreateVolume), when berth created it. A
-    /// DeleteVolume answered `NOT_FOUND` by another instance does not delete it.
+    /// The controller instance that created it (CreateVolume), when berth created it: named
+    /// when a delete finds that the serving instance has no such volume.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_by: Option<String>,
 }

@@ -104,15 +104,9 @@ fn csi_failure_text(plugin_id: &str, volume_id: Option<&str>, source: &CsiError)
     let about = volume_id
         .map(|v| format!(" for volume {v:?}"))
         .unwrap_or_default();
-    match source.plugin_message() {
-        Some(message) if source.is_refusal() => format!(
-            "plugin {plugin_id:?} refused {}{about}: {} ({})",
-            source.rpc(),
-            message,
-            berth_csi::code_name(source.code())
-        ),
-        _ => format!("plugin {plugin_id:?}{about}: {source}"),
-    }
+    source
+        .refusal_text(plugin_id, &about)
+        .unwrap_or_else(|| format!("plugin {plugin_id:?}{about}: {source}"))
 }
 
 /// The error of a failed controller RPC, logged at warn with the ids it is about (the

@@ -191,11 +191,17 @@ impl CsiError {
         }
     }
 
-    /// The plugin's own message, for a plugin's answer; `None` for failures that are not the
-    /// plugin's answer (cancelled, socket, invalid request or response).
-    pub fn plugin_message(&self) -> Option<&str> {
+    /// For a refusal ([`CsiError::is_refusal`]), what the caller is told:
+    /// `plugin "<plugin_id>" refused <Rpc><about>: <the plugin's message> (<CODE>)`; `None` for
+    /// any other failure.
+    pub fn refusal_text(&self, plugin_id: &str, about: &str) -> Option<String> {
         match self {
-            Self::Rpc { message, .. } | Self::Exhausted { message, .. } => Some(message),
+            Self::Rpc {
+                rpc, code, message, ..
+            } if self.is_refusal() => Some(format!(
+                "plugin {plugin_id:?} refused {rpc}{about}: {message} ({})",
+                code_name(*code)
+            )),
             _ => None,
         }
     }
@@ -299,6 +305,14 @@ mod tests {
         assert!(!rpc_err(NodeUnstageVolume, Code::NotFound, true).is_refusal());
         assert!(!rpc_err(NodeStageVolume, Code::Internal, false).is_refusal());
         assert!(!rpc_err(NodeStageVolume, Code::Unavailable, false).is_refusal());
+        assert_eq!(
+            rpc_err(CreateVolume, Code::OutOfRange, false).refusal_text("hp", " for volume \"v\""),
+            Some("plugin \"hp\" refused CreateVolume for volume \"v\": m (OUT_OF_RANGE)".into())
+        );
+        assert_eq!(
+            rpc_err(NodeStageVolume, Code::Internal, false).refusal_text("hp", ""),
+            None
+        );
     }
 
     #[test]

@@ -21,7 +21,7 @@ pub enum VolumeError {
     },
     /// A CSI call failed for good; the record stays in its intent state for a later call or
     /// [`reconcile`](crate::VolumeManager::reconcile) to drive again.
-    #[error("volume {volume_id}, alloc {}, usage {usage}: CSI call failed", alloc_id.as_deref().unwrap_or("-"))]
+    #[error("{}", csi_text(plugin_id, volume_id, alloc_id.as_deref(), *usage, source))]
     Csi {
         /// The node plugin called.
         plugin_id: String,
@@ -99,4 +99,27 @@ impl VolumeError {
     pub fn is_cancelled(&self) -> bool {
         matches!(self, Self::Cancelled { .. })
     }
+}
+
+/// A refusal names the plugin, the call and the plugin's reason
+/// ([`CsiError::refusal_text`]); any other failure says where it happened (the source
+/// follows in the chain).
+fn csi_text(
+    plugin_id: &str,
+    volume_id: &str,
+    alloc_id: Option<&str>,
+    usage: UsageKey,
+    source: &CsiError,
+) -> String {
+    let alloc = alloc_id
+        .map(|a| format!(", alloc {a:?}"))
+        .unwrap_or_default();
+    source
+        .refusal_text(plugin_id, &format!(" for volume {volume_id:?}{alloc}"))
+        .unwrap_or_else(|| {
+            format!(
+                "volume {volume_id}, alloc {}, usage {usage}: CSI call failed",
+                alloc_id.unwrap_or("-")
+            )
+        })
 }

@@ -340,8 +340,7 @@ impl VolumeManager {
                             volume_id,
                             usage: old.usage,
                         };
-                        let staging = self.staging_path(&old)?;
-                        self.release(&ctx, &mut old, &staging).await?;
+                        self.release(&ctx, &mut old).await?;
                     }
                 }
                 self.new_record(&req, usage, options, staging)
@@ -519,9 +518,7 @@ impl VolumeManager {
         for mut rec in self.volume_records(volume_id)? {
             if rec.allocs.is_empty() {
                 let usage = rec.usage;
-                let staging = self.staging_path(&rec)?;
-                self.release(&Ctx { volume_id, usage }, &mut rec, &staging)
-                    .await?;
+                self.release(&Ctx { volume_id, usage }, &mut rec).await?;
                 released += 1;
             }
         }
@@ -544,8 +541,7 @@ impl VolumeManager {
             self.unpublish(&ctx, rec, alloc_id, &target).await?;
         }
         if rec.allocs.is_empty() {
-            let staging = self.staging_path(rec)?;
-            self.release(&ctx, rec, &staging).await?;
+            self.release(&ctx, rec).await?;
         }
         Ok(())
     }
@@ -730,7 +726,7 @@ impl VolumeManager {
                 // never staged and unused: release.
                 Some(StageState::Staged) if !unpublished => {}
                 _ => {
-                    self.release(&ctx, &mut rec, &staging).await?;
+                    self.release(&ctx, &mut rec).await?;
                     actions.push(ReconcileAction::Released {
                         volume_id: volume_id.clone(),
                         usage,
@@ -900,12 +896,7 @@ impl VolumeManager {
     }
 
     /// Unstages an unused usage (if staged) and deletes its record.
-    async fn release(
-        &self,
-        ctx: &Ctx<'_>,
-        rec: &mut UsageRecord,
-        staging: &Path,
-    ) -> Result<(), VolumeError> {
+    async fn release(&self, ctx: &Ctx<'_>, rec: &mut UsageRecord) -> Result<(), VolumeError> {
         debug_assert!(rec.allocs.is_empty());
         // Its read-only or read-write twin still publishes from the same staging: only the
         // record goes.
@@ -917,12 +908,13 @@ impl VolumeManager {
                     && o.staging_dir_name() == rec.staging_dir_name()
             });
         if rec.staging.is_some() && !shared_in_use {
+            let staging = self.staging_path(rec)?;
             rec.staging = Some(StageState::Unstaging);
             self.save(ctx, rec)?;
             self.step(StepRpc::NodeUnstageVolume, Phase::Before);
             match self
                 .client
-                .node_unstage(&rec.external_id, &self.rpc_path(staging))
+                .node_unstage(&rec.external_id, &self.rpc_path(&staging))
                 .await
             {
                 Ok(()) => {}
@@ -932,7 +924,7 @@ impl VolumeManager {
             self.step(StepRpc::NodeUnstageVolume, Phase::After);
             // The staging directory is the CO's: removed (with the volume's directory, when
             // empty) once nothing is mounted there.
-            self.remove_co_path(ctx, staging, 1);
+            self.remove_co_path(ctx, &staging, 1);
             tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "unstaged");
         }
         self.store

@@ -41,27 +41,10 @@ fn cp_api_error(e: &ControlPlaneError) -> ApiError {
 }
 
 pub(super) fn vol_error(e: &VolumeError) -> ApiError {
-    if let VolumeError::Csi {
-        plugin_id,
-        volume_id,
-        alloc_id,
-        source,
-        ..
-    } = e
-        && let Some(message) = source.plugin_message()
+    if let VolumeError::Csi { source, .. } = e
+        && let Some(api) = refusal(e.to_string(), source)
     {
-        let alloc = alloc_id
-            .as_deref()
-            .map(|a| format!(", alloc {a:?}"))
-            .unwrap_or_default();
-        let text = format!(
-            "plugin {plugin_id:?} refused {} for volume {volume_id:?}{alloc}: {message} ({})",
-            source.rpc(),
-            berth_csi::code_name(source.code())
-        );
-        if let Some(api) = refusal(text, source) {
-            return api;
-        }
+        return api;
     }
     match e {
         VolumeError::InvalidPath { .. } => ApiError::BadRequest(error_chain(e)),
