@@ -22,13 +22,6 @@ use berth_csi::model::{AccessMode, AttachmentMode};
 
 const PLUGIN: &str = "blk";
 
-fn config() -> String {
-    agent_support::hostpath_config(
-        PLUGIN,
-        &["--backing", "image", "--enable-stage", "--enable-attach"],
-    )
-}
-
 fn claim_req(alloc: &str, read_only: bool) -> ClaimRequest {
     ClaimRequest {
         alloc_id: alloc.into(),
@@ -67,10 +60,11 @@ fn exists(agent: &AgentProcess, path: &Path) -> bool {
 
 #[tokio::test]
 async fn a_strict_block_style_plugin_stages_publishes_and_releases_through_the_agent() {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
+    let agent = AgentProcess::start_with_hostpath(
+        PLUGIN,
+        &["--backing", "image", "--enable-stage", "--enable-attach"],
+    )
+    .await;
     let client = agent.client();
     client
         .create_volume(&VolumeSpecRequest {

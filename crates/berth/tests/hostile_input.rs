@@ -36,17 +36,10 @@ fn leaks(text: &str) -> bool {
     text.contains(CANARY) || text.contains("90807060504") || text.contains("9080706050403")
 }
 
-/// A monolith berth-hostpath the agent runs, staging and attaching.
-fn config() -> String {
-    agent_support::hostpath_config(PLUGIN, &["--enable-stage", "--enable-attach"])
-}
-
 /// An agent with volume `v1` (secrets, mount flags) claimed by `alloc-1`.
 async fn start() -> AgentProcess {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
+    let agent =
+        AgentProcess::start_with_hostpath(PLUGIN, &["--enable-stage", "--enable-attach"]).await;
     let client = agent.client();
     let spec = format!(
         "id = \"{VOLUME}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\ncapacity_min = \"10MiB\"\n\

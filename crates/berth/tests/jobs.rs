@@ -20,8 +20,8 @@ const PLUGIN: &str = "hp";
 /// A mount flag that must never be shown.
 const FLAG_SECRET: &str = "password=flag-secret-5678";
 
-fn config() -> String {
-    agent_support::hostpath_config(
+async fn start() -> AgentProcess {
+    AgentProcess::start_with_hostpath(
         PLUGIN,
         &[
             "--enable-stage",
@@ -30,14 +30,7 @@ fn config() -> String {
             "@TMP@/calls.log",
         ],
     )
-}
-
-async fn start() -> AgentProcess {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
-    agent
+    .await
 }
 
 #[tokio::test]

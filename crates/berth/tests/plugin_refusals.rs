@@ -19,8 +19,8 @@ const PLUGIN: &str = "hp";
 const SIZE: &str = r#"capacity_min = "1MiB""#;
 
 /// berth-hostpath staging and attaching, at most one volume published per node.
-fn config() -> String {
-    agent_support::hostpath_config(
+async fn start() -> AgentProcess {
+    AgentProcess::start_with_hostpath(
         PLUGIN,
         &[
             "--max-volumes-per-node",
@@ -29,14 +29,7 @@ fn config() -> String {
             "@TMP@/calls.log",
         ],
     )
-}
-
-async fn start() -> AgentProcess {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
-    agent
+    .await
 }
 
 fn spec(id: &str, extra: &str) -> VolumeSpecRequest {

@@ -20,16 +20,8 @@ use berth_csi::model::{AccessMode, AttachmentMode};
 
 const PLUGIN: &str = "hp";
 
-fn config() -> String {
-    agent_support::hostpath_config(PLUGIN, &[])
-}
-
 async fn start() -> AgentProcess {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
-    agent
+    AgentProcess::start_with_hostpath(PLUGIN, &[]).await
 }
 
 async fn create(client: &Client, id: &str) {

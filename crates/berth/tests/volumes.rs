@@ -25,8 +25,8 @@ use berth_hostpath::calllog::{self, Call};
 const PLUGIN: &str = "hp";
 
 /// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
-fn config() -> String {
-    agent_support::hostpath_config(
+async fn start() -> AgentProcess {
+    AgentProcess::start_with_hostpath(
         PLUGIN,
         &[
             "--enable-stage",
@@ -35,14 +35,7 @@ fn config() -> String {
             "@TMP@/calls.log",
         ],
     )
-}
-
-async fn start() -> AgentProcess {
-    let agent = AgentProcess::start_in_namespace(&config()).await;
-    agent
-        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
-        .await;
-    agent
+    .await
 }
 
 fn create_spec(id: &str, mode: &str) -> String {

@@ -44,6 +44,16 @@ impl AgentProcess {
         Self::start_in_namespace_with(config, &[]).await
     }
 
+    /// [`start_in_namespace`](Self::start_in_namespace) with a [`hostpath_config`] of plugin
+    /// `plugin_id` (and `args`), once that plugin is healthy.
+    pub async fn start_with_hostpath(plugin_id: &str, args: &[&str]) -> AgentProcess {
+        let agent = Self::start_in_namespace(&hostpath_config(plugin_id, args)).await;
+        agent
+            .wait_plugin(plugin_id, Duration::from_secs(20), |p| p.health.healthy)
+            .await;
+        agent
+    }
+
     /// [`start_in_namespace`](Self::start_in_namespace) with extra `berth agent` arguments.
     pub async fn start_in_namespace_with(config: &str, extra: &[&str]) -> AgentProcess {
         let ns = berth_testkit::MountNamespace::new().expect("mount namespace");
