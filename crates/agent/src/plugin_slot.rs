@@ -65,8 +65,8 @@ pub enum SlotError {
     },
     /// The lock stayed held by processes that do not carry the plugin's mark.
     #[error(
-        "plugin {id:?}: the lock {} is still held after {waited:?} (processes holding it open: {pids:?})",
-        path.display()
+        "plugin {id:?}: the lock {} is still held after {} (processes holding it open: {pids:?})",
+        path.display(), berth_sys::short_duration(*waited)
     )]
     Busy {
         /// The plugin.

@@ -435,7 +435,7 @@ impl Watcher {
             format!(
                 "plugin {} not ready within {}: {why}; restarting the task",
                 self.spec.id,
-                berth_csi::short_duration(self.spec.health_timeout)
+                berth_sys::short_duration(self.spec.health_timeout)
             ),
         );
         let Some(driver) = self.deps.drivers.driver(&self.ctx.task.driver) else {

@@ -123,8 +123,9 @@ impl Supervisor {
                 &self.id,
                 None,
                 format!(
-                    "exited ({how}) after {:.1}s; restarting in {wait:?}",
-                    ran.as_secs_f64()
+                    "exited ({how}) after {}; restarting in {}",
+                    berth_sys::short_duration(ran),
+                    berth_sys::short_duration(wait)
                 ),
             );
             if !sleep_or_shutdown(wait, &shutdown).await {

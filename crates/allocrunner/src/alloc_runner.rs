@@ -11,9 +11,9 @@ use std::{
     time::Duration,
 };
 
-use berth_csi::short_duration;
 use berth_drivers::{DriverError, TaskId};
 use berth_job::{JobType, TaskSpec};
+use berth_sys::short_duration;
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 

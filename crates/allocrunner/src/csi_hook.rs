@@ -4,8 +4,8 @@
 
 use std::future::Future;
 
-use berth_csi::short_duration;
 use berth_job::GroupSpec;
+use berth_sys::short_duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::{

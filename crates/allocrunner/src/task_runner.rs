@@ -380,7 +380,7 @@ impl TaskRunner {
                     format!(
                         "not restarting: {} restarts within {} used up (mode fail)",
                         policy.attempts,
-                        berth_csi::short_duration(policy.interval)
+                        berth_sys::short_duration(policy.interval)
                     ),
                 );
                 Phase::Dead { failed: true }
@@ -390,15 +390,15 @@ impl TaskRunner {
                     format!(
                         "{} restarts within {} used up (mode delay): restart {restarts} in {}",
                         policy.attempts,
-                        berth_csi::short_duration(policy.interval),
-                        berth_csi::short_duration(delay)
+                        berth_sys::short_duration(policy.interval),
+                        berth_sys::short_duration(delay)
                     )
                 } else {
                     format!(
                         "restart {restarts} in {} (attempt {attempt} of {} within {})",
-                        berth_csi::short_duration(delay),
+                        berth_sys::short_duration(delay),
                         policy.attempts,
-                        berth_csi::short_duration(policy.interval)
+                        berth_sys::short_duration(policy.interval)
                     )
                 };
                 self.event(EventKind::Restarting, message);
@@ -460,7 +460,7 @@ impl TaskRunner {
             EventKind::Killing,
             format!(
                 "stopping: SIGTERM, then SIGKILL after {}",
-                berth_csi::short_duration(timeout)
+                berth_sys::short_duration(timeout)
             ),
         );
         let id = &self.ctx.task_id;
@@ -484,7 +484,7 @@ impl TaskRunner {
                     EventKind::StopFailed,
                     format!(
                         "{e}; its volumes stay mounted while it lives; SIGKILL again in {}",
-                        berth_csi::short_duration(wait)
+                        berth_sys::short_duration(wait)
                     ),
                 );
                 tokio::select! {

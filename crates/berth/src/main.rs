@@ -39,7 +39,7 @@ fn fail(err: &anyhow::Error) -> ExitCode {
     if err.chain().any(|e| e.is::<cli::output::StdoutClosed>()) {
         return ExitCode::SUCCESS;
     }
-    let text = cli::output::humanize_durations(&format!("{err:#}")).into_owned();
+    let text = format!("{err:#}");
     // Nothing more can be done when standard error is gone too.
     let _ = writeln!(
         std::io::stderr(),

@@ -26,7 +26,7 @@ pub enum CsiError {
         already_done: bool,
     },
     /// Retryable failures went on until the overall deadline.
-    #[error("{rpc} gave up after {attempts} attempt(s) in {} (overall deadline {}); last: {}: {message}", short_duration(*elapsed), short_duration(*deadline), code_name(*code))]
+    #[error("{rpc} gave up after {attempts} attempt(s) in {} (overall deadline {}); last: {}: {message}", berth_sys::short_duration(*elapsed), berth_sys::short_duration(*deadline), code_name(*code))]
     Exhausted {
         /// The RPC.
         rpc: Rpc,
@@ -76,26 +76,6 @@ pub enum CsiError {
         #[source]
         source: ModelError,
     },
-}
-
-/// A duration as an operator reads it: `850ms`, `1.5s`, `42s`, `2m3s`.
-pub fn short_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    if ms < 1000 {
-        format!("{ms}ms")
-    } else if ms < 10_000 {
-        format!("{}.{}s", ms / 1000, (ms % 1000) / 100)
-    } else if ms < 60_000 {
-        format!("{}s", ms / 1000)
-    } else {
-        let s = d.as_secs();
-        match (s / 3600, (s % 3600) / 60, s % 60) {
-            (0, m, 0) => format!("{m}m"),
-            (0, m, s) => format!("{m}m{s}s"),
-            (h, 0, _) => format!("{h}h"),
-            (h, m, _) => format!("{h}h{m}m"),
-        }
-    }
 }
 
 /// The spec's name of a code: `UNAVAILABLE`, `NOT_FOUND`, `OK`.
@@ -273,18 +253,6 @@ fn replace_words(text: &str, word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations_read_as_an_operator_writes_them() {
-        let ms = Duration::from_millis;
-        assert_eq!(short_duration(Duration::from_nanos(707_874_794)), "707ms");
-        assert_eq!(short_duration(ms(1_540)), "1.5s");
-        assert_eq!(short_duration(ms(42_900)), "42s");
-        assert_eq!(short_duration(ms(123_000)), "2m3s");
-        assert_eq!(short_duration(ms(300_000)), "5m");
-        assert_eq!(short_duration(ms(3_723_000)), "1h2m");
-        assert_eq!(short_duration(ms(3_600_000)), "1h");
-    }
 
     fn rpc_err(rpc: Rpc, code: Code, already_done: bool) -> CsiError {
         CsiError::Rpc {

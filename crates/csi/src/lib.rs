@@ -25,7 +25,7 @@ pub mod retry;
 
 pub use client::{CallObserver, ClientBuilder, CsiClient, ListedVolume, Page, Validation, channel};
 pub use endpoint::{Endpoint, EndpointError, MAX_SOCKET_PATH};
-pub use error::{CsiError, code_name, sanitize, short_duration};
+pub use error::{CsiError, code_name, sanitize};
 pub use redact::REDACTED;
 pub use requests::{
     CapacityRange, ContentSource, ControllerPublish, CreateVolume, NodeExpand, NodePublish,

@@ -138,7 +138,7 @@ pub enum DriverError {
     },
     /// The task did not exit within the given time after `SIGKILL` (a process stuck in the
     /// kernel); the driver keeps the task, so the operation can be retried.
-    #[error("task {task_id} (pid {pid}) did not exit within {waited:?} of SIGKILL")]
+    #[error("task {task_id} (pid {pid}) did not exit within {} of SIGKILL", berth_sys::short_duration(*waited))]
     KillTimeout {
         /// The task.
         task_id: TaskId,

@@ -262,7 +262,7 @@ impl Inner {
     ) -> Option<Fingerprint> {
         tokio::select! {
             r = tokio::time::timeout(timeout, driver.fingerprint()) => Some(r.unwrap_or_else(|_| {
-                Fingerprint::new(Health::Unhealthy, format!("fingerprint did not finish within {timeout:?}"))
+                Fingerprint::new(Health::Unhealthy, format!("fingerprint did not finish within {}", berth_sys::short_duration(timeout)))
             })),
             () = cancel.cancelled() => None,
         }

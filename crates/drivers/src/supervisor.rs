@@ -470,9 +470,10 @@ impl Supervisor {
                     signal: signal as i32,
                 },
                 format!(
-                    "stopping: sent {} to process group {}, SIGKILL after {timeout:?}",
+                    "stopping: sent {} to process group {}, SIGKILL after {}",
                     signal.as_str(),
-                    entry.pid()
+                    entry.pid(),
+                    berth_sys::short_duration(timeout)
                 ),
             );
             self.signal_group(&entry, signal)?;
@@ -481,7 +482,8 @@ impl Supervisor {
                     id,
                     TaskEventKind::Killed,
                     format!(
-                        "did not exit within {timeout:?} of {}: sent SIGKILL",
+                        "did not exit within {} of {}: sent SIGKILL",
+                        berth_sys::short_duration(timeout),
                         signal.as_str()
                     ),
                 );
@@ -543,7 +545,10 @@ impl Supervisor {
                     "waiting for the processes to leave",
                     io::Error::new(
                         io::ErrorKind::TimedOut,
-                        format!("still populated after {:?}", self.config.kill_timeout),
+                        format!(
+                            "still populated after {}",
+                            berth_sys::short_duration(self.config.kill_timeout)
+                        ),
                     ),
                 ));
             }

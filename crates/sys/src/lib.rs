@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod duration;
 pub mod fs;
 pub mod ids;
 pub mod mount;
@@ -14,6 +15,7 @@ mod mountinfo;
 pub mod procs;
 mod rlimit;
 
+pub use duration::short_duration;
 pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
     fs_stats, hostname, write_atomic,

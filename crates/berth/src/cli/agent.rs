@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::say;
 
-use super::{UsageError, input, output};
+use super::{UsageError, input};
 
 /// How long the agent gets to stop after the first signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
@@ -123,7 +123,7 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
             tracing::warn!("--dev: some allocs did not finish; their tasks may still run");
         }
     }
-    tracing::info!(grace = %output::duration(SHUTDOWN_GRACE), "shutting down");
+    tracing::info!(grace = %berth_sys::short_duration(SHUTDOWN_GRACE), "shutting down");
     shutdown.cancel();
     let stopped = tokio::select! {
         () = running.wait() => true,
@@ -146,7 +146,7 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     if !stopped {
         anyhow::bail!(
             "did not stop within {} (or a second signal came); exiting now",
-            output::duration(SHUTDOWN_GRACE)
+            berth_sys::short_duration(SHUTDOWN_GRACE)
         );
     }
     Ok(())

@@ -11,7 +11,7 @@ use crate::say;
 use super::{
     api_client::{self, yes_no},
     job::parse_id,
-    output::{self, humanize_durations},
+    output,
 };
 
 /// Allocs on this node.
@@ -61,7 +61,7 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
             "failure",
             a.failure
                 .as_deref()
-                .map_or_else(|| "-".into(), |f| humanize_durations(f).into_owned()),
+                .map_or_else(|| "-".into(), str::to_string),
         ),
     ])?;
 
@@ -151,7 +151,7 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
                     time(e.time),
                     e.task.clone().unwrap_or_else(|| "-".into()),
                     word(&e.kind),
-                    humanize_durations(&e.message).into_owned(),
+                    e.message.clone(),
                 ]
             })
             .collect();

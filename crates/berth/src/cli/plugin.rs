@@ -87,10 +87,7 @@ fn print_one(p: &PluginStatus, now: SystemTime) -> anyhow::Result<()> {
         ("id", p.id.clone()),
         ("type", p.plugin_type.to_string()),
         ("health", health_word(p.health.healthy).into()),
-        (
-            "description",
-            output::humanize_durations(&p.health.description).into_owned(),
-        ),
+        ("description", p.health.description.clone()),
         ("last transition", ago(p.health.last_transition_ms, now)),
         ("provider", fp.map_or("-".into(), |f| f.provider.clone())),
         ("version", fp.map_or("-".into(), |f| f.version.clone())),

@@ -26,7 +26,7 @@ use super::{
     api_client::{self, ago, list, yes_no},
     csi::{SecretArgs, parse_key_value},
     input::{self, Source},
-    output::{self, humanize_durations, quoted},
+    output::{self, quoted},
 };
 
 /// Volumes in the agent's catalog.
@@ -365,9 +365,7 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
             } else {
                 say!(
                     "releasing (retrying in the background): {}",
-                    output::escape(&humanize_durations(
-                        answer.error.as_deref().unwrap_or("no reason given")
-                    ))
+                    output::escape(answer.error.as_deref().unwrap_or("no reason given"))
                 )?;
             }
             if answer.released {
@@ -560,7 +558,7 @@ fn print_releases(answer: &DetachResponse) -> anyhow::Result<()> {
                 } else {
                     format!(
                         "pending: {}",
-                        humanize_durations(r.error.as_deref().unwrap_or("no reason given"))
+                        r.error.as_deref().unwrap_or("no reason given")
                     )
                 },
             ]
@@ -671,7 +669,7 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
                     format!("{:?}", c.state).to_lowercase(),
                     c.error
                         .as_deref()
-                        .map_or_else(|| "-".into(), |e| humanize_durations(e).into_owned()),
+                        .map_or_else(|| "-".into(), str::to_string),
                 ]
             })
             .collect();
