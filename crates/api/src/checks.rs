@@ -1,37 +1,12 @@
 //! The checks every id and string field of a request goes through, shared by the request
 //! types' `validate` methods and the routes so that one rule holds everywhere. An error quotes
-//! a refused value only escaped and cut (see [`shown`]), and a secret or a mount flag never.
+//! a refused value only escaped and cut ([`berth_input::quoted`]), and a secret or a mount flag never.
 
 use std::collections::BTreeMap;
 
 use berth_sys::is_unprintable;
 
 use crate::types::InvalidField;
-
-/// How many characters of a refused value an error repeats.
-pub(crate) const SHOWN_CHARS: usize = 64;
-
-/// `value` as an error quotes it: in double quotes with control and bidirectional-text
-/// characters escaped, cut to its first [`SHOWN_CHARS`] characters (then followed by `…`).
-pub(crate) fn shown(value: &str) -> String {
-    let mut chars = value.chars();
-    let head: String = chars.by_ref().take(SHOWN_CHARS).collect();
-    if chars.next().is_some() {
-        format!("{head:?}…")
-    } else {
-        format!("{head:?}")
-    }
-}
-
-/// Like [`shown`] without the quotes, for text that is read as it is (a method, a URI path).
-pub(crate) fn shown_bare(value: &str) -> String {
-    let quoted = shown(value);
-    let inner = quoted.strip_prefix('"').unwrap_or(&quoted);
-    match inner.strip_suffix("\"…") {
-        Some(cut) => format!("{cut}…"),
-        None => inner.strip_suffix('"').unwrap_or(inner).to_string(),
-    }
-}
 
 /// An id that becomes a path segment (plugin, instance, volume, alloc, job and node ids):
 /// [`berth_sys::validate_path_segment`]. `kind` names it in the message, `field` is the JSON
@@ -94,7 +69,7 @@ pub(crate) fn string_map(
     if let Some(key) = map.keys().find(|k| k.chars().any(is_unprintable)) {
         return invalid(format!(
             "key {} must not contain control characters",
-            shown(key)
+            berth_input::quoted(key)
         ));
     }
     Ok(())
@@ -103,21 +78,6 @@ pub(crate) fn string_map(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shown_values_are_escaped_and_cut() {
-        assert_eq!(shown("vol-1"), r#""vol-1""#);
-        assert_eq!(shown("a\nb\u{202e}c\u{1b}"), r#""a\nb\u{202e}c\u{1b}""#);
-        let long = format!("{}SECRET", "x".repeat(SHOWN_CHARS));
-        assert_eq!(shown(&long), format!("\"{}\"…", "x".repeat(SHOWN_CHARS)));
-        assert_eq!(
-            shown(&"é".repeat(SHOWN_CHARS)),
-            format!("\"{}\"", "é".repeat(SHOWN_CHARS))
-        );
-        assert_eq!(shown_bare("/v1/nope"), "/v1/nope");
-        assert_eq!(shown_bare("a\"\n"), r#"a\"\n"#);
-        assert_eq!(shown_bare(&long), format!("{}…", "x".repeat(SHOWN_CHARS)));
-    }
 
     #[test]
     fn printable_strings() {

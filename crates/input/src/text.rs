@@ -71,12 +71,16 @@ pub fn check_text(syntax: Syntax, text: &str) -> Result<(), TextError> {
     }
 }
 
-/// Reads `file` as UTF-8, but never more than one byte over [`MAX_SPEC_BYTES`] (so a huge
-/// file is not read whole); [`check_text`] then refuses a text that long.
+/// Reads `file` as UTF-8, but only a regular file ([`crate::open_regular`]) and never more
+/// than one byte over [`MAX_SPEC_BYTES`] (so a huge file is not read whole); [`check_text`]
+/// then refuses a text that long.
 pub fn read_text(file: &Path) -> std::io::Result<String> {
+    let (file, _) = crate::open_regular(file).map_err(|e| match e {
+        crate::OpenError::Io(e) => e,
+        not_regular => std::io::Error::new(std::io::ErrorKind::InvalidInput, not_regular),
+    })?;
     let mut text = String::new();
-    std::fs::File::open(file)?
-        .take(MAX_SPEC_BYTES as u64 + 1)
+    file.take(MAX_SPEC_BYTES as u64 + 1)
         .read_to_string(&mut text)?;
     Ok(text)
 }

@@ -21,7 +21,6 @@ use serde_json::Value;
 use serde_path_to_error::Segment;
 
 use super::ApiError;
-use crate::checks::shown;
 
 /// Parses `body` as one JSON document of type `T`. A 400 error says what `what` is (`claim
 /// request`…) and names the field at fault (or the line and column of a syntax error), never
@@ -54,7 +53,7 @@ fn field_path(path: &serde_path_to_error::Path) -> String {
                 if is_plain_key(key) {
                     out.push_str(key);
                 } else {
-                    out.push_str(&shown(key));
+                    out.push_str(&berth_input::quoted(key));
                 }
             }
             Segment::Unknown => out.push('?'),

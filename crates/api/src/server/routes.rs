@@ -19,7 +19,6 @@ use super::{
 };
 use crate::{
     EVENTS_CONTENT_TYPE, METRICS_CONTENT_TYPE,
-    checks::{shown, shown_bare},
     types::{EventLine, PluginList, PluginStatus, RegisterRequest},
 };
 
@@ -70,7 +69,7 @@ async fn get_plugin<V: AgentView>(
     let id = path_id("plugin id", id)?;
     view.plugin(&id)
         .map(Json)
-        .ok_or_else(|| ApiError::NotFound(format!("no plugin {}", shown(&id))))
+        .ok_or_else(|| ApiError::NotFound(format!("no plugin {}", berth_input::quoted(&id))))
 }
 
 async fn register<V: AgentView>(
@@ -150,8 +149,8 @@ async fn next_line(
 async fn no_route(method: Method, uri: Uri) -> ApiError {
     ApiError::NotFound(format!(
         "no route {} {}",
-        shown_bare(method.as_str()),
-        shown_bare(uri.path())
+        berth_input::Shown(method.as_str()),
+        berth_input::Shown(uri.path())
     ))
 }
 
@@ -160,8 +159,8 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
         StatusCode::METHOD_NOT_ALLOWED,
         format!(
             "method {} is not allowed on {}",
-            shown_bare(method.as_str()),
-            shown_bare(uri.path())
+            berth_input::Shown(method.as_str()),
+            berth_input::Shown(uri.path())
         ),
     )
 }

@@ -3,11 +3,11 @@
 //! refused at once instead of hanging or filling memory.
 
 use std::{
-    fs::File,
-    io::{self, Read},
-    os::unix::fs::FileTypeExt as _,
+    io,
     path::{Path, PathBuf},
 };
+
+use berth_input::{OpenError, open_regular, read_bounded};
 
 /// The most a spec file (or any other file the CLI reads) may hold: 1 MiB, the agent's own
 /// bound for a spec. Its API takes request bodies up to 2 MiB, room for a spec escaped in a JSON
@@ -138,17 +138,12 @@ fn read_text_limited(
     let bytes = match source {
         Source::Stdin => read_bounded(io::stdin().lock(), limit),
         Source::File(path) => {
-            let meta = std::fs::metadata(path).map_err(io_err)?;
-            if let Some(kind) = not_regular_kind(&meta) {
-                return Err(not_regular(kind));
-            }
-            if meta.len() > limit {
+            let (file, len) = open_regular(path).map_err(|e| match e {
+                OpenError::NotRegular(kind) => not_regular(kind),
+                OpenError::Io(e) => io_err(e),
+            })?;
+            if len > limit {
                 return Err(InputError::TooLarge { label, why });
-            }
-            let file = File::open(path).map_err(io_err)?;
-            // The path may have been replaced between the check and the open.
-            if let Some(kind) = not_regular_kind(&file.metadata().map_err(io_err)?) {
-                return Err(not_regular(kind));
             }
             read_bounded(file, limit)
         }
@@ -161,33 +156,6 @@ fn read_text_limited(
         label,
         at: e.utf8_error().valid_up_to(),
     })
-}
-
-/// Up to `limit` bytes; `None` when there is more.
-fn read_bounded(reader: impl Read, limit: u64) -> io::Result<Option<Vec<u8>>> {
-    let mut bytes = Vec::new();
-    reader.take(limit + 1).read_to_end(&mut bytes)?;
-    Ok((bytes.len() as u64 <= limit).then_some(bytes))
-}
-
-/// What a non-regular file is, in words; `None` for a regular file.
-fn not_regular_kind(meta: &std::fs::Metadata) -> Option<&'static str> {
-    let t = meta.file_type();
-    if t.is_file() {
-        None
-    } else if t.is_dir() {
-        Some("a directory")
-    } else if t.is_char_device() {
-        Some("a character device")
-    } else if t.is_block_device() {
-        Some("a block device")
-    } else if t.is_fifo() {
-        Some("a FIFO")
-    } else if t.is_socket() {
-        Some("a socket")
-    } else {
-        Some("not a file")
-    }
 }
 
 #[cfg(test)]
