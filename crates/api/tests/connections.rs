@@ -39,15 +39,8 @@ async fn closed_by_server(stream: &mut UnixStream) {
 }
 
 /// Polls (bounded) until `pred` holds.
-async fn eventually(what: &str, mut pred: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + RAW_WAIT;
-    while !pred() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{what}: not in time"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+async fn eventually(what: &str, pred: impl Fn() -> bool) {
+    berth_testkit::assert_eventually!(RAW_WAIT, || async { pred() }, "{what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -135,14 +128,6 @@ async fn a_connection_that_does_not_send_its_head_in_time_is_closed() {
     served.stop().await;
 }
 
-/// Lets every task that can run, run (the server's accept loop included): on a current-thread
-/// runtime each yield lets the I/O driver and the ready tasks go first.
-async fn settle() {
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn busy_connections_are_kept_and_the_rest_wait_in_the_backlog() {
     let served = Served::start_with(64, |l| l.with_max_connections(2));
@@ -161,9 +146,12 @@ async fn busy_connections_are_kept_and_the_rest_wait_in_the_backlog() {
             .expect("write");
         waiting.push(stream);
     }
-    settle().await;
-    // One accepted beyond the limit, waiting for a slot; the other nine in the backlog.
-    assert_eq!(server_fds(&served.socket), 4);
+    // One accepted beyond the limit, waiting for a slot; the other nine in the backlog (more
+    // accepted would pass 4 and never come back to it while the streams hold their slots).
+    eventually("one accepted beyond the limit", || {
+        server_fds(&served.socket) == 4
+    })
+    .await;
 
     // An event stream ends: its slot serves the waiting requests, one after another.
     drop(first);

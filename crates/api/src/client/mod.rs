@@ -628,13 +628,6 @@ mod tests {
 
     #[test]
     fn changes_outwait_every_agent_deadline() {
-        for chain in AGENT_RPC_CHAINS {
-            let total: Duration = chain.iter().map(|r| r.policy().overall_timeout).sum();
-            assert!(
-                CHANGE_TIMEOUT >= total + CHANGE_TIMEOUT_MARGIN,
-                "{chain:?} takes up to {total:?}"
-            );
-        }
         for rpc in Rpc::ALL {
             assert!(
                 CHANGE_TIMEOUT > rpc.policy().overall_timeout + CHANGE_TIMEOUT_MARGIN,

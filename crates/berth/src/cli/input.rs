@@ -7,6 +7,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use berth_api::volumes::SpecFormat;
 use berth_input::{OpenError, open_regular, read_bounded};
 
 /// The most a spec file (or any other file the CLI reads) may hold: 1 MiB, the agent's own
@@ -106,6 +107,38 @@ pub fn read_text(source: &Source, what: &str) -> Result<String, InputError> {
 /// too large says why the bound is 1 MiB.
 pub fn read_spec(source: &Source) -> Result<String, InputError> {
     read_text_limited(source, "", MAX_INPUT_BYTES, true, SPEC_BOUND)
+}
+
+/// The language of a spec given on the command line (`--format`).
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum FormatArg {
+    /// HCL.
+    Hcl,
+    /// JSON.
+    Json,
+}
+
+/// A spec named on the command line (a path, or `-`): its text ([`read_spec`]), its language
+/// (`format`, else JSON when the name ends in `.json`, else HCL) and its name for messages.
+pub fn read_spec_arg(
+    file: &str,
+    format: Option<FormatArg>,
+) -> Result<(String, SpecFormat, String), InputError> {
+    let source = Source::from_arg(Path::new(file));
+    let spec = read_spec(&source)?;
+    let name = source.name();
+    let format = match format {
+        Some(FormatArg::Hcl) => SpecFormat::Hcl,
+        Some(FormatArg::Json) => SpecFormat::Json,
+        None if Path::new(&name)
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json")) =>
+        {
+            SpecFormat::Json
+        }
+        None => SpecFormat::Hcl,
+    };
+    Ok((spec, format, name))
 }
 
 /// [`read_text`] for a file that cannot be `-` (the agent's `--config`).

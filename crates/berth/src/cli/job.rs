@@ -2,19 +2,14 @@
 //!
 //! A job spec's text is sent to the agent, never printed: not on success, not in errors.
 
-use std::path::Path;
-
-use berth_api::{
-    jobs::{AllocStatus, JobList, JobRunRequest, JobStatus},
-    volumes::SpecFormat,
-};
-use clap::{Args, Subcommand, ValueEnum};
+use berth_api::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus};
+use clap::{Args, Subcommand};
 
 use crate::say;
 
 use super::{
     api_client::{self, yes_no},
-    input::{self, Source},
+    input::{self, FormatArg},
     output::{self, quoted},
 };
 
@@ -58,12 +53,6 @@ enum JobCommand {
         #[arg(long)]
         json: bool,
     },
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum FormatArg {
-    Hcl,
-    Json,
 }
 
 /// An id that goes into a URL path. Only emptiness is checked here (it cannot be sent); the
@@ -131,20 +120,7 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
 /// The request for `berth job run`: the file's text (or standard input's, at most
 /// [`input::MAX_INPUT_BYTES`]), its language and its name.
 fn run_request(file: &str, format: Option<FormatArg>) -> anyhow::Result<JobRunRequest> {
-    let source = Source::from_arg(Path::new(file));
-    let spec = input::read_spec(&source)?;
-    let name = source.name();
-    let format = match format {
-        Some(FormatArg::Hcl) => SpecFormat::Hcl,
-        Some(FormatArg::Json) => SpecFormat::Json,
-        None if Path::new(&name)
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("json")) =>
-        {
-            SpecFormat::Json
-        }
-        None => SpecFormat::Hcl,
-    };
+    let (spec, format, name) = input::read_spec_arg(file, format)?;
     Ok(JobRunRequest {
         spec,
         format,

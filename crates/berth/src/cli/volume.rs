@@ -2,22 +2,18 @@
 //!
 //! Spec texts, secrets and mount flags are sent, never printed: not on success, not in errors.
 
-use std::{
-    path::Path,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth_api::{
     Client,
     volumes::{
         ClaimRequest, DetachRequest, DetachResponse, ExpandRequest, FlagsInput, MountOptionsInput,
         MountOptionsView, REDACTED, ReleaseRequest, SnapshotCreateRequest, SnapshotDeleteRequest,
-        SnapshotList, SnapshotView, SpecFormat, VolumeList, VolumeSpecRequest, VolumeStatus,
-        WriteOnly,
+        SnapshotList, SnapshotView, VolumeList, VolumeSpecRequest, VolumeStatus, WriteOnly,
     },
 };
 use berth_csi::model::{AccessMode, AttachmentMode, VolumeStats};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 
 use crate::say;
 
@@ -25,7 +21,7 @@ use super::{
     UsageError,
     api_client::{self, ago, list, yes_no},
     csi::{SecretArgs, parse_key_value},
-    input::{self, Source},
+    input::{self, FormatArg},
     output::{self, quoted},
 };
 
@@ -138,12 +134,6 @@ struct SpecArgs {
     /// Print the API's JSON document instead.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum FormatArg {
-    Hcl,
-    Json,
 }
 
 /// `berth volume claim`.
@@ -383,20 +373,7 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
 
 /// `register` and `create`.
 async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> {
-    let source = Source::from_arg(Path::new(&args.file));
-    let spec = input::read_spec(&source)?;
-    let file = source.name();
-    let format = match args.format {
-        Some(FormatArg::Hcl) => SpecFormat::Hcl,
-        Some(FormatArg::Json) => SpecFormat::Json,
-        None if Path::new(&file)
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("json")) =>
-        {
-            SpecFormat::Json
-        }
-        None => SpecFormat::Hcl,
-    };
+    let (spec, format, file) = input::read_spec_arg(&args.file, args.format)?;
     let req = VolumeSpecRequest {
         spec,
         format,
