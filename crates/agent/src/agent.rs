@@ -2,12 +2,14 @@
 //! registration directory and the API; and shuts it all down in order.
 
 use std::{
+    collections::BTreeMap,
     net::SocketAddr,
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
 };
 
+use berth_allocrunner::NodeVars;
 use berth_api::{
     Instance, NodePlugin, NodeStatus, PluginStatus, RegisterRequest, Source,
     server::{AgentView, ApiError, Listeners},
@@ -17,7 +19,7 @@ use berth_state::{Store, Table};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
-    config::{Config, DEFAULT_RESCAN_INTERVAL, HealthConfig, PluginDecl, PluginRun},
+    config::{Config, DEFAULT_RESCAN_INTERVAL, HealthConfig, NodeConfig, PluginDecl, PluginRun},
     events::EventBus,
     jobs::Jobs,
     manager::Manager,
@@ -49,6 +51,10 @@ pub struct AgentOptions {
     pub restart: RestartPolicy,
     /// `PATH` of tasks whose `env` sets none; `None`: the agent's own.
     pub task_path: Option<String>,
+    /// The node as jobs see it.
+    pub node: NodeConfig,
+    /// What `exec` tasks' roots hold (host path → path in the task); `None`: Nomad's defaults.
+    pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
 }
 
 impl AgentOptions {
@@ -64,6 +70,8 @@ impl AgentOptions {
             plugins: config.plugins,
             restart: RestartPolicy::default(),
             task_path: None,
+            node: config.node,
+            chroot_env: config.chroot_env,
         }
     }
 
@@ -117,6 +125,37 @@ pub enum AgentError {
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
+    /// A `chroot_env` entry would show tasks the agent's data dir.
+    #[error(
+        "client.chroot_env: {} would show tasks the data dir {}; list directories that neither hold it nor lie in it",
+        source_dir.display(),
+        data_dir.display()
+    )]
+    ChrootEnv {
+        /// The entry's host path.
+        source_dir: PathBuf,
+        /// The data dir.
+        data_dir: PathBuf,
+    },
+}
+
+/// Refuses a `chroot_env` whose host paths hold the data dir or lie in it (symlinks resolved),
+/// so no task can read `state.redb`, other allocs' directories or volumes.
+fn check_chroot_env(env: &BTreeMap<PathBuf, PathBuf>, data_dir: &Path) -> Result<(), AgentError> {
+    let data = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    for source in env.keys() {
+        let Ok(real) = std::fs::canonicalize(source) else {
+            // Missing entries are skipped by the driver.
+            continue;
+        };
+        if data.starts_with(&real) || real.starts_with(&data) {
+            return Err(AgentError::ChrootEnv {
+                source_dir: source.clone(),
+                data_dir: data_dir.to_path_buf(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The running agent's shared state: what the API shows.
@@ -174,6 +213,20 @@ impl Agent {
         let store = Arc::new(store);
         let node_id = node_id(&store)?;
         let hostname = berth_sys::hostname().unwrap_or_else(|_| "localhost".into());
+        let chroot_env = opts
+            .chroot_env
+            .clone()
+            .unwrap_or_else(|| berth_drivers::ExecConfig::default().chroot_env);
+        check_chroot_env(&chroot_env, &data_dir)?;
+        let node = NodeVars {
+            id: node_id.clone(),
+            name: opts.node.name.clone().unwrap_or_else(|| hostname.clone()),
+            datacenter: opts.node.datacenter.clone(),
+            region: opts.node.region.clone(),
+            class: opts.node.node_class.clone(),
+            attrs: crate::node_attrs::host_attributes(&hostname),
+            meta: opts.node.meta.clone(),
+        };
 
         let events = Arc::new(EventBus::new());
         let metrics = Arc::new(Metrics::new());
@@ -213,12 +266,12 @@ impl Agent {
                 ..Default::default()
             };
             let raw = berth_drivers::RawExecDriver::new(sink.clone(), process.clone());
-            // Tasks do not see where volumes are staged and published (other allocs' too):
-            // their own volumes are bind-mounted at their destinations first.
+            // Tasks see their own root only: the chroot_env (checked above to stay clear of
+            // the data dir), their directories and their volumes.
             let exec = berth_drivers::ExecDriver::new(
                 sink,
                 berth_drivers::ExecConfig {
-                    hidden: vec![data_dir.join("csi")],
+                    chroot_env,
                     process,
                     ..Default::default()
                 },
@@ -240,7 +293,7 @@ impl Agent {
             Arc::clone(&manager),
             Arc::clone(&volumes),
             Arc::clone(&events),
-            node_id.clone(),
+            node,
             &data_dir,
             tasks.clone(),
             shutdown.clone(),
@@ -598,10 +651,17 @@ impl AgentView for Agent {
                 }
             })
             .collect();
+        let node = self.jobs.node_vars();
         NodeStatus {
             id: self.node_id.clone(),
             hostname: self.hostname.clone(),
             csi_plugins,
+            name: node.name,
+            datacenter: node.datacenter,
+            region: node.region,
+            node_class: node.class,
+            attributes: node.attrs,
+            meta: node.meta,
         }
     }
 

@@ -107,7 +107,46 @@ pub struct Config {
     pub health: HealthConfig,
     /// `plugin` blocks, in file order.
     pub plugins: Vec<PluginDecl>,
+    /// `name`, `datacenter`, `region` and `client { node_class, meta }`: what jobs read as
+    /// `node.*` and `meta.*`.
+    pub node: NodeConfig,
+    /// `client { chroot_env = { "<host path>" = "<path in the task>" } }`: what every `exec`
+    /// task's root holds, read-only; `None`: Nomad's defaults.
+    pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
 }
+
+/// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
+/// `client.meta`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    /// `name`; default: the hostname.
+    pub name: Option<String>,
+    /// `datacenter`; default `dc1`.
+    pub datacenter: String,
+    /// `region`; default `global`.
+    pub region: String,
+    /// `client.node_class`; default empty.
+    pub node_class: String,
+    /// `client.meta`.
+    pub meta: BTreeMap<String, String>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        Self {
+            name: None,
+            datacenter: "dc1".into(),
+            region: "global".into(),
+            node_class: String::new(),
+            meta: BTreeMap::new(),
+        }
+    }
+}
+
+/// Paths a task's own layout takes: a `chroot_env` entry may not land on or under them.
+const TASK_LAYOUT: [&str; 7] = [
+    "/alloc", "/local", "/secrets", "/tmp", "/proc", "/dev", "/sys",
+];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -120,6 +159,18 @@ struct Raw {
     registry_rescan_interval: Option<String>,
     health: Option<RawHealth>,
     plugin: Option<BTreeMap<String, RawPlugin>>,
+    name: Option<String>,
+    datacenter: Option<String>,
+    region: Option<String>,
+    client: Option<RawClient>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClient {
+    node_class: Option<String>,
+    meta: Option<BTreeMap<String, String>>,
+    chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -220,6 +271,8 @@ impl Config {
             registry_dir: raw.plugins_registry_dir,
             ..Config::default()
         };
+        node_fields(&mut cfg, raw.name, raw.datacenter, raw.region, raw.client)
+            .map_err(|(field, m)| err(None, &field, m))?;
         if let Some(f) = &cfg.log_format
             && f != "human"
             && f != "json"
@@ -353,6 +406,98 @@ impl Config {
         }
         Ok(cfg)
     }
+}
+
+/// The node's names, meta and `chroot_env`, checked: names are non-empty text without control
+/// characters; `chroot_env` maps absolute paths without `..` to absolute paths other than `/`
+/// that stay clear of a task's own layout (`/alloc`, `/local`, …). `Err((field, message))`.
+fn node_fields(
+    cfg: &mut Config,
+    name: Option<String>,
+    datacenter: Option<String>,
+    region: Option<String>,
+    client: Option<RawClient>,
+) -> Result<(), (String, String)> {
+    let text = |field: &str, v: String| -> Result<String, (String, String)> {
+        if v.is_empty() || v.len() > 128 || v.chars().any(|c| c.is_control()) {
+            return Err((
+                field.to_string(),
+                format!(
+                    "{}: must be 1 to 128 bytes without control characters",
+                    Quoted(&v)
+                ),
+            ));
+        }
+        Ok(v)
+    };
+    if let Some(n) = name {
+        cfg.node.name = Some(text("name", n)?);
+    }
+    if let Some(d) = datacenter {
+        cfg.node.datacenter = text("datacenter", d)?;
+    }
+    if let Some(r) = region {
+        cfg.node.region = text("region", r)?;
+    }
+    let Some(client) = client else {
+        return Ok(());
+    };
+    if let Some(c) = client.node_class {
+        // Empty is Nomad's "no class".
+        if !c.is_empty() {
+            cfg.node.node_class = text("client.node_class", c)?;
+        }
+    }
+    for (k, v) in client.meta.unwrap_or_default() {
+        let field = format!("client.meta.{}", Shown(&k));
+        if k.is_empty()
+            || k.chars()
+                .any(|c| c.is_control() || c == '.' || c.is_whitespace())
+        {
+            return Err((
+                field,
+                "is not a valid key (empty, or has a dot, space or control character)".into(),
+            ));
+        }
+        if v.chars().any(char::is_control) {
+            return Err((field, "has a control character".into()));
+        }
+        cfg.node.meta.insert(k, v);
+    }
+    if let Some(env) = client.chroot_env {
+        for (src, dst) in &env {
+            let field = format!("client.chroot_env.{}", Shown(&src.to_string_lossy()));
+            for (what, p) in [("the host path", src), ("the path in the task", dst)] {
+                if !p.is_absolute() || p.components().any(|c| c == std::path::Component::ParentDir)
+                {
+                    return Err((
+                        field,
+                        format!(
+                            "{what} {} must be absolute, without ..",
+                            Shown(&p.to_string_lossy())
+                        ),
+                    ));
+                }
+            }
+            if dst == Path::new("/") {
+                return Err((field, "cannot be the task's / itself".into()));
+            }
+            if let Some(own) = TASK_LAYOUT
+                .iter()
+                .find(|own| dst.starts_with(own) || Path::new(own).starts_with(dst))
+            {
+                return Err((
+                    field,
+                    format!(
+                        "{} collides with the task's own {own}",
+                        Shown(&dst.to_string_lossy())
+                    ),
+                ));
+            }
+        }
+        cfg.chroot_env = Some(env);
+    }
+    Ok(())
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
@@ -497,6 +642,93 @@ plugin "hostpath" {
                 assert_eq!(env["RUST_LOG"], "info");
             }
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_node_and_chroot_env_are_read_and_checked() {
+        let cfg = parse(
+            r#"
+name       = "edge-1"
+datacenter = "west"
+region     = "eu"
+client {
+  node_class = "storage"
+  meta { rack = "r7" }
+  chroot_env = {
+    "/usr" = "/usr"
+    "/opt/tools" = "/tools"
+  }
+}
+"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.node,
+            NodeConfig {
+                name: Some("edge-1".into()),
+                datacenter: "west".into(),
+                region: "eu".into(),
+                node_class: "storage".into(),
+                meta: BTreeMap::from([("rack".into(), "r7".into())]),
+            }
+        );
+        let env = cfg.chroot_env.unwrap();
+        assert_eq!(env[Path::new("/opt/tools")], Path::new("/tools"));
+        assert_eq!(parse("").unwrap().node, NodeConfig::default());
+        assert_eq!(parse("").unwrap().chroot_env, None);
+
+        for (text, field) in [
+            (
+                "client {
+ chroot_env = { \"usr\" = \"/usr\" }
+}
+",
+                "client.chroot_env.usr",
+            ),
+            (
+                "client {
+ chroot_env = { \"/x\" = \"/\" }
+}
+",
+                "client.chroot_env./x",
+            ),
+            (
+                "client {
+ chroot_env = { \"/x\" = \"/secrets/x\" }
+}
+",
+                "client.chroot_env./x",
+            ),
+            (
+                "client {
+ chroot_env = { \"/x\" = \"/a/../etc\" }
+}
+",
+                "client.chroot_env./x",
+            ),
+            (
+                "client {
+ meta = { \"a.b\" = \"1\" }
+}
+",
+                "client.meta.a.b",
+            ),
+            (
+                "datacenter = \"\"
+",
+                "datacenter",
+            ),
+            (
+                "client {
+ colour = 1
+}
+",
+                "",
+            ),
+        ] {
+            let e = parse(text).unwrap_err();
+            assert!(e.to_string().contains(field), "{text}: {e}");
         }
     }
 

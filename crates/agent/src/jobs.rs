@@ -10,8 +10,8 @@ use std::{
 };
 
 use berth_allocrunner::{
-    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, StateAllocStore, VolumeHost,
-    VolumeHostError, VolumeUse,
+    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, NodeVars, RenderEnv,
+    StateAllocStore, VolumeHost, VolumeHostError, VolumeUse, render_alloc,
 };
 use berth_api::{
     jobs::{JobList, JobRunRequest, JobStatus, JobSummary},
@@ -20,7 +20,8 @@ use berth_api::{
 };
 use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
 use berth_drivers::{DriverManager, Health, TaskId};
-use berth_job::JobSpec;
+use berth_input::Syntax;
+use berth_job::{JobSpec, NodeKeys, ParseOptions, VarFile};
 use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
@@ -132,6 +133,8 @@ pub struct Jobs {
     manager: Arc<Manager>,
     volumes: Arc<Volumes>,
     node_id: String,
+    /// The node as jobs see it, without driver attributes (added at placement).
+    node: NodeVars,
     deps: AllocDeps,
     plugins: PluginTasks,
     runners: Mutex<BTreeMap<String, AllocRunner>>,
@@ -158,11 +161,12 @@ impl Jobs {
         manager: Arc<Manager>,
         volumes: Arc<Volumes>,
         events: Arc<EventBus>,
-        node_id: String,
+        node: NodeVars,
         data_dir: &std::path::Path,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> Self {
+        let node_id = node.id.clone();
         let allocs: Arc<dyn AllocStore> = Arc::new(StateAllocStore::new(Arc::clone(&store)));
         let deps = AllocDeps::new(
             Arc::new(drivers.clone()),
@@ -189,6 +193,7 @@ impl Jobs {
             manager,
             volumes,
             node_id,
+            node,
             deps,
             runners: Mutex::new(BTreeMap::new()),
             tasks,
@@ -356,14 +361,64 @@ impl Jobs {
         }
     }
 
-    /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs.
+    /// The node as jobs see it now: its attributes with the drivers' (`driver.<name>` is `1`
+    /// for a healthy driver, plus what its fingerprint reports).
+    pub fn node_vars(&self) -> NodeVars {
+        let mut node = self.node.clone();
+        for name in self.drivers.driver_names() {
+            let Some(fp) = self.drivers.fingerprint(&name) else {
+                continue;
+            };
+            if fp.health == Health::Healthy {
+                node.attrs.insert(format!("driver.{name}"), "1".into());
+            }
+            for (k, v) in &fp.attributes {
+                node.attrs.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        node
+    }
+
+    /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs. The
+    /// spec is checked against this node (its drivers, attributes and meta), and its `${…}`
+    /// references are filled for each alloc, before anything is written: every problem is
+    /// answered at once, with its line.
     pub async fn run(self: &Arc<Self>, req: JobRunRequest) -> Result<JobStatus, ApiError> {
         let file = PathBuf::from(req.file.clone().unwrap_or_else(|| "request body".into()));
-        let spec = match req.format {
-            SpecFormat::Hcl => JobSpec::parse_hcl(&file, &req.spec),
-            SpecFormat::Json => JobSpec::parse_json(&file, &req.spec),
+        // Drivers are known once fingerprinted.
+        tokio::select! {
+            () = self.drivers.ready() => {}
+            () = self.shutdown.cancelled() => {
+                return Err(ApiError::Unavailable("the agent is shutting down".into()));
+            }
         }
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let node = self.node_vars();
+        let opts = ParseOptions {
+            vars: req
+                .vars
+                .iter()
+                .map(|v| (v.name.clone(), v.value.clone()))
+                .collect(),
+            var_files: req
+                .var_files
+                .iter()
+                .map(|f| VarFile {
+                    name: PathBuf::from(&f.name),
+                    text: f.text.clone(),
+                })
+                .collect(),
+            drivers: Some(self.drivers.driver_names().into_iter().collect()),
+            node: Some(NodeKeys {
+                attrs: node.attrs.keys().cloned().collect(),
+                meta: node.meta.keys().cloned().collect(),
+            }),
+        };
+        let syntax = match req.format {
+            SpecFormat::Hcl => Syntax::Hcl,
+            SpecFormat::Json => Syntax::Json,
+        };
+        let spec = JobSpec::parse_with(&file, &req.spec, syntax, &opts)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let _placing = self.placing.lock().await;
         // A job whose allocs all ended (or were never written: a crash right after the job
         // record) may run again; one with a live alloc must be stopped first.
@@ -378,13 +433,6 @@ impl Jobs {
                 "job {:?} is already running; stop it first",
                 spec.id
             )));
-        }
-        // Drivers are known once fingerprinted.
-        tokio::select! {
-            () = self.drivers.ready() => {}
-            () = self.shutdown.cancelled() => {
-                return Err(ApiError::Unavailable("the agent is shutting down".into()));
-            }
         }
         let facts = self.node_facts();
         let job_id = spec.id.clone();
@@ -404,9 +452,59 @@ impl Jobs {
         )
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut specs = Vec::new();
+        let mut problems = Vec::new();
+        let plugins_dir = self.plugins.data_dir.clone();
+        let drivers = self.drivers.clone();
+        let chroot = move |driver: &str| {
+            drivers.driver(driver).is_some_and(|d| {
+                d.capabilities().fs_isolation == berth_drivers::FsIsolation::Chroot
+            })
+        };
+        let binds = {
+            let drivers = self.drivers.clone();
+            move |driver: &str| {
+                drivers
+                    .driver(driver)
+                    .is_some_and(|d| d.capabilities().bind_mounts)
+            }
+        };
+        let csi_endpoint =
+            |alloc_id: &str, task: &berth_job::TaskSpec, mount_dir: &std::path::Path| {
+                if binds(&task.driver) {
+                    format!("unix://{}", mount_dir.join("csi.sock").display())
+                } else {
+                    let plan = task
+                        .csi_plugin
+                        .as_ref()
+                        .and_then(|p| PluginPlan::new(&plugins_dir, alloc_id, &task.name, p).ok());
+                    plan.map(|p| format!("unix://{}", p.socket.display()))
+                        .unwrap_or_default()
+                }
+            };
+        let env = RenderEnv {
+            node: &node,
+            allocs_dir: &self.deps.allocs_dir,
+            chroot: &chroot,
+            csi_endpoint: &csi_endpoint,
+        };
         for p in &plans {
             let alloc = AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
+            let alloc = match render_alloc(&spec, &alloc, &env) {
+                Ok(a) => a,
+                Err(errors) => {
+                    // Every alloc of a group renders alike but for its index: one report.
+                    for e in errors {
+                        let line = e.line.map(|l| format!(":{l}")).unwrap_or_default();
+                        let text =
+                            format!("{}{line}: {e}", berth_input::Shown(&file.to_string_lossy()));
+                        if !problems.contains(&text) {
+                            problems.push(text);
+                        }
+                    }
+                    continue;
+                }
+            };
             // What would make the runner refuse it (ids too long to be paths) is refused
             // here, before anything is written.
             AllocRunner::check(&alloc).map_err(|e| {
@@ -416,6 +514,9 @@ impl Jobs {
                 ))
             })?;
             specs.push(alloc);
+        }
+        if !problems.is_empty() {
+            return Err(ApiError::BadRequest(problems.join("\n")));
         }
         let rec = JobRecord {
             spec,

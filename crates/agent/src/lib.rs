@@ -8,6 +8,7 @@ pub mod events;
 pub mod jobs;
 pub mod manager;
 pub mod metrics;
+mod node_attrs;
 pub mod plugin_slot;
 pub mod plugin_tasks;
 pub mod registry;

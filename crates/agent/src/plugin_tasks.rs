@@ -154,6 +154,21 @@ impl PluginTaskHook {
         .map_err(HookError::new)
     }
 
+    /// `mount_dir` and `stage_publish_base_dir` as the alloc's rendering left them.
+    fn dirs(&self) -> Result<(PathBuf, PathBuf), HookError> {
+        let literal = |t: &berth_job::Template, field: &str| {
+            t.as_literal().map(PathBuf::from).ok_or_else(|| {
+                HookError::new(format!(
+                    "csi_plugin.{field} still holds a variable ({t}): the alloc was not rendered"
+                ))
+            })
+        };
+        Ok((
+            literal(&self.spec.mount_dir, "mount_dir")?,
+            literal(&self.spec.stage_publish_base_dir, "stage_publish_base_dir")?,
+        ))
+    }
+
     fn plugin_type(&self) -> PluginType {
         match self.spec.plugin_type {
             berth_job::CsiPluginType::Node => PluginType::Node,
@@ -194,7 +209,8 @@ impl PluginTaskHook {
             plugin_type: self.plugin_type(),
             plugin_view: self
                 .binds(ctx)
-                .then(|| self.spec.stage_publish_base_dir.clone()),
+                .then(|| self.dirs().map(|(_, stage)| stage).ok())
+                .flatten(),
             ctx: ctx.clone(),
             plan,
         };
@@ -258,22 +274,27 @@ impl TaskHook for PluginTaskHook {
             }
             berth_sys::create_private_dir(&plan.root)
                 .map_err(|e| io("creating the plugin's root", &plan.root, &e))?;
+            // A plugin mounts volumes and reaches devices: it runs as root (unless its task
+            // names a user) and sees the host's /dev and /sys.
+            config.privileged = true;
+            config.user.get_or_insert_with(|| "root".into());
             let endpoint = if self.binds(ctx) {
+                let (mount_dir, stage_dir) = self.dirs()?;
                 berth_sys::ensure_shared_mount(&plan.root)
                     .map_err(|e| io("sharing the plugin's root", &plan.root, &e))?;
                 config.mounts.push(berth_drivers::BindMount {
                     source: plan.socket_dir.clone(),
-                    destination: self.spec.mount_dir.clone(),
+                    destination: mount_dir.clone(),
                     read_only: false,
                     propagation: Propagation::HostToTask,
                 });
                 config.mounts.push(berth_drivers::BindMount {
                     source: plan.root.clone(),
-                    destination: self.spec.stage_publish_base_dir.clone(),
+                    destination: stage_dir,
                     read_only: false,
                     propagation: Propagation::Bidirectional,
                 });
-                self.spec.mount_dir.join("csi.sock")
+                mount_dir.join("csi.sock")
             } else {
                 plan.socket.clone()
             };
@@ -465,8 +486,8 @@ mod tests {
         CsiPluginSpec {
             id: "hostpath".into(),
             plugin_type: berth_job::CsiPluginType::Monolith,
-            mount_dir: "/csi".into(),
-            stage_publish_base_dir: "/local/csi".into(),
+            mount_dir: berth_job::Template::literal("/csi"),
+            stage_publish_base_dir: berth_job::Template::literal("/local/csi"),
             health_timeout: Duration::from_secs(30),
         }
     }

@@ -42,9 +42,19 @@
 //! An alloc's directory is `<allocs dir>/<alloc id>/`: a working directory per task and
 //! `logs/` (so a task named `logs` works in the logs directory). Every directory is 0700.
 //!
-//! Tasks get `BERTH_ALLOC_ID`, `BERTH_ALLOC_INDEX`, `BERTH_JOB_ID`, `BERTH_GROUP_NAME`,
-//! `BERTH_TASK_NAME`, `BERTH_ALLOC_DIR` and `BERTH_TASK_DIR` in their environment, unless
-//! their `env` sets them.
+//! An alloc's directory is laid out as Nomad's: `alloc/` (with `data/` and `tmp/`) shared by
+//! its tasks, and per task `<task>/` with `local/`, `secrets/` and `tmp/` (a driver that gives
+//! the task a root of its own, `exec`, makes those in the root itself).
+//!
+//! # Variables
+//!
+//! [`render_alloc`] fills an alloc's `${…}` references once, when it is placed: Nomad's
+//! runtime variables ([`nomad_vars`]), `CSI_ENDPOINT`, the node's `attr.*`, `node.*` and
+//! `meta.*` ([`NodeVars`]) and the task's own `env` keys; it also adds the `NOMAD_*`
+//! variables to each task's `env`. A runner refuses to start a task whose spec still holds a
+//! reference. Tasks also get `BERTH_ALLOC_ID`, `BERTH_ALLOC_INDEX`, `BERTH_JOB_ID`,
+//! `BERTH_GROUP_NAME`, `BERTH_TASK_NAME`, `BERTH_ALLOC_DIR` and `BERTH_TASK_DIR` (host paths)
+//! in their environment, unless their `env` sets them.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -56,6 +66,7 @@ mod drivers;
 mod error;
 mod hooks;
 mod record;
+mod render;
 mod restart;
 mod shared;
 mod status;
@@ -75,6 +86,7 @@ pub use record::{
     AllocEvent, AllocRecord, AllocSpec, ClientStatus, DEFAULT_MAX_EVENTS, DesiredState, EventKind,
     HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,
 };
+pub use render::{NodeVars, RenderEnv, RenderError, TaskPaths, nomad_vars, render_alloc};
 pub use status::{AllocStatus, TaskSummary, VolumeSummary};
 pub use store::{AllocStore, AllocStoreError, MemoryAllocStore, StateAllocStore};
 pub use upstream::{NoUpstream, UpstreamError, UpstreamWatcher};

@@ -8,10 +8,10 @@ use std::{
 };
 
 use berth_drivers::{
-    BindMount, Driver, DriverError, ExitResult, Resources, Signal, TaskConfig, TaskEvent,
-    TaskEventKind,
+    BindMount, Driver, DriverError, ExitResult, FsIsolation, PidMode, Propagation, Resources,
+    Signal, TaskConfig, TaskDirs, TaskEvent, TaskEventKind,
 };
-use berth_job::RestartPolicy;
+use berth_job::{PropagationMode, RestartPolicy};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -241,18 +241,43 @@ impl TaskRunner {
             berth_sys::create_private_dir(dir)
                 .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
+        let shared_dir = ctx.alloc_dir.join(SHARED_DIR);
+        let chroot = self
+            .driver
+            .as_ref()
+            .is_some_and(|d| d.capabilities().fs_isolation == FsIsolation::Chroot);
+        task_layout(&shared_dir, &ctx.task_dir, chroot)?;
         self.mark_prestart(hook_names::TASK_DIR);
 
         let spec = &ctx.task;
+        let literal = |t: &berth_job::Template, field: &str| -> Result<String, String> {
+            t.as_literal().map(str::to_owned).ok_or_else(|| {
+                format!("{field} still holds a variable ({t}): the alloc was not rendered")
+            })
+        };
+        // With a root of its own, the task works in it (its `/` is its task directory).
+        let workdir = if chroot {
+            PathBuf::from("/")
+        } else {
+            ctx.task_dir.clone()
+        };
         let mut config = TaskConfig::new(
             ctx.task_id.clone(),
-            spec.command.clone(),
-            &ctx.task_dir,
+            literal(&spec.command, "config.command")?,
+            workdir,
             &self.stdout,
             &self.stderr,
         );
-        config.args = spec.args.clone();
-        config.env = spec.env.clone();
+        config.args = spec
+            .args
+            .iter()
+            .map(|a| literal(a, "config.args"))
+            .collect::<Result<_, _>>()?;
+        config.env = spec
+            .env
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), literal(v, "env")?)))
+            .collect::<Result<_, String>>()?;
         for (key, value) in [
             ("BERTH_ALLOC_ID", ctx.alloc_id.clone()),
             ("BERTH_ALLOC_INDEX", self.index.to_string()),
@@ -266,6 +291,15 @@ impl TaskRunner {
         }
         config.resources = Resources {
             memory_max_bytes: Some(u64::from(spec.resources.memory_mb) * 1024 * 1024),
+        };
+        config.dirs = Some(TaskDirs {
+            task_dir: ctx.task_dir.clone(),
+            alloc_dir: shared_dir,
+        });
+        config.user = spec.user.clone();
+        config.pid_mode = match spec.pid_mode {
+            Some(berth_job::PidMode::Host) => PidMode::Host,
+            Some(berth_job::PidMode::Private) | None => PidMode::Private,
         };
 
         config.mounts = self.shared.read(|rec| volume_mounts(rec, spec))?;
@@ -516,6 +550,50 @@ impl TaskRunner {
     }
 }
 
+/// The directory an alloc's tasks share, in the alloc's directory (Nomad's `alloc/`).
+pub(crate) const SHARED_DIR: &str = "alloc";
+
+/// Nomad's task directory layout: the alloc's shared `alloc/` (with `data/` and `tmp/`, open
+/// to every user the tasks run as: the alloc's directory itself stays 0700, so only the tasks
+/// reach it, through their roots), and, for a task without a root of its own, `local/`,
+/// `secrets/` (0700) and `tmp/` in its directory. A driver that gives the task a root makes
+/// those itself. A task may have put anything in these (a symlink to a host directory, say):
+/// an existing entry is never followed or changed, only refused when it is not a directory.
+fn task_layout(shared: &Path, task_dir: &Path, chroot: bool) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt as _, PermissionsExt as _};
+    let make = |dir: &Path, mode: u32| -> Result<(), String> {
+        let fail = |e: &dyn std::fmt::Display| format!("creating {}: {e}", dir.display());
+        match std::fs::symlink_metadata(dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(fail(&"something other than a directory is there")),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::DirBuilder::new()
+                    .mode(mode)
+                    .create(dir)
+                    .map_err(|e| fail(&e))?;
+                // Exactly `mode`, whatever the umask.
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+                    .map_err(|e| fail(&e))
+            }
+            Err(e) => Err(fail(&e)),
+        }
+    };
+    make(shared, 0o1777)?;
+    make(&shared.join("data"), 0o1777)?;
+    make(&shared.join("tmp"), 0o1777)?;
+    if chroot {
+        // The task's `/`: every user must be able to walk it (the alloc's directory, 0700,
+        // still keeps the host's users out).
+        std::fs::set_permissions(task_dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("opening {}: {e}", task_dir.display()))?;
+    } else {
+        make(&task_dir.join("local"), 0o700)?;
+        make(&task_dir.join("secrets"), 0o700)?;
+        make(&task_dir.join("tmp"), 0o700)?;
+    }
+    Ok(())
+}
+
 /// The bind mounts of `task`'s volume mounts: each claimed volume's target at the mount's
 /// destination, read-only when the mount or the volume is.
 fn volume_mounts(rec: &AllocRecord, task: &berth_job::TaskSpec) -> Result<Vec<BindMount>, String> {
@@ -531,16 +609,24 @@ fn volume_mounts(rec: &AllocRecord, task: &berth_job::TaskSpec) -> Result<Vec<Bi
             let target = vol.target.as_ref().filter(|_| vol.claimed).ok_or_else(|| {
                 format!(
                     "volume {} ({}) is not claimed: nothing to mount at {}",
-                    m.volume,
-                    vol.volume_id,
-                    m.destination.display()
+                    m.volume, vol.volume_id, m.destination
+                )
+            })?;
+            let destination = m.destination.as_literal().ok_or_else(|| {
+                format!(
+                    "volume_mount of {} still holds a variable: the alloc was not rendered",
+                    m.volume
                 )
             })?;
             Ok(BindMount {
                 source: target.clone(),
-                destination: m.destination.clone(),
+                destination: destination.into(),
                 read_only: m.read_only || vol.read_only,
-                propagation: Default::default(),
+                propagation: match m.propagation {
+                    PropagationMode::Private => Propagation::Private,
+                    PropagationMode::HostToTask => Propagation::HostToTask,
+                    PropagationMode::Bidirectional => Propagation::Bidirectional,
+                },
             })
         })
         .collect()

@@ -12,7 +12,7 @@ pub use berth_allocrunner::{AllocEvent, AllocStatus, ClientStatus, DesiredState,
 use crate::volumes::SpecFormat;
 
 /// `POST /v1/jobs`: a job spec as the user wrote it; the agent parses and places it.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct JobRunRequest {
     /// The spec text.
@@ -23,14 +23,83 @@ pub struct JobRunRequest {
     /// The name errors use for it; `request body` when absent.
     #[serde(default)]
     pub file: Option<String>,
+    /// Values of the spec's HCL2 variables (`berth job run -var name=value`), in order; a
+    /// later one wins, and every one wins over `var_files`.
+    #[serde(default)]
+    pub vars: Vec<JobVar>,
+    /// Variable files (`-var-file`), in order: HCL assignments, or a JSON object when the
+    /// name ends in `.json`.
+    #[serde(default)]
+    pub var_files: Vec<VarFile>,
+}
+
+/// Most `vars` and `var_files` a request may carry, each.
+pub const MAX_VARS: usize = 256;
+
+/// One `-var name=value`. `Debug` hides the value (it may be a secret).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobVar {
+    /// The variable's name.
+    pub name: String,
+    /// Its value as typed (a string, or HCL for variables of other types).
+    pub value: String,
+}
+
+impl fmt::Debug for JobVar {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}=<{} bytes>", self.name, self.value.len())
+    }
+}
+
+/// One `-var-file`. `Debug` shows its name and size only.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VarFile {
+    /// The name errors use for it (the path given).
+    pub name: String,
+    /// Its text.
+    pub text: String,
+}
+
+impl fmt::Debug for VarFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: <{} bytes>", self.name, self.text.len())
+    }
 }
 
 impl JobRunRequest {
-    /// Checks what serde cannot: `spec` is at most [`crate::volumes::MAX_SPEC_BYTES`], `file`
-    /// (when given) is non-empty, at most [`crate::volumes::MAX_FILE_NAME_BYTES`] and free of
-    /// control and bidirectional-text characters.
+    /// Checks what serde cannot: `spec` and each var file's text are at most
+    /// [`crate::volumes::MAX_SPEC_BYTES`]; `file` and var file names are non-empty, at most
+    /// [`crate::volumes::MAX_FILE_NAME_BYTES`] and free of control and bidirectional-text
+    /// characters; at most [`MAX_VARS`] vars and var files; var names are printable and
+    /// values at most 1 MiB.
     pub fn validate(&self) -> Result<(), crate::InvalidField> {
-        crate::volumes::validate_spec(&self.spec, self.file.as_deref())
+        crate::volumes::validate_spec(&self.spec, self.file.as_deref())?;
+        for (field, n) in [
+            ("vars", self.vars.len()),
+            ("var_files", self.var_files.len()),
+        ] {
+            if n > MAX_VARS {
+                return Err(crate::InvalidField {
+                    field,
+                    reason: format!("{n} entries: at most {MAX_VARS}"),
+                });
+            }
+        }
+        for v in &self.var_files {
+            crate::volumes::validate_spec(&v.text, Some(&v.name)).map_err(|e| {
+                crate::InvalidField {
+                    field: "var_files",
+                    reason: e.reason,
+                }
+            })?;
+        }
+        for v in &self.vars {
+            crate::checks::printable("vars", &v.name, crate::volumes::MAX_FILE_NAME_BYTES)?;
+            crate::checks::bounded("vars", &v.value, crate::volumes::MAX_SPEC_BYTES)?;
+        }
+        Ok(())
     }
 }
 
@@ -40,6 +109,8 @@ impl fmt::Debug for JobRunRequest {
             .field("spec", &format_args!("<{} bytes>", self.spec.len()))
             .field("format", &self.format)
             .field("file", &self.file)
+            .field("vars", &self.vars)
+            .field("var_files", &self.var_files)
             .finish()
     }
 }

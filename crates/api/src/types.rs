@@ -247,7 +247,7 @@ pub struct NodePlugin {
 }
 
 /// `GET /v1/node`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {
     /// berth's id for this node (stable across restarts).
     pub id: String,
@@ -255,6 +255,24 @@ pub struct NodeStatus {
     pub hostname: String,
     /// One entry per node plugin.
     pub csi_plugins: Vec<NodePlugin>,
+    /// The node's name (`node.unique.name` in a job).
+    #[serde(default)]
+    pub name: String,
+    /// `node.datacenter`.
+    #[serde(default)]
+    pub datacenter: String,
+    /// `node.region`.
+    #[serde(default)]
+    pub region: String,
+    /// `node.class` (empty: none).
+    #[serde(default)]
+    pub node_class: String,
+    /// What a job reads as `attr.<key>`.
+    #[serde(default)]
+    pub attributes: BTreeMap<String, String>,
+    /// What a job reads as `meta.<key>`.
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
 }
 
 /// What happened.

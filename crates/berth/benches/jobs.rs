@@ -192,6 +192,7 @@ async fn run_until_running(
         spec,
         format: SpecFormat::Hcl,
         file: Some(format!("{id}.hcl")),
+        ..Default::default()
     };
     let t0 = SystemTime::now();
     let start = Instant::now();

@@ -183,6 +183,7 @@ async fn specs_at_the_limit_or_deep_in_other_ways_do_not_take_the_agent_down() {
             spec: deep_job(64),
             format: SpecFormat::Hcl,
             file: Some("limit.hcl".into()),
+            ..Default::default()
         })
         .await;
     assert_bad_request(r);
@@ -198,6 +199,7 @@ async fn deep_jobs_through_the_api_are_refused_and_the_agent_stays_up() {
             spec: deep_job(200_000),
             format: SpecFormat::Hcl,
             file: Some("deep-job.hcl".into()),
+            ..Default::default()
         })
         .await;
     assert_400(

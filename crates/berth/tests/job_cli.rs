@@ -252,6 +252,7 @@ impl AgentView for FakeAgent {
             id: "node-1".into(),
             hostname: "worker-1".into(),
             csi_plugins: Vec::new(),
+            ..Default::default()
         }
     }
 
@@ -439,6 +440,7 @@ async fn run_sends_the_file_as_written_and_prints_the_allocs_never_the_spec() {
             spec: hcl.clone(),
             format: SpecFormat::Hcl,
             file: Some(hcl_path.clone()),
+            ..Default::default()
         })]
     );
 
@@ -464,6 +466,7 @@ async fn run_sends_the_file_as_written_and_prints_the_allocs_never_the_spec() {
             spec: spec.into(),
             format,
             file: Some(file.into()),
+            ..Default::default()
         })
     };
     assert_eq!(

@@ -154,6 +154,7 @@ impl AgentView for FakeAgent {
                     topology: BTreeMap::new(),
                 },
             ],
+            ..Default::default()
         }
     }
 

@@ -6,7 +6,7 @@
 
 mod agent_support;
 
-use std::{path::Path, time::Duration};
+use std::{path::PathBuf, time::Duration};
 
 use agent_support::{
     AgentProcess,
@@ -20,13 +20,19 @@ use berth_hostpath::calllog;
 
 const PLUGIN: &str = "tp";
 
-const CONFIG: &str = "health {\n  interval = \"200ms\"\n  failures = 2\n}\n";
+/// A fast health loop, and `exec` roots that hold the test binaries.
+fn config() -> String {
+    format!(
+        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n{}",
+        agent_support::client_config("")
+    )
+}
 
-/// The plugin job: berth-hostpath as an exec task; every path it sees lies in `tmp` (there is
-/// no chroot: a mount_dir of `/csi` would be made on the host).
-fn plugin_job(tmp: &Path, health_timeout: &str) -> String {
+/// The plugin job: berth-hostpath as an exec task, in a root of its own. It keeps its state and
+/// call log in the plugin's root (`/local/csi`, the host's `<data_dir>/csi/monolith/tp`), which
+/// outlives the task, so a later plugin job finds the volumes.
+fn plugin_job(health_timeout: &str) -> String {
     let hostpath = berth_testkit::bin_path("berth-hostpath");
-    let t = tmp.display();
     format!(
         r#"
 job "plugin" {{
@@ -36,13 +42,13 @@ job "plugin" {{
       driver = "exec"
       config {{
         command = "{hostpath}"
-        args    = ["--statedir", "{t}/hp", "--nodeid", "n1", "--strict", "--call-log", "{t}/calls.log"]
+        args    = ["--statedir", "/local/csi/hp", "--nodeid", "n1", "--strict", "--call-log", "/local/csi/calls.log"]
       }}
       csi_plugin {{
         id                     = "{PLUGIN}"
         type                   = "monolith"
-        mount_dir              = "{t}/task-view/csi"
-        stage_publish_base_dir = "{t}/task-view/local/csi"
+        mount_dir              = "/csi"
+        stage_publish_base_dir = "/local/csi"
         health_timeout         = "{health_timeout}"
       }}
       restart {{
@@ -84,8 +90,13 @@ async fn wait_task_instance_healthy(agent: &AgentProcess) -> String {
         .expect("a task instance")
 }
 
-fn volume_rpcs(tmp: &Path) -> Vec<String> {
-    calllog::read(tmp.join("calls.log"))
+/// The plugin's root on the host: where the task keeps its state and call log.
+fn plugin_root(agent: &AgentProcess) -> PathBuf {
+    agent.data_dir.join("csi/monolith").join(PLUGIN)
+}
+
+fn volume_rpcs(agent: &AgentProcess) -> Vec<String> {
+    calllog::read(plugin_root(agent).join("calls.log"))
         .unwrap_or_default()
         .into_iter()
         .map(|c| c.rpc)
@@ -95,10 +106,10 @@ fn volume_rpcs(tmp: &Path) -> Vec<String> {
 
 #[tokio::test]
 async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when_killed() {
-    let agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let agent = AgentProcess::start_in_namespace(&config()).await;
     let client = agent.client();
     let tmp = agent.tmp.path().to_path_buf();
-    run_job(&client, plugin_job(&tmp, "20s"))
+    run_job(&client, plugin_job("20s"))
         .await
         .expect("plugin job");
     let instance = wait_task_instance_healthy(&agent).await;
@@ -129,14 +140,19 @@ async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when
     )
     .await;
     assert_eq!(
-        std::fs::read_to_string(tmp.join("hp/volumes").join(&external).join("hello.txt"))
-            .expect("the file is in the plugin's volume"),
+        std::fs::read_to_string(
+            plugin_root(&agent)
+                .join("hp/volumes")
+                .join(&external)
+                .join("hello.txt")
+        )
+        .expect("the file is in the plugin's volume"),
         "hello\n"
     );
     berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
         client.volume("v1").await.is_ok_and(|v| v.claims.is_empty())
     });
-    assert_eq!(volume_rpcs(&tmp), VOLUME_RPCS, "CSI order");
+    assert_eq!(volume_rpcs(&agent), VOLUME_RPCS, "CSI order");
     let ns_mounts = agent.namespace().mountinfo().expect("mountinfo");
     let csi_root = agent.data_dir.join("csi");
     assert!(
@@ -212,11 +228,10 @@ async fn a_plugin_task_serves_volumes_and_is_restarted_and_registered_again_when
 
 #[tokio::test]
 async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event() {
-    let agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let agent = AgentProcess::start_in_namespace(&config()).await;
     let client = agent.client();
-    let tmp = agent.tmp.path().to_path_buf();
     // A "plugin" that never opens its socket.
-    let text = plugin_job(&tmp, "300ms")
+    let text = plugin_job("300ms")
         .replace(
             &format!(
                 "command = \"{}\"",
@@ -225,10 +240,7 @@ async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event
             "command = \"/bin/sleep\"",
         )
         .replace(
-            &format!(
-                "args    = [\"--statedir\", \"{t}/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--call-log\", \"{t}/calls.log\"]",
-                t = tmp.display()
-            ),
+            "args    = [\"--statedir\", \"/local/csi/hp\", \"--nodeid\", \"n1\", \"--strict\", \"--call-log\", \"/local/csi/calls.log\"]",
             "args    = [\"3600\"]",
         )
         .replace("attempts = 5", "attempts = 1");
@@ -255,10 +267,10 @@ async fn a_plugin_not_ready_within_its_health_timeout_is_restarted_with_an_event
 
 #[tokio::test]
 async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_again() {
-    let mut agent = AgentProcess::start_in_namespace(CONFIG).await;
+    let mut agent = AgentProcess::start_in_namespace(&config()).await;
     let client = agent.client();
     let tmp = agent.tmp.path().to_path_buf();
-    run_job(&client, plugin_job(&tmp, "20s"))
+    run_job(&client, plugin_job("20s"))
         .await
         .expect("plugin job");
     let instance = wait_task_instance_healthy(&agent).await;
@@ -275,7 +287,7 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     })
     .await;
     let plugin = wait_alloc(&agent, "plugin", |a| pid(a).is_some()).await;
-    let calls_before = volume_rpcs(&tmp).len();
+    let calls_before = volume_rpcs(&agent).len();
     assert_eq!(calls_before, 3, "claimed once");
 
     agent.kill9();
@@ -296,7 +308,7 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     );
     let srv_after = wait_alloc(&agent, "srv", |a| a.client_status == ClientStatus::Running).await;
     assert_eq!(srv_after.tasks["main"].pid, srv.tasks["main"].pid);
-    assert_eq!(volume_rpcs(&tmp).len(), calls_before, "nothing remounted");
+    assert_eq!(volume_rpcs(&agent).len(), calls_before, "nothing remounted");
     assert_eq!(client.volume("v1").await.unwrap().claims.len(), 1);
 
     // The plugin stops: deregistered, and the volume it mounted for the service stays.
@@ -337,7 +349,7 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     client.stop_job("plugin").await.ok();
     run_job(
         &client,
-        plugin_job(&tmp, "20s").replace("job \"plugin\"", "job \"plugin2\""),
+        plugin_job("20s").replace("job \"plugin\"", "job \"plugin2\""),
     )
     .await
     .expect("plugin job again");
@@ -345,6 +357,6 @@ async fn after_kill_9_the_plugin_task_and_its_volumes_are_kept_and_it_registers_
     berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
         client.volume("v1").await.is_ok_and(|v| v.claims.is_empty())
     });
-    assert_eq!(volume_rpcs(&tmp), VOLUME_RPCS, "released in CSI order");
+    assert_eq!(volume_rpcs(&agent), VOLUME_RPCS, "released in CSI order");
     client.stop_job("plugin2").await.expect("stop plugin2");
 }

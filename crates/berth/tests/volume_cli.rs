@@ -335,6 +335,7 @@ impl AgentView for FakeAgent {
             id: "node-1".into(),
             hostname: "worker-1".into(),
             csi_plugins: Vec::new(),
+            ..Default::default()
         }
     }
 

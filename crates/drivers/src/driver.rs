@@ -22,6 +22,8 @@ pub enum FsIsolation {
     None,
     /// The task has its own mount namespace: the host's filesystem plus its bind mounts.
     MountNamespace,
+    /// The task has a root of its own (a chroot in its own mount namespace).
+    Chroot,
 }
 
 /// What a driver can do.

@@ -1,6 +1,7 @@
 //! `exec`: a process in its own mount namespace, with bind mounts and a cgroup.
 
 use std::{
+    collections::BTreeMap,
     io,
     path::{Path, PathBuf},
     process::Stdio,
@@ -21,7 +22,9 @@ use crate::{
     event::EventSink,
     procfs,
     supervisor::{ProcessConfig, Supervisor, prepare_files, task_env},
-    task::{ExitResult, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
+    task::{
+        ExitResult, PidMode, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus,
+    },
 };
 
 /// The driver's name.
@@ -33,20 +36,25 @@ const READY: &[u8] = b"ready\n";
 /// Most bytes of the set-up script's stderr kept for an error.
 const SETUP_STDERR_LIMIT: u64 = 8192;
 
-/// Runs inside the new mount namespace, as `sh -c SETUP_SCRIPT berth-exec <stdout log>
-/// <stderr log> <cgroup.procs or ""> <mount> <mkdir> <working dir> <count> <mount point>…
-/// <count> (<source> <destination> <ro|rw|shared>)… <count> <hidden dir>… <command> <args>…`.
-/// The first list holds the shared mounts to make slaves before anything is mounted (only
-/// when a bind mount is bidirectional: the namespace then keeps the host's propagation, so
-/// its plugin root stays a peer of the host's). Every path arrives as an argument and is
-/// quoted; nothing is interpolated into the script. Set-up errors go to stderr (a pipe the
-/// driver reads); `ready` on stdout means the command is about to be executed.
+/// Runs in the task's new mount namespace (as PID 1 of its new PID namespace with a private
+/// `pid_mode`), as `sh -c SETUP_SCRIPT berth-exec <stdout log> <stderr log> <cgroup.procs or
+/// ""> <mount> <mkdir> <ln> <chroot> <root> <init 0|1> <uid> <gid> <groups> <privileged 0|1>
+/// <count> <shared mount to make a slave>… <count> (<source> <path in root> <ro|rw>
+/// <keep|private|slave|shared>)… <command> <args>…`. It joins the cgroup, makes the slaves
+/// (only with a bidirectional mount), mounts the root's own file systems (`secrets` tmpfs,
+/// `proc`, `dev`, `sys`), then the binds in order (chroot_env, alloc, the task's mounts), says
+/// `ready`, and runs the command chrooted as the task's user. With `init`, it stays as PID 1,
+/// passing signals on to the command and exiting with its status (a PID 1 ignores signals it
+/// has no handler for). Every mount point exists already (see [`crate::root`]); every path
+/// arrives as an argument and is quoted; nothing is interpolated into the script.
 const SETUP_SCRIPT: &str = r#"
 fail() { printf 'berth exec: %s\n' "$*" >&2; exit 125; }
 exec 3>>"$1" || fail "cannot open the stdout log $1"
 exec 4>>"$2" || fail "cannot open the stderr log $2"
-cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 workdir=$6 slaves=$7
-shift 7
+cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 ln_bin=$6 chroot_bin=$7 root=$8 init=$9
+shift 9
+uid=$1 gid=$2 groups=$3 privileged=$4 slaves=$5
+shift 5
 if [ -n "$cgroup_procs" ]; then
   printf '%s\n' "$$" >"$cgroup_procs" || fail "cannot join the cgroup ($cgroup_procs)"
 fi
@@ -55,43 +63,62 @@ while [ "$slaves" -gt 0 ]; do
   shift
   slaves=$((slaves - 1))
 done
+"$mount_bin" -t tmpfs -o "mode=0700,uid=$uid,gid=$gid,size=16m,nosuid,nodev" berth-secrets "$root/secrets" \
+  || fail "cannot mount the task's secrets"
+"$mount_bin" -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
+if [ "$privileged" = 1 ]; then
+  "$mount_bin" --rbind -- /dev "$root/dev" || fail "cannot bind /dev"
+  "$mount_bin" --rbind -- /sys "$root/sys" || fail "cannot bind /sys"
+else
+  "$mount_bin" -t tmpfs -o mode=0755,size=64k,nosuid berth-dev "$root/dev" || fail "cannot mount /dev"
+  for n in null zero full random urandom tty; do
+    : >"$root/dev/$n" && "$mount_bin" --bind -- "/dev/$n" "$root/dev/$n" || fail "cannot bind /dev/$n"
+  done
+  "$mkdir_bin" -p -- "$root/dev/shm" "$root/dev/pts" || fail "cannot make /dev/shm"
+  "$mount_bin" -t tmpfs -o mode=1777,size=64m,nosuid,nodev shm "$root/dev/shm" || fail "cannot mount /dev/shm"
+  "$mount_bin" -t devpts -o newinstance,ptmxmode=0666,mode=0620 devpts "$root/dev/pts" 2>/dev/null || true
+  "$ln_bin" -s /proc/self/fd "$root/dev/fd"
+  "$ln_bin" -s /proc/self/fd/0 "$root/dev/stdin"
+  "$ln_bin" -s /proc/self/fd/1 "$root/dev/stdout"
+  "$ln_bin" -s /proc/self/fd/2 "$root/dev/stderr"
+  "$mount_bin" -t sysfs -o ro,nosuid,nodev,noexec sysfs "$root/sys" || fail "cannot mount /sys"
+fi
 count=$1
 shift
 while [ "$count" -gt 0 ]; do
-  src=$1 dst=$2 mode=$3
-  shift 3
-  if [ -d "$src" ]; then
-    "$mkdir_bin" -p -- "$dst" || fail "cannot create the mount point $dst"
+  src=$1 dst=$root$2 access=$3 prop=$4
+  shift 4
+  if [ "$prop" = shared ]; then
+    "$mount_bin" --rbind -- "$src" "$dst" || fail "cannot bind-mount $src at ${dst#"$root"}"
   else
-    "$mkdir_bin" -p -- "${dst%/*}/" || fail "cannot create the directory of $dst"
-    if [ ! -e "$dst" ]; then
-      : >>"$dst" || fail "cannot create the mount point $dst"
-    fi
+    "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind-mount $src at ${dst#"$root"}"
   fi
-  if [ "$mode" = shared ]; then
-    "$mount_bin" --rbind -- "$src" "$dst" || fail "cannot bind-mount $src at $dst"
-  else
-    "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind-mount $src at $dst"
+  if [ "$access" = ro ]; then
+    "$mount_bin" -o remount,bind,ro -- "$dst" || fail "cannot make ${dst#"$root"} read-only"
   fi
-  if [ "$mode" = ro ]; then
-    "$mount_bin" -o remount,bind,ro -- "$dst" || fail "cannot make $dst read-only"
-  fi
+  case $prop in
+    private) "$mount_bin" --make-private -- "$dst" || fail "cannot make ${dst#"$root"} private" ;;
+    slave) "$mount_bin" --make-slave -- "$dst" || fail "cannot make ${dst#"$root"} a slave" ;;
+  esac
   count=$((count - 1))
 done
-hidden=$1
-shift
-while [ "$hidden" -gt 0 ]; do
-  if [ -d "$1" ]; then
-    "$mount_bin" -t tmpfs -o ro,mode=0,size=4k -- berth-hidden "$1" || fail "cannot hide $1"
-  fi
-  shift
-  hidden=$((hidden - 1))
-done
-cd "$workdir" || fail "cannot enter the working directory $workdir"
-command -v "$1" >/dev/null 2>&1 || fail "command not found: $1"
 printf 'ready\n'
 exec 1>&3 2>&4 3>&- 4>&-
-exec "$@"
+if [ "$init" = 1 ]; then
+  "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@" &
+  child=$!
+  for s in TERM INT HUP QUIT USR1 USR2; do
+    trap "kill -$s $child 2>/dev/null" "$s"
+  done
+  status=0
+  while :; do
+    wait "$child"
+    status=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+  exit "$status"
+fi
+exec "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@"
 "#;
 
 /// Options of the [`ExecDriver`].
@@ -103,11 +130,24 @@ pub struct ExecConfig {
     pub setup_timeout: Duration,
     /// How processes are watched and stopped.
     pub process: ProcessConfig,
-    /// Host directories a task must not see (e.g. where other allocs' volumes are mounted):
-    /// an empty read-only tmpfs covers each, after the task's own bind mounts are made, so a
-    /// bind mount whose destination lies inside one is covered too.
-    pub hidden: Vec<PathBuf>,
+    /// Host paths bound read-only into every task's root: host path → path in the root.
+    /// Entries whose host path is missing are skipped. Default: Nomad's `chroot_env`.
+    pub chroot_env: BTreeMap<PathBuf, PathBuf>,
+    /// Who a task runs as when it names no user: `nobody`, as Nomad's exec.
+    pub default_user: String,
 }
+
+/// Nomad's default `chroot_env`: each of these at its own path.
+pub const DEFAULT_CHROOT_ENV: [&str; 8] = [
+    "/bin",
+    "/etc",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/run/resolvconf",
+    "/sbin",
+    "/usr",
+];
 
 impl Default for ExecConfig {
     fn default() -> Self {
@@ -115,7 +155,11 @@ impl Default for ExecConfig {
             cgroup: CgroupSetting::default(),
             setup_timeout: Duration::from_secs(30),
             process: ProcessConfig::default(),
-            hidden: Vec::new(),
+            chroot_env: DEFAULT_CHROOT_ENV
+                .iter()
+                .map(|p| (PathBuf::from(p), PathBuf::from(p)))
+                .collect(),
+            default_user: "nobody".into(),
         }
     }
 }
@@ -126,28 +170,36 @@ struct Host {
     unshare: PathBuf,
     mount: PathBuf,
     mkdir: PathBuf,
+    ln: PathBuf,
+    chroot: PathBuf,
     sh: PathBuf,
     /// `Ok(None)`: disabled; `Err(reason)`: unavailable.
     cgroups: Result<Option<CgroupParent>, String>,
 }
 
 /// Runs a task like `raw_exec` (own process group, logs, environment, survives the agent),
-/// but in its own mount namespace: the task sees the host's filesystem (there is no chroot
-/// yet) plus its [`BindMount`](crate::BindMount)s, minus the [`ExecConfig::hidden`]
-/// directories, and mounts made in it never show on the
-/// host (the task's namespace is a slave of the host's: host unmounts reach it, its own mounts
-/// never leave it). Mount points missing on the host are created there.
+/// but in a root of its own, as Nomad's exec: its [`TaskDirs::task_dir`](crate::TaskDirs)
+/// becomes its `/`, holding the [`ExecConfig::chroot_env`] read-only, `alloc/` (the alloc's
+/// shared directory), `local/` and `tmp/`, `secrets/` (a tmpfs only it sees), a small `/dev`,
+/// `/proc` and a read-only `/sys` (the host's `/dev` and `/sys` when
+/// [`privileged`](TaskConfig::privileged)), and its [`BindMount`](crate::BindMount)s at their
+/// destinations in the root. Every mount is made in the task's own mount namespace (a slave of
+/// the host's: host unmounts reach it, its own mounts never leave it); mount points are made
+/// in the task's directory, never elsewhere on the host. It runs as its user (default
+/// [`ExecConfig::default_user`]) in a PID namespace of its own unless
+/// [`PidMode::Host`](crate::PidMode).
 ///
-/// The process is started as `unshare --mount --propagation slave -- sh -c <set-up>`: the
-/// script joins the task's cgroup, makes the bind mounts, enters the working directory and
-/// executes the command, so the pid is the command's (no extra process stays around). A
-/// set-up failure fails [`start`](Driver::start) with the script's message.
+/// The process is started as `unshare --mount [--pid --fork] -- sh -c <set-up>`: the script
+/// joins the task's cgroup, mounts, and runs the command through `chroot --userspec`; with a
+/// PID namespace it stays as its PID 1, passing signals on. A set-up failure fails
+/// [`start`](Driver::start) with the script's message.
 ///
 /// Each task gets a cgroup v2 (`<parent>/<task id>`) when the host has a writable cgroup v2
 /// hierarchy, with `memory.max` from the task's resources when the memory controller is
 /// available; the fingerprint's attributes say what is available and why not.
 ///
-/// Needs root, util-linux's `unshare` and `mount`, `mkdir` and `sh`.
+/// Needs root, util-linux's `unshare` and `mount`, coreutils' `chroot`, `mkdir` and `ln`, and
+/// `sh`.
 #[derive(Debug)]
 pub struct ExecDriver {
     sup: Supervisor,
@@ -173,6 +225,8 @@ impl ExecDriver {
             unshare: tools.unshare,
             mount: tools.mount,
             mkdir: tools.mkdir,
+            ln: tools.ln,
+            chroot: tools.chroot,
             sh: tools.sh,
             cgroups: cgroup::prepare(&self.config.cgroup),
         };
@@ -206,14 +260,11 @@ impl ExecDriver {
         };
         let mut fp = Fingerprint::new(
             Health::Healthy,
-            "runs processes in their own mount namespace",
+            "runs processes in a root of their own (a chroot in their own mount and PID namespaces)",
         );
         let attrs = &mut fp.attributes;
         attrs.insert(format!("driver.{EXEC}"), "1".into());
-        attrs.insert(
-            format!("driver.{EXEC}.fs_isolation"),
-            "mount-namespace".into(),
-        );
+        attrs.insert(format!("driver.{EXEC}.fs_isolation"), "chroot".into());
         attrs.insert(
             format!("driver.{EXEC}.unshare"),
             host.unshare.display().to_string(),
@@ -256,17 +307,94 @@ impl ExecDriver {
                 driver: EXEC.into(),
                 reason,
             })?;
+        let invalid = |field: &str, reason: String| DriverError::InvalidConfig {
+            task_id: config.id.clone(),
+            field: field.into(),
+            reason,
+        };
         for (i, mount) in config.mounts.iter().enumerate() {
             if let Err(e) = std::fs::metadata(&mount.source) {
-                return Err(DriverError::InvalidConfig {
-                    task_id: config.id.clone(),
-                    field: format!("mounts[{i}].source"),
-                    reason: format!("{}: {e}", mount.source.display()),
-                });
+                return Err(invalid(
+                    &format!("mounts[{i}].source"),
+                    format!("{}: {e}", mount.source.display()),
+                ));
             }
         }
+        let dirs = config.dirs.clone().ok_or_else(|| {
+            invalid(
+                "dirs",
+                "exec needs the task's directories (its root)".into(),
+            )
+        })?;
+        let user = config
+            .user
+            .clone()
+            .unwrap_or_else(|| self.config.default_user.clone());
+        let who = crate::root::resolve_user(&user).map_err(|reason| invalid("user", reason))?;
+        let root = dirs.task_dir.clone();
+        let chroot_env =
+            crate::root::prepare(&root, &who, &self.config.chroot_env).map_err(|e| {
+                invalid(
+                    "dirs.task_dir",
+                    format!("laying out {}: {e}", root.display()),
+                )
+            })?;
+        // What gets a mount of its own: a task's mount under one would be hidden, or would
+        // write through a read-only bind to the host.
+        let taken: Vec<PathBuf> = ["/alloc", "/secrets", "/proc", "/dev", "/sys"]
+            .iter()
+            .map(PathBuf::from)
+            .chain(chroot_env.iter().map(|(_, dst)| dst.clone()))
+            .collect();
+        let mut binds: Vec<(PathBuf, PathBuf, &str, &str)> = chroot_env
+            .iter()
+            .map(|(src, dst)| (src.clone(), dst.clone(), "ro", "keep"))
+            .collect();
+        binds.push((dirs.alloc_dir.clone(), "/alloc".into(), "rw", "keep"));
+        for (i, m) in config.mounts.iter().enumerate() {
+            let dest = normalized(&m.destination);
+            if let Some(t) = taken.iter().find(|t| dest.starts_with(t)) {
+                return Err(invalid(
+                    &format!("mounts[{i}].destination"),
+                    format!(
+                        "{} lies in {}, which the task's root mounts itself",
+                        dest.display(),
+                        t.display()
+                    ),
+                ));
+            }
+            let file = std::fs::metadata(&m.source).is_ok_and(|md| !md.is_dir());
+            crate::root::make_point(&root, &dest, file).map_err(|e| {
+                invalid(
+                    &format!("mounts[{i}].destination"),
+                    format!("making the mount point: {e}"),
+                )
+            })?;
+            let (access, prop) = match m.propagation {
+                Propagation::Bidirectional => ("rw", "shared"),
+                Propagation::HostToTask => (if m.read_only { "ro" } else { "rw" }, "slave"),
+                Propagation::Private => (if m.read_only { "ro" } else { "rw" }, "private"),
+            };
+            binds.push((m.source.clone(), dest, access, prop));
+        }
+        let env = task_env(&config, &self.config.process);
+        let path = env.get("PATH").cloned().unwrap_or_default();
+        let workdir = normalized(&config.dir);
+        let seen: Vec<(PathBuf, PathBuf)> = binds
+            .iter()
+            .map(|(src, dst, _, _)| (src.clone(), dst.clone()))
+            .collect();
+        if !crate::root::command_exists(&root, &seen, &config.command, &path, &workdir) {
+            return Err(DriverError::Setup {
+                task_id: config.id.clone(),
+                message: format!(
+                    "command not found in the task's root: {} (PATH {path}); the root holds the chroot_env, alloc/, local/ and the task's volumes",
+                    config.command
+                ),
+            });
+        }
         let reservation = self.sup.reserve(&config.id)?;
-        prepare_files(&config)?;
+        prepare_files(&config, false)?;
 
         let mut notes = Vec::new();
         let memory = config.resources.memory_max_bytes;
@@ -301,6 +429,7 @@ impl ExecDriver {
         }
 
         let slaves = slaves_for(&config)?;
+        let init = config.pid_mode == PidMode::Private;
         let mut cmd = Command::new(&host.unshare);
         // Slave: unmounts on the host (another alloc's volume released) reach the task's copy,
         // so it never pins them; the task's own mounts still stay private to it. With a
@@ -310,7 +439,12 @@ impl ExecDriver {
         } else {
             "slave"
         };
-        cmd.args(["--mount", "--propagation", propagation, "--"])
+        cmd.args(["--mount", "--propagation", propagation]);
+        if init {
+            cmd.args(["--pid", "--fork", "--kill-child"]);
+        }
+        let groups: Vec<String> = who.groups.iter().map(u32::to_string).collect();
+        cmd.arg("--")
             .arg(&host.sh)
             .args(["-c", SETUP_SCRIPT, "berth-exec"])
             .arg(&config.stdout_path)
@@ -323,25 +457,33 @@ impl ExecDriver {
             )
             .arg(&host.mount)
             .arg(&host.mkdir)
-            .arg(&config.dir);
+            .arg(&host.ln)
+            .arg(&host.chroot)
+            .arg(&root)
+            .arg(if init { "1" } else { "0" })
+            .arg(who.uid.to_string())
+            .arg(who.gid.to_string())
+            .arg(if groups.is_empty() {
+                who.gid.to_string()
+            } else {
+                groups.join(",")
+            })
+            .arg(if config.privileged { "1" } else { "0" });
         let slaves = slaves.unwrap_or_default();
         cmd.arg(slaves.len().to_string()).args(&slaves);
-        cmd.arg(config.mounts.len().to_string());
-        for mount in &config.mounts {
-            cmd.arg(&mount.source)
-                .arg(normalized(&mount.destination))
-                .arg(match (mount.propagation, mount.read_only) {
-                    (Propagation::Bidirectional, _) => "shared",
-                    (Propagation::HostToTask, true) => "ro",
-                    (Propagation::HostToTask, false) => "rw",
-                });
+        cmd.arg(binds.len().to_string());
+        for (src, dst, access, prop) in &binds {
+            cmd.arg(src).arg(dst).arg(access).arg(prop);
         }
-        cmd.arg(self.config.hidden.len().to_string())
-            .args(&self.config.hidden);
+        if workdir != Path::new("/") {
+            // chroot starts in `/`: a shell in the root enters the working directory.
+            cmd.args(["/bin/sh", "-c", "cd \"$0\" && exec \"$@\""])
+                .arg(&workdir);
+        }
         cmd.arg(&config.command)
             .args(&config.args)
             .env_clear()
-            .envs(task_env(&config, &self.config.process))
+            .envs(env)
             .current_dir("/")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -448,6 +590,8 @@ struct Tools {
     unshare: PathBuf,
     mount: PathBuf,
     mkdir: PathBuf,
+    ln: PathBuf,
+    chroot: PathBuf,
     sh: PathBuf,
 }
 
@@ -467,6 +611,8 @@ fn find_tools(
         unshare: find("unshare")?,
         mount: find("mount")?,
         mkdir: find("mkdir")?,
+        ln: find("ln")?,
+        chroot: find("chroot")?,
         sh: find("sh")?,
     })
 }
@@ -551,7 +697,7 @@ impl Driver for ExecDriver {
 
     fn capabilities(&self) -> Capabilities {
         Capabilities {
-            fs_isolation: FsIsolation::MountNamespace,
+            fs_isolation: FsIsolation::Chroot,
             send_signals: true,
             exec: false,
             bind_mounts: true,

@@ -25,6 +25,7 @@ mod exec;
 mod manager;
 mod procfs;
 mod raw_exec;
+mod root;
 mod router;
 mod supervisor;
 mod task;
@@ -33,13 +34,13 @@ pub use cgroup::CgroupSetting;
 pub use driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health};
 pub use error::DriverError;
 pub use event::{EventSink, TaskEvent, TaskEventKind};
-pub use exec::{EXEC, ExecConfig, ExecDriver};
+pub use exec::{DEFAULT_CHROOT_ENV, EXEC, ExecConfig, ExecDriver};
 pub use manager::{DriverManager, DriverManagerBuilder, DuplicateDriver, ManagerConfig};
 /// Signals, as taken by [`Driver::stop`] and [`Driver::signal`].
 pub use nix::sys::signal::Signal;
 pub use raw_exec::{RAW_EXEC, RawExecDriver};
 pub use supervisor::ProcessConfig;
 pub use task::{
-    BindMount, ExitResult, HANDLE_VERSION, Propagation, Resources, TaskConfig, TaskHandle, TaskId,
-    TaskState, TaskStats, TaskStatus,
+    BindMount, ExitResult, HANDLE_VERSION, PidMode, Propagation, Resources, TaskConfig, TaskDirs,
+    TaskHandle, TaskId, TaskState, TaskStats, TaskStatus,
 };

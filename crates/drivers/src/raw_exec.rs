@@ -47,9 +47,23 @@ impl RawExecDriver {
                 what: "bind mounts",
             });
         }
+        let who =
+            match &config.user {
+                Some(u) => Some(crate::root::resolve_user(u).map_err(|reason| {
+                    DriverError::InvalidConfig {
+                        task_id: config.id.clone(),
+                        field: "user".into(),
+                        reason,
+                    }
+                })?),
+                None => None,
+            };
         let reservation = self.sup.reserve(&config.id)?;
-        let (stdout, stderr) = prepare_files(&config)?;
+        let (stdout, stderr) = prepare_files(&config, true)?;
         let mut cmd = Command::new(&config.command);
+        if let Some(who) = who {
+            cmd.uid(who.uid).gid(who.gid);
+        }
         cmd.args(&config.args)
             .env_clear()
             .envs(task_env(&config, self.sup.process_config()))

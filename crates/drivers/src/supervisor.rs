@@ -743,8 +743,12 @@ pub(crate) fn task_env(config: &TaskConfig, process: &ProcessConfig) -> BTreeMap
     env
 }
 
-/// Creates the working directory and the log files (appended to; mode 0640 when created).
-pub(crate) fn prepare_files(config: &TaskConfig) -> Result<(File, File), DriverError> {
+/// Creates the working directory (with `make_dir`: it is a host path) and the log files
+/// (appended to; mode 0640 when created).
+pub(crate) fn prepare_files(
+    config: &TaskConfig,
+    make_dir: bool,
+) -> Result<(File, File), DriverError> {
     let io_err = |what, path: &Path| {
         let path = path.to_path_buf();
         let task_id = config.id.clone();
@@ -755,8 +759,10 @@ pub(crate) fn prepare_files(config: &TaskConfig) -> Result<(File, File), DriverE
             source,
         }
     };
-    fs::create_dir_all(&config.dir)
-        .map_err(io_err("creating the working directory", &config.dir))?;
+    if make_dir {
+        fs::create_dir_all(&config.dir)
+            .map_err(io_err("creating the working directory", &config.dir))?;
+    }
     let open = |path: &Path| -> Result<File, DriverError> {
         if let Some(parent) = path.parent() {
             fs::create_dir_all(parent).map_err(io_err("creating the log directory", parent))?;

@@ -126,6 +126,8 @@ pub enum Propagation {
     /// stay in its namespace.
     #[default]
     HostToTask,
+    /// Nothing travels either way: the mount is private in the task's namespace.
+    Private,
     /// Both ways (a CSI plugin's staging and publish root): mounts and unmounts the task makes
     /// under it show on the host, and the reverse. The source must lie on a shared mount
     /// (see `berth_sys::ensure_shared_mount`); it is bound recursively, so mounts already
@@ -170,6 +172,39 @@ pub struct TaskConfig {
     /// Resource limits.
     #[serde(default)]
     pub resources: Resources,
+    /// The task's directories (Nomad's layout). `exec` makes `task_dir` the task's `/`.
+    #[serde(default)]
+    pub dirs: Option<TaskDirs>,
+    /// Run as this user (a name from the host's `/etc/passwd`, or a numeric uid); `None`: the
+    /// driver's default (`exec`: `nobody`, as Nomad's exec; `raw_exec`: the agent's user).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// A PID namespace of its own (the default, as Nomad's exec) or the host's. `exec` only.
+    #[serde(default)]
+    pub pid_mode: PidMode,
+    /// The host's `/dev` and `/sys` (read-write) inside the task's root: for CSI plugins.
+    #[serde(default)]
+    pub privileged: bool,
+}
+
+/// Where a task's directories are on the host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDirs {
+    /// `<alloc dir>/<task>`: the task's own (its `/` with `exec`).
+    pub task_dir: PathBuf,
+    /// `<alloc dir>/alloc`: shared by the alloc's tasks (`/alloc` with `exec`).
+    pub alloc_dir: PathBuf,
+}
+
+/// A task's PID namespace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PidMode {
+    /// Its own: it sees only its processes.
+    #[default]
+    Private,
+    /// The host's.
+    Host,
 }
 
 impl TaskConfig {
@@ -191,6 +226,10 @@ impl TaskConfig {
             stderr_path: stderr_path.into(),
             mounts: Vec::new(),
             resources: Resources::default(),
+            dirs: None,
+            user: None,
+            pid_mode: PidMode::default(),
+            privileged: false,
         }
     }
 

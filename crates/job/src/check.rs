@@ -18,15 +18,19 @@ use crate::{
     input::{Node, V},
     path::FieldPath,
     spec::*,
+    template::{NODE_VARIABLES, Part, RUNTIME_VARIABLES, Template},
 };
 
 type Res<T> = Result<T, SpecError>;
 
-const NOT_LITERAL: &str =
-    "must be a literal value (berth does not evaluate variables, functions or interpolation)";
+const NOT_HERE: &str = "runtime variables (${NOMAD_…}, ${attr.…}…) are not interpolated here; \
+     Nomad fills them in config.command and args, env, volume_mount.destination and csi_plugin dirs";
 
 struct Cx<'a> {
     file: &'a Path,
+    opts: &'a ParseOptions,
+    /// Problems found so far, while checking goes on.
+    errors: std::cell::RefCell<Vec<SpecError>>,
 }
 
 impl Cx<'_> {
@@ -39,10 +43,16 @@ impl Cx<'_> {
         }
     }
 
-    /// "expected …, found …", or the literal-only rule for an expression.
+    /// Keeps `e` and lets checking go on.
+    fn record(&self, e: SpecError) {
+        self.errors.borrow_mut().push(e);
+    }
+
+    /// "expected …, found …", or why an expression has no value.
     fn wrong(&self, path: &FieldPath, n: &Node, expected: &str) -> SpecError {
-        match n.v {
-            V::NotLiteral => self.err(path, n.line, NOT_LITERAL),
+        match &n.v {
+            V::Bad(why) => self.err(path, n.line, why.clone()),
+            V::Tmpl(_) => self.err(path, n.line, NOT_HERE),
             _ => self.err(
                 path,
                 n.line,
@@ -222,8 +232,8 @@ impl Fields {
                         }
                     }
                     _ => {
-                        return Err(match n.v {
-                            V::NotLiteral => cx.err(&base, n.line, NOT_LITERAL),
+                        return Err(match &n.v {
+                            V::Bad(why) => cx.err(&base, n.line, why.clone()),
                             _ => cx.err(&base, n.line, needs_label()),
                         });
                     }
@@ -290,6 +300,31 @@ impl Fields {
             .map_err(|e| cx.err(&path, line, format!("{} is not a duration: {e}", Quoted(s))))
     }
 
+    /// A string that may hold runtime references.
+    fn template(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Template>> {
+        let path = self.path.key(key);
+        self.value(cx, key)?
+            .map(|n| template(cx, &path, n))
+            .transpose()
+    }
+
+    /// A list of strings that may hold runtime references; errors name the item.
+    fn templates(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Vec<Template>>> {
+        let path = self.path.key(key);
+        let Some(n) = self.value(cx, key)? else {
+            return Ok(None);
+        };
+        let V::List(items) = n.v else {
+            return Err(cx.wrong(&path, &n, "a list of strings"));
+        };
+        items
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| template(cx, &path.at(i), x))
+            .collect::<Res<_>>()
+            .map(Some)
+    }
+
     /// A list of strings; errors name the item, never its value.
     fn strings(&mut self, cx: &Cx<'_>, key: &str) -> Res<Option<Vec<String>>> {
         let path = self.path.key(key);
@@ -317,6 +352,25 @@ fn string(cx: &Cx<'_>, path: &FieldPath, n: Node) -> Res<String> {
     }
 }
 
+/// A string, or a template with runtime references; numbers and bools become their text.
+/// Without NUL bytes. The value is not repeated.
+fn template(cx: &Cx<'_>, path: &FieldPath, n: Node) -> Res<Template> {
+    let nul = |t: &str| t.contains('\0');
+    match n.v {
+        V::Str(s) if nul(&s) => Err(cx.err(path, n.line, "contains a NUL byte")),
+        V::Str(s) => Ok(Template::from_parts(vec![Part::Lit(s)], n.line)),
+        V::Num(x) => Ok(Template::from_parts(vec![Part::Lit(x.to_string())], n.line)),
+        V::Bool(b) => Ok(Template::from_parts(vec![Part::Lit(b.to_string())], n.line)),
+        V::Tmpl(parts) => {
+            if parts.iter().any(|p| matches!(p, Part::Lit(t) if nul(t))) {
+                return Err(cx.err(path, n.line, "contains a NUL byte"));
+            }
+            Ok(Template::from_parts(parts, n.line))
+        }
+        _ => Err(cx.wrong(path, &n, "a string")),
+    }
+}
+
 fn segment(
     cx: &Cx<'_>,
     path: &FieldPath,
@@ -340,11 +394,42 @@ fn absolute(cx: &Cx<'_>, path: &FieldPath, line: Option<usize>, p: &str) -> Res<
 }
 
 /// The top of a spec: exactly one `job` block.
-pub(crate) fn job(file: &Path, root: Node) -> Res<JobSpec> {
-    let cx = Cx { file };
+pub(crate) fn job(file: &Path, root: Node, opts: &ParseOptions) -> Result<JobSpec, SpecErrors> {
+    let cx = Cx {
+        file,
+        opts,
+        errors: Default::default(),
+    };
+    let spec = job_of(&cx, root);
+    let mut errors = cx.errors.into_inner();
+    match spec {
+        Ok(spec) if errors.is_empty() => Ok(spec),
+        Ok(_) => Err(SpecErrors::new(errors)),
+        Err(e) => {
+            errors.push(e);
+            // In file order.
+            errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
+            Err(SpecErrors::new(errors))
+        }
+    }
+}
+
+/// Fields of Nomad's volume specs: a file holding these and no job is a volume spec.
+const VOLUME_SPEC_FIELDS: [&str; 8] = [
+    "plugin_id",
+    "capability",
+    "capacity_min",
+    "capacity_max",
+    "external_id",
+    "snapshot_id",
+    "clone_id",
+    "mount_options",
+];
+
+fn job_of(cx: &Cx<'_>, root: Node) -> Res<JobSpec> {
     let root_path = FieldPath::root();
     let mut top = match root.v {
-        V::Obj(_) => body_of(&cx, &root_path, root)?,
+        V::Obj(_) => body_of(cx, &root_path, root)?,
         _ => {
             return Err(cx.err(
                 &root_path,
@@ -363,8 +448,20 @@ pub(crate) fn job(file: &Path, root: Node) -> Res<JobSpec> {
             "this is Nomad's API form of a job; berth reads HCL's JSON form: {\"job\": {\"<id>\": { … }}}",
         ));
     }
-    top.deny_unknown(&cx, &["job"])?;
-    let mut jobs = top.labelled(&cx, "job", "id")?;
+    if !top.items.iter().any(|(k, _)| k == "job")
+        && top
+            .items
+            .iter()
+            .any(|(k, _)| VOLUME_SPEC_FIELDS.contains(&k.as_str()))
+    {
+        return Err(cx.err(
+            &root_path,
+            None,
+            "this is a volume spec: use `berth volume register` or `berth volume create`",
+        ));
+    }
+    top.deny_unknown(cx, &["job"])?;
+    let mut jobs = top.labelled(cx, "job", "id")?;
     let job_path = root_path.key("job");
     if jobs.len() > 1 {
         let (_, again) = &jobs[1];
@@ -382,29 +479,48 @@ pub(crate) fn job(file: &Path, root: Node) -> Res<JobSpec> {
         ));
     };
     j.path = job_path.clone();
-    segment(&cx, &job_path, j.line, "job id", &id)?;
-    j.deny_unknown(&cx, &["type", "datacenters", "group"])?;
+    segment(cx, &job_path, j.line, "job id", &id)?;
+    j.deny_unknown(
+        cx,
+        &[
+            "type",
+            "datacenters",
+            "group",
+            "region",
+            "namespace",
+            "priority",
+            "meta",
+        ],
+    )?;
 
     let line = j.line_of("type");
-    let job_type = match j.string(&cx, "type")? {
+    let job_type = match j.string(cx, "type")? {
         None => JobType::default(),
         Some(s) => s
             .parse()
             .map_err(|e: String| cx.err(&job_path.key("type"), line, e))?,
     };
     // Accepted for Nomad's files; berth places by its own rules.
-    j.strings(&cx, "datacenters")?;
+    j.strings(cx, "datacenters")?;
+    j.number(cx, "priority", 1, 100)?;
+    let region = j.string(cx, "region")?;
+    let namespace = j.string(cx, "namespace")?;
+    let meta = meta(cx, &mut j, &BTreeMap::new())?;
 
     let mut groups: Vec<GroupSpec> = Vec::new();
     let mut lines: BTreeMap<String, Option<usize>> = BTreeMap::new();
-    for (name, g) in j.labelled(&cx, "group", "name")? {
+    for (name, g) in j.labelled(cx, "group", "name")? {
         if let Some(first) = lines.get(&name) {
-            return Err(duplicate(&cx, &g, "group", &name, *first));
+            cx.record(duplicate(cx, &g, "group", &name, *first));
+            continue;
         }
         lines.insert(name.clone(), g.line);
-        groups.push(group(&cx, job_type, name, g)?);
+        match group(cx, job_type, &meta, name, g) {
+            Ok(g) => groups.push(g),
+            Err(e) => cx.record(e),
+        }
     }
-    if groups.is_empty() {
+    if groups.is_empty() && lines.is_empty() {
         return Err(cx.err(
             &job_path.key("group"),
             j.line,
@@ -415,6 +531,8 @@ pub(crate) fn job(file: &Path, root: Node) -> Res<JobSpec> {
         id,
         job_type,
         groups,
+        region,
+        namespace,
     })
 }
 
@@ -440,9 +558,38 @@ fn duplicate(cx: &Cx<'_>, f: &Fields, kind: &str, name: &str, first: Option<usiz
     )
 }
 
-fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<GroupSpec> {
+/// `meta` of a block over `base` (a map of strings; numbers and bools become their text).
+fn meta(
+    cx: &Cx<'_>,
+    f: &mut Fields,
+    base: &BTreeMap<String, String>,
+) -> Res<BTreeMap<String, String>> {
+    let mut out = base.clone();
+    if let Some(m) = f.block(cx, "meta")? {
+        for (k, n) in m.items {
+            let here = m.path.key(&k);
+            let v = match n.v {
+                V::Str(s) => s,
+                V::Num(x) => x.to_string(),
+                V::Bool(b) => b.to_string(),
+                _ => return Err(cx.wrong(&here, &n, "a string")),
+            };
+            out.insert(k, v);
+        }
+    }
+    Ok(out)
+}
+
+fn group(
+    cx: &Cx<'_>,
+    job_type: JobType,
+    job_meta: &BTreeMap<String, String>,
+    name: String,
+    mut g: Fields,
+) -> Res<GroupSpec> {
     segment(cx, &g.path, g.line, "group name", &name)?;
-    g.deny_unknown(cx, &["count", "volume", "restart", "task"])?;
+    g.deny_unknown(cx, &["count", "volume", "restart", "task", "meta"])?;
+    let group_meta = meta(cx, &mut g, job_meta)?;
     let count = g
         .number(cx, "count", *COUNT_RANGE.start(), *COUNT_RANGE.end())?
         .unwrap_or(1);
@@ -453,11 +600,18 @@ fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<Gro
     let mut claims: HashMap<String, Vec<(Option<u32>, String)>> = HashMap::new();
     for (vname, v) in g.labelled(cx, "volume", "name")? {
         if let Some(first) = lines.get(&vname) {
-            return Err(duplicate(cx, &v, "volume", &vname, *first));
+            cx.record(duplicate(cx, &v, "volume", &vname, *first));
+            continue;
         }
         lines.insert(vname.clone(), v.line);
         let (path, source_line) = (v.path.key("source"), v.line_of("source"));
-        let req = volume(cx, count, vname.clone(), v)?;
+        let req = match volume(cx, count, vname.clone(), v) {
+            Ok(r) => r,
+            Err(e) => {
+                cx.record(e);
+                continue;
+            }
+        };
         // An alloc claims a volume once: two blocks naming the same volume for one alloc
         // would share one claim, and the first release would pull it from under the other.
         let ids: Vec<(String, Option<u32>)> = if req.per_alloc {
@@ -510,12 +664,16 @@ fn group(cx: &Cx<'_>, job_type: JobType, name: String, mut g: Fields) -> Res<Gro
     let mut lines = BTreeMap::new();
     for (tname, t) in g.labelled(cx, "task", "name")? {
         if let Some(first) = lines.get(&tname) {
-            return Err(duplicate(cx, &t, "task", &tname, *first));
+            cx.record(duplicate(cx, &t, "task", &tname, *first));
+            continue;
         }
         lines.insert(tname.clone(), t.line);
-        tasks.push(task(cx, &volumes, restart, tname, t)?);
+        match task(cx, &volumes, restart, &group_meta, tname, t) {
+            Ok(t) => tasks.push(t),
+            Err(e) => cx.record(e),
+        }
     }
-    if tasks.is_empty() {
+    if tasks.is_empty() && lines.is_empty() {
         return Err(cx.err(
             &g.path.key("task"),
             g.line,
@@ -646,7 +804,12 @@ fn volume(cx: &Cx<'_>, count: u32, name: String, mut v: Fields) -> Res<VolumeReq
 
 /// `base` with the block's fields applied, then checked as Nomad does.
 fn restart(cx: &Cx<'_>, base: RestartPolicy, mut r: Fields) -> Res<RestartPolicy> {
-    r.deny_unknown(cx, &["attempts", "interval", "delay", "mode"])?;
+    r.deny_unknown(
+        cx,
+        &["attempts", "interval", "delay", "mode", "render_templates"],
+    )?;
+    // Accepted for Nomad's files: berth renders no templates.
+    r.bool(cx, "render_templates")?;
     let mut p = base;
     if let Some(a) = r.number(cx, "attempts", 0, u32::MAX)? {
         p.attempts = a;
@@ -700,14 +863,34 @@ fn task(
     cx: &Cx<'_>,
     volumes: &BTreeMap<String, VolumeRequest>,
     group_restart: RestartPolicy,
+    group_meta: &BTreeMap<String, String>,
     name: String,
     mut t: Fields,
 ) -> Res<TaskSpec> {
     segment(cx, &t.path, t.line, "task name", &name)?;
+    let p = t.path.clone();
+    // The driver first: a driver this node lacks says so, whatever its config holds.
+    let line = t.line_of("driver");
+    let driver = t.required_string(cx, "driver", " (e.g. driver = \"exec\")")?;
+    if driver.trim().is_empty() {
+        return Err(cx.err(&p.key("driver"), line, "must not be empty"));
+    }
+    if let Some(have) = &cx.opts.drivers
+        && !have.contains(&driver)
+    {
+        return Err(cx.err(
+            &p.key("driver"),
+            line,
+            format!(
+                "driver {} is not available on this node: {}",
+                Quoted(&driver),
+                crate::vars::listed(have)
+            ),
+        ));
+    }
     t.deny_unknown(
         cx,
         &[
-            "driver",
             "config",
             "env",
             "volume_mount",
@@ -715,13 +898,20 @@ fn task(
             "kill_timeout",
             "restart",
             "csi_plugin",
+            "user",
+            "meta",
         ],
     )?;
-    let p = t.path.clone();
-    let line = t.line_of("driver");
-    let driver = t.required_string(cx, "driver", " (e.g. driver = \"exec\")")?;
-    if driver.trim().is_empty() {
-        return Err(cx.err(&p.key("driver"), line, "must not be empty"));
+    let meta = meta(cx, &mut t, group_meta)?;
+    let user = t.string(cx, "user")?;
+    if let Some(u) = &user
+        && (u.is_empty() || u.chars().any(|c| c.is_control() || c == ':' || c == '/'))
+    {
+        return Err(cx.err(
+            &p.key("user"),
+            t.line_of("user"),
+            "is not a user name or uid",
+        ));
     }
 
     let Some(mut config) = t.block(cx, "config")? else {
@@ -731,13 +921,33 @@ fn task(
             "is required: config { command = \"…\" }",
         ));
     };
-    config.deny_unknown(cx, &["command", "args"])?;
+    let exec = driver == "exec";
+    if exec {
+        config.deny_unknown(cx, &["command", "args", "pid_mode"])?;
+    } else {
+        config.deny_unknown(cx, &["command", "args"])?;
+    }
+    let line = config.line_of("pid_mode");
+    let pid_mode = match config.string(cx, "pid_mode")?.as_deref() {
+        None => None,
+        Some("private") => Some(PidMode::Private),
+        Some("host") => Some(PidMode::Host),
+        Some(other) => {
+            return Err(cx.err(
+                &config.path.key("pid_mode"),
+                line,
+                format!("{}: expected private or host", Quoted(other)),
+            ));
+        }
+    };
     let line = config.line_of("command");
-    let command = config.required_string(cx, "command", "")?;
-    if command.is_empty() {
+    let command = config
+        .template(cx, "command")?
+        .ok_or_else(|| cx.err(&config.path.key("command"), config.line, "is required"))?;
+    if command.as_literal() == Some("") {
         return Err(cx.err(&config.path.key("command"), line, "must not be empty"));
     }
-    let args = config.strings(cx, "args")?.unwrap_or_default();
+    let args = config.templates(cx, "args")?.unwrap_or_default();
 
     let env = match t.block(cx, "env")? {
         Some(e) => env(cx, e)?,
@@ -747,7 +957,16 @@ fn task(
     let mut volume_mounts: Vec<VolumeMount> = Vec::new();
     let mut destinations: HashMap<PathBuf, usize> = HashMap::new();
     for mut m in t.blocks(cx, "volume_mount")? {
-        m.deny_unknown(cx, &["volume", "destination", "read_only"])?;
+        m.deny_unknown(
+            cx,
+            &[
+                "volume",
+                "destination",
+                "read_only",
+                "propagation_mode",
+                "selinux_label",
+            ],
+        )?;
         let line = m.line_of("volume");
         let volume = m.required_string(cx, "volume", "")?;
         let Some(req) = volumes.get(&volume) else {
@@ -764,21 +983,52 @@ fn task(
             ));
         };
         let line = m.line_of("destination");
-        let dest = m.required_string(cx, "destination", " (an absolute path in the task)")?;
-        let destination = absolute(cx, &m.path.key("destination"), line, &dest)?;
-        if let Some(i) = destinations.get(&destination) {
-            return Err(cx.err(
+        let destination = m.template(cx, "destination")?.ok_or_else(|| {
+            cx.err(
                 &m.path.key("destination"),
-                line,
-                format!("same destination as volume_mount[{i}]"),
-            ));
-        }
-        destinations.insert(destination.clone(), volume_mounts.len());
+                m.line,
+                "is required (an absolute path in the task)",
+            )
+        })?;
+        let destination = match destination.as_literal() {
+            Some(d) => {
+                let d = absolute(cx, &m.path.key("destination"), line, d)?;
+                if let Some(i) = destinations.get(&d) {
+                    return Err(cx.err(
+                        &m.path.key("destination"),
+                        line,
+                        format!("same destination as volume_mount[{i}]"),
+                    ));
+                }
+                destinations.insert(d.clone(), volume_mounts.len());
+                Template::from_parts(vec![Part::Lit(d.display().to_string())], line)
+            }
+            None => destination,
+        };
         let read_only = m.bool(cx, "read_only")?.unwrap_or(false) || req.read_only;
+        let line = m.line_of("propagation_mode");
+        let propagation = match m.string(cx, "propagation_mode")?.as_deref() {
+            None | Some("private") => PropagationMode::Private,
+            Some("host-to-task") => PropagationMode::HostToTask,
+            Some("bidirectional") => PropagationMode::Bidirectional,
+            Some(other) => {
+                return Err(cx.err(
+                    &m.path.key("propagation_mode"),
+                    line,
+                    format!(
+                        "{}: expected private, host-to-task or bidirectional",
+                        Quoted(other)
+                    ),
+                ));
+            }
+        };
+        let selinux_label = m.string(cx, "selinux_label")?;
         volume_mounts.push(VolumeMount {
             volume,
             destination,
             read_only,
+            propagation,
+            selinux_label,
         });
     }
 
@@ -805,23 +1055,110 @@ fn task(
         .map(|c| plugin(cx, c))
         .transpose()?;
 
-    Ok(TaskSpec {
+    let spec = TaskSpec {
         name,
         driver,
         command,
         args,
         env,
+        user,
+        pid_mode,
+        meta,
         volume_mounts,
         resources,
         kill_timeout,
         restart,
         csi_plugin,
-    })
+    };
+    references(cx, &p, &spec);
+    Ok(spec)
+}
+
+/// Records every runtime reference of `task` that nothing will fill: not one of Nomad's
+/// runtime variables, not `CSI_ENDPOINT` in a plugin task, not an attribute or meta key of the
+/// node (when the node is known), not one of the task's `env` keys (outside `env` itself).
+fn references(cx: &Cx<'_>, p: &FieldPath, task: &TaskSpec) {
+    let known = |name: &str, in_env: bool| -> Result<(), String> {
+        if RUNTIME_VARIABLES.contains(&name) || NODE_VARIABLES.contains(&name) {
+            return Ok(());
+        }
+        if name == "CSI_ENDPOINT" {
+            return if task.csi_plugin.is_some() {
+                Ok(())
+            } else {
+                Err("only a task with a csi_plugin block has CSI_ENDPOINT".into())
+            };
+        }
+        if let Some(key) = name.strip_prefix("attr.") {
+            return match &cx.opts.node {
+                Some(n) if !n.attrs.contains(key) => Err(format!(
+                    "this node has no attribute {} (`berth node status --json` lists them)",
+                    Quoted(key)
+                )),
+                _ => Ok(()),
+            };
+        }
+        if let Some(key) = name.strip_prefix("meta.") {
+            return match &cx.opts.node {
+                Some(n) if !n.meta.contains(key) => Err(format!(
+                    "this node has no meta key {} (the agent config's client.meta)",
+                    Quoted(key)
+                )),
+                _ => Ok(()),
+            };
+        }
+        if !in_env && task.env.contains_key(name) {
+            return Ok(());
+        }
+        Err(format!(
+            "runtime variables are NOMAD_ALLOC_ID, NOMAD_TASK_DIR… (Nomad's), attr.*, node.*, \
+             meta.*{} and the task's env keys",
+            if task.csi_plugin.is_some() {
+                ", CSI_ENDPOINT"
+            } else {
+                ""
+            }
+        ))
+    };
+    let check = |field: FieldPath, t: &Template, in_env: bool| {
+        for name in t.vars() {
+            if let Err(why) = known(name, in_env) {
+                cx.record(cx.err(
+                    &field,
+                    t.line(),
+                    format!("unknown variable {}: {why}", Shown(name)),
+                ));
+            }
+        }
+    };
+    let config = p.key("config");
+    check(config.key("command"), &task.command, false);
+    for (i, a) in task.args.iter().enumerate() {
+        check(config.key("args").at(i), a, false);
+    }
+    for (k, v) in &task.env {
+        check(p.key("env").key(k), v, true);
+    }
+    for (i, m) in task.volume_mounts.iter().enumerate() {
+        check(
+            p.key("volume_mount").at(i).key("destination"),
+            &m.destination,
+            false,
+        );
+    }
+    if let Some(c) = &task.csi_plugin {
+        check(p.key("csi_plugin").key("mount_dir"), &c.mount_dir, false);
+        check(
+            p.key("csi_plugin").key("stage_publish_base_dir"),
+            &c.stage_publish_base_dir,
+            false,
+        );
+    }
 }
 
 /// `env`: names without `=` or NUL; values strings (numbers and bools become their text),
 /// never repeated in an error.
-fn env(cx: &Cx<'_>, e: Fields) -> Res<BTreeMap<String, String>> {
+fn env(cx: &Cx<'_>, e: Fields) -> Res<BTreeMap<String, Template>> {
     let mut out = BTreeMap::new();
     for (k, n) in e.items {
         let here = e.path.key(&k);
@@ -832,17 +1169,10 @@ fn env(cx: &Cx<'_>, e: Fields) -> Res<BTreeMap<String, String>> {
                 "is not a valid variable name (empty, or has '=' or a NUL byte)",
             ));
         }
-        let v = match n.v {
-            V::Str(s) => s,
-            V::Num(x) => x.to_string(),
-            V::Bool(b) => b.to_string(),
-            _ => return Err(cx.wrong(&here, &n, "a string")),
-        };
-        if v.contains('\0') {
-            return Err(cx.err(&here, n.line, "contains a NUL byte"));
-        }
+        let line = n.line;
+        let v = template(cx, &here, n)?;
         if out.insert(k, v).is_some() {
-            return Err(cx.err(&here, n.line, "given more than once"));
+            return Err(cx.err(&here, line, "given more than once"));
         }
     }
     Ok(out)
@@ -869,35 +1199,49 @@ fn plugin(cx: &Cx<'_>, mut c: Fields) -> Res<CsiPluginSpec> {
         .parse()
         .map_err(|e: String| cx.err(&p.key("type"), line, e))?;
 
-    let mut dir = |key: &str, default: &str| -> Res<(PathBuf, Option<usize>)> {
+    let mut dir = |key: &str, default: &str| -> Res<(Template, Option<usize>)> {
         let line = c.line_of(key);
-        let s = c.string(cx, key)?.unwrap_or_else(|| default.to_string());
-        Ok((absolute(cx, &p.key(key), line, &s)?, line))
+        let t = c
+            .template(cx, key)?
+            .unwrap_or_else(|| Template::from_parts(vec![Part::Lit(default.into())], line));
+        Ok(match t.as_literal() {
+            Some(s) => {
+                let p = absolute(cx, &p.key(key), line, s)?;
+                (
+                    Template::from_parts(vec![Part::Lit(p.display().to_string())], line),
+                    line,
+                )
+            }
+            None => (t, line),
+        })
     };
     let (mount_dir, mount_line) = dir("mount_dir", DEFAULT_PLUGIN_MOUNT_DIR)?;
     let (stage_publish_base_dir, stage_line) =
         dir("stage_publish_base_dir", DEFAULT_STAGE_PUBLISH_BASE_DIR)?;
-    if mount_dir.starts_with(&stage_publish_base_dir) {
-        return Err(cx.err(
-            &p.key("mount_dir"),
-            mount_line,
-            format!(
-                "{} lies inside stage_publish_base_dir {} (or is it); the socket directory and the volumes' directory must be apart",
-                Shown(&mount_dir.to_string_lossy()),
-                Shown(&stage_publish_base_dir.to_string_lossy())
-            ),
-        ));
-    }
-    if stage_publish_base_dir.starts_with(&mount_dir) {
-        return Err(cx.err(
-            &p.key("stage_publish_base_dir"),
-            stage_line,
-            format!(
-                "{} lies inside mount_dir {}; the socket directory and the volumes' directory must be apart",
-                Shown(&stage_publish_base_dir.to_string_lossy()),
-                Shown(&mount_dir.to_string_lossy())
-            ),
-        ));
+    if let (Some(m), Some(st)) = (mount_dir.as_literal(), stage_publish_base_dir.as_literal()) {
+        let (m, st) = (Path::new(m), Path::new(st));
+        if m.starts_with(st) {
+            return Err(cx.err(
+                &p.key("mount_dir"),
+                mount_line,
+                format!(
+                    "{} lies inside stage_publish_base_dir {} (or is it); the socket directory and the volumes' directory must be apart",
+                    Shown(&m.to_string_lossy()),
+                    Shown(&st.to_string_lossy())
+                ),
+            ));
+        }
+        if st.starts_with(m) {
+            return Err(cx.err(
+                &p.key("stage_publish_base_dir"),
+                stage_line,
+                format!(
+                    "{} lies inside mount_dir {}; the socket directory and the volumes' directory must be apart",
+                    Shown(&st.to_string_lossy()),
+                    Shown(&m.to_string_lossy())
+                ),
+            ));
+        }
     }
     let line = c.line_of("health_timeout");
     let health_timeout = c

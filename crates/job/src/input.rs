@@ -8,10 +8,18 @@
 use std::{fmt, path::Path};
 
 use berth_volume::SpecError;
-use hcl::edit::{
-    Span as _,
-    expr::{Expression, ObjectKey, UnaryOperator},
-    structure::{Body, Structure},
+use hcl::{
+    edit::{
+        Span as _,
+        expr::{Expression, ObjectKey},
+        structure::{Body, Structure},
+    },
+    eval::Evaluate as _,
+};
+
+use crate::{
+    template::{Part, Template},
+    vars::{self, Eval, Inputs},
 };
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
@@ -37,8 +45,10 @@ pub(crate) enum V {
         labels: Vec<String>,
         body: Box<Node>,
     },
-    /// An HCL expression that is not a literal (variable, function, interpolation…).
-    NotLiteral,
+    /// A string with `${…}` runtime references left in it.
+    Tmpl(Vec<Part>),
+    /// An expression that could not be evaluated, and why.
+    Bad(String),
 }
 
 impl V {
@@ -52,58 +62,73 @@ impl V {
             V::List(_) => "a list",
             V::Obj(_) => "an object",
             V::Block { .. } => "a block",
-            V::NotLiteral => "an expression",
+            V::Tmpl(_) => "a string",
+            V::Bad(_) => "an expression",
         }
     }
 }
 
 /// Byte offsets of line starts, to turn spans into lines.
-struct Lines(Vec<usize>);
+pub(crate) struct Lines(Vec<usize>);
 
 impl Lines {
-    fn new(text: &str) -> Self {
+    pub(crate) fn new(text: &str) -> Self {
         let mut starts = vec![0];
         starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
         Self(starts)
     }
 
-    fn of(&self, offset: Option<usize>) -> Option<usize> {
+    pub(crate) fn of(&self, offset: Option<usize>) -> Option<usize> {
         offset.map(|o| self.0.partition_point(|s| *s <= o))
     }
 }
 
-/// Parses HCL text into a tree. Only a syntax error fails here; it names the line and column
-/// and never repeats the source (it could hold a mount flag).
-pub(crate) fn from_hcl(file: &Path, text: &str) -> Result<Node, SpecError> {
+/// Parses HCL text into a tree, evaluating its HCL2 variables, locals and functions (with
+/// `inputs`) and leaving runtime references in templates. Syntax errors, and problems with the
+/// variables, fail here; they name the line and never repeat the source (it could hold a mount
+/// flag). An expression that cannot be evaluated becomes [`V::Bad`], for the checker to report
+/// with its field.
+pub(crate) fn from_hcl(
+    file: &Path,
+    text: &str,
+    inputs: &Inputs<'_>,
+) -> Result<Node, Vec<SpecError>> {
     let body = hcl::edit::parser::parse_body(text).map_err(|e| {
         let at = e.location();
-        SpecError {
+        vec![SpecError {
             file: file.to_path_buf(),
             line: Some(at.line()),
             field: String::new(),
             message: format!("column {}: {}", at.column(), e.message()),
-        }
+        }]
     })?;
     let lines = Lines::new(text);
+    let eval = vars::context(file, &body, &lines, inputs)?;
     Ok(Node {
         line: None,
-        v: body_of(&body, &lines),
+        v: body_of(&body, &lines, &eval, true),
     })
 }
 
-fn body_of(body: &Body, lines: &Lines) -> V {
+/// Blocks evaluated before the rest ([`vars::context`]), skipped at the top level.
+const VARIABLE_BLOCKS: [&str; 3] = ["variable", "variables", "locals"];
+
+fn body_of(body: &Body, lines: &Lines, eval: &Eval, top: bool) -> V {
     let mut out = Vec::new();
     for s in body.iter() {
         match s {
             Structure::Attribute(a) => {
                 let line = lines.of(a.span().map(|r| r.start));
-                out.push((a.key.to_string(), expr(&a.value, line, lines)));
+                out.push((a.key.to_string(), expr(&a.value, line, lines, eval)));
             }
             Structure::Block(b) => {
+                if top && VARIABLE_BLOCKS.contains(&b.ident.as_str()) {
+                    continue;
+                }
                 let line = lines.of(b.span().map(|r| r.start));
                 let body = Node {
                     line,
-                    v: body_of(&b.body, lines),
+                    v: body_of(&b.body, lines, eval, false),
                 };
                 let v = V::Block {
                     labels: b.labels.iter().map(|l| l.as_str().to_string()).collect(),
@@ -118,53 +143,176 @@ fn body_of(body: &Body, lines: &Lines) -> V {
 
 /// An expression's value; `line` is where it starts (the attribute's line when hcl gives no
 /// span of its own).
-fn expr(e: &Expression, line: Option<usize>, lines: &Lines) -> Node {
+fn expr(e: &Expression, line: Option<usize>, lines: &Lines, eval: &Eval) -> Node {
     let line = lines.of(e.span().map(|r| r.start)).or(line);
     let v = match e {
         Expression::Null(_) => V::Null,
         Expression::Bool(b) => V::Bool(*b.value()),
-        Expression::Number(n) => number(n.value()).map_or(V::NotLiteral, V::Num),
+        Expression::Number(n) => number(n.value()).map_or(V::Bad("not a number".into()), V::Num),
         Expression::String(s) => V::Str(s.value().clone()),
-        Expression::Array(items) => V::List(items.iter().map(|x| expr(x, line, lines)).collect()),
+        Expression::Array(items) => {
+            V::List(items.iter().map(|x| expr(x, line, lines, eval)).collect())
+        }
         Expression::Object(obj) => {
             let mut out = Vec::new();
             for (k, v) in obj.iter() {
                 let key = match k {
                     ObjectKey::Ident(id) => id.to_string(),
                     ObjectKey::Expression(Expression::String(s)) => s.value().clone(),
-                    ObjectKey::Expression(_) => return Node::not_literal(line),
+                    ObjectKey::Expression(_) => {
+                        return Node {
+                            line,
+                            v: V::Bad("object keys must be names or strings".into()),
+                        };
+                    }
                 };
                 let at = lines.of(k.span().map(|r| r.start)).or(line);
-                out.push((key, expr(v.expr(), at, lines)));
+                out.push((key, expr(v.expr(), at, lines, eval)));
             }
             V::Obj(out)
         }
         Expression::StringTemplate(_) | Expression::HeredocTemplate(_) => {
-            literal_template(e).map_or(V::NotLiteral, V::Str)
+            match hcl::Expression::from(e.clone()) {
+                hcl::Expression::TemplateExpr(t) => template(&t, eval),
+                other => evaluated(&other, eval),
+            }
         }
-        Expression::Parenthesis(p) => return expr(p.inner(), line, lines),
-        // A negative number is an operator applied to a literal.
-        Expression::UnaryOp(op) if *op.operator.value() == UnaryOperator::Neg => match &op.expr {
-            Expression::Number(n) => n
-                .value()
-                .as_i64()
-                .and_then(|i| i.checked_neg())
-                .map(|i| V::Num(i.into()))
-                .or_else(|| serde_json::Number::from_f64(-n.value().as_f64()?).map(V::Num))
-                .unwrap_or(V::NotLiteral),
-            _ => V::NotLiteral,
-        },
-        _ => V::NotLiteral,
+        Expression::Parenthesis(p) => return expr(p.inner(), line, lines, eval),
+        other => evaluated(&hcl::Expression::from(other.clone()), eval),
     };
     Node { line, v }
 }
 
-impl Node {
-    fn not_literal(line: Option<usize>) -> Self {
-        Node {
-            line,
-            v: V::NotLiteral,
+/// The value of an expression evaluated now (variables, locals, functions, operators).
+fn evaluated(e: &hcl::Expression, eval: &Eval) -> V {
+    match e.evaluate(&eval.ctx) {
+        Ok(v) => from_value(v),
+        Err(err) => V::Bad(bad_expression(e, &err.to_string())),
+    }
+}
+
+/// Why an expression could not be evaluated, in words.
+fn bad_expression(e: &hcl::Expression, why: &str) -> String {
+    if runtime_ref(e).is_some() {
+        return "runtime variables are interpolated in strings only, where Nomad interpolates them: \"${…}\"".into();
+    }
+    format!("cannot evaluate: {}", vars::one_line(why))
+}
+
+fn from_value(v: hcl::Value) -> V {
+    match v {
+        hcl::Value::Null => V::Null,
+        hcl::Value::Bool(b) => V::Bool(b),
+        hcl::Value::Number(n) => number(&n).map_or(V::Bad("not a number".into()), V::Num),
+        hcl::Value::String(s) => V::Str(s),
+        hcl::Value::Array(items) => V::List(
+            items
+                .into_iter()
+                .map(|x| Node {
+                    line: None,
+                    v: from_value(x),
+                })
+                .collect(),
+        ),
+        hcl::Value::Object(o) => V::Obj(
+            o.into_iter()
+                .map(|(k, x)| {
+                    (
+                        k,
+                        Node {
+                            line: None,
+                            v: from_value(x),
+                        },
+                    )
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// A reference the node fills at runtime: a bare name (`NOMAD_TASK_DIR`, an env key) or a
+/// dotted path under `attr`, `node` or `meta`.
+fn runtime_ref(e: &hcl::Expression) -> Option<String> {
+    match e {
+        hcl::Expression::Variable(v) if !matches!(v.as_str(), "var" | "local") => {
+            Some(v.as_str().to_owned())
         }
+        hcl::Expression::Traversal(t) => {
+            let hcl::Expression::Variable(root) = &t.expr else {
+                return None;
+            };
+            if !matches!(root.as_str(), "attr" | "node" | "meta") {
+                return None;
+            }
+            let mut name = root.as_str().to_owned();
+            for op in &t.operators {
+                match op {
+                    hcl::expr::TraversalOperator::GetAttr(id) => {
+                        name.push('.');
+                        name.push_str(id.as_str());
+                    }
+                    hcl::expr::TraversalOperator::Index(hcl::Expression::String(s)) => {
+                        name.push('.');
+                        name.push_str(s);
+                    }
+                    _ => return None,
+                }
+            }
+            Some(name)
+        }
+        _ => None,
+    }
+}
+
+/// A template's value: its literal parts, interpolations of runtime references kept as
+/// references, every other interpolation evaluated now. Directives (`%{…}`) are evaluated
+/// whole, so they cannot hold runtime references.
+fn template(expr: &hcl::TemplateExpr, eval: &Eval) -> V {
+    let t = match hcl::Template::from_expr(expr) {
+        Ok(t) => t,
+        Err(e) => return V::Bad(format!("bad template: {}", vars::one_line(&e.to_string()))),
+    };
+    let mut parts = Vec::new();
+    for el in t.elements() {
+        match el {
+            hcl::template::Element::Literal(l) => parts.push(Part::Lit(l.clone())),
+            hcl::template::Element::Interpolation(i) => match runtime_ref(&i.expr) {
+                Some(name) => parts.push(Part::Var(name)),
+                None => match i.expr.evaluate(&eval.ctx) {
+                    Ok(v) => match vars::as_text(&v) {
+                        Some(s) => parts.push(Part::Lit(s)),
+                        None => {
+                            return V::Bad(
+                                "cannot interpolate a list or a map into a string".into(),
+                            );
+                        }
+                    },
+                    Err(err) => return V::Bad(bad_expression(&i.expr, &err.to_string())),
+                },
+            },
+            hcl::template::Element::Directive(_) => {
+                let whole = hcl::Expression::TemplateExpr(Box::new(expr.clone()));
+                return evaluated(&whole, eval);
+            }
+        }
+    }
+    let t = Template::from_parts(parts, None);
+    match t.as_literal() {
+        Some(s) => V::Str(s.to_owned()),
+        None => V::Tmpl(t.parts().to_vec()),
+    }
+}
+
+/// Strings of a JSON spec read as HCL's JSON form reads them: as templates.
+pub(crate) fn json_templates(n: &mut Node, eval: &Eval) {
+    match &mut n.v {
+        V::Str(s) if s.contains("${") || s.contains("%{") => {
+            n.v = template(&hcl::TemplateExpr::QuotedString(s.clone()), eval);
+        }
+        V::List(items) => items.iter_mut().for_each(|x| json_templates(x, eval)),
+        V::Obj(items) => items.iter_mut().for_each(|(_, x)| json_templates(x, eval)),
+        V::Block { body, .. } => json_templates(body, eval),
+        _ => {}
     }
 }
 
@@ -176,23 +324,6 @@ fn number(n: &hcl::Number) -> Option<serde_json::Number> {
     } else {
         serde_json::Number::from_f64(n.as_f64()?)
     }
-}
-
-/// The text of a template with literal parts only (escapes such as `$${` applied, heredoc
-/// indentation stripped); `None` when it interpolates or has directives.
-fn literal_template(e: &Expression) -> Option<String> {
-    let hcl::Expression::TemplateExpr(t) = hcl::Expression::from(e.clone()) else {
-        return None;
-    };
-    let template = hcl::Template::from_expr(&t).ok()?;
-    let mut s = String::new();
-    for el in template.elements() {
-        match el {
-            hcl::template::Element::Literal(l) => s.push_str(l),
-            _ => return None,
-        }
-    }
-    Some(s)
 }
 
 /// Parses JSON text into a tree (no lines). Only a syntax error fails here; serde_json's
@@ -277,7 +408,11 @@ mod tests {
     use super::*;
 
     fn hcl(text: &str) -> Node {
-        from_hcl(Path::new("t.hcl"), text).unwrap()
+        let inputs = Inputs {
+            vars: &[],
+            var_files: &[],
+        };
+        from_hcl(Path::new("t.hcl"), text, &inputs).unwrap()
     }
 
     fn obj(n: &Node) -> &[(String, Node)] {
@@ -321,7 +456,7 @@ mod tests {
     }
 
     #[test]
-    fn hcl_literals_only() {
+    fn hcl_evaluates_now_and_keeps_runtime_references() {
         let n = hcl(concat!(
             "a = \"$${X} and %%{y}\"\n",
             "b = \"${X}\"\n",
@@ -338,9 +473,9 @@ mod tests {
         let top = obj(&n);
         let get = |k: &str| &top.iter().find(|(key, _)| key == k).unwrap().1.v;
         assert_eq!(get("a"), &V::Str("${X} and %{y}".into()));
-        assert_eq!(get("b"), &V::NotLiteral);
-        assert_eq!(get("c"), &V::NotLiteral);
-        assert_eq!(get("d"), &V::NotLiteral);
+        assert_eq!(get("b"), &V::Tmpl(vec![Part::Var("X".into())]));
+        assert!(matches!(get("c"), V::Bad(_)), "{:?}", get("c"));
+        assert_eq!(get("d"), &V::Str("X".into()));
         assert_eq!(get("e"), &V::Str("p".into()));
         let V::Obj(f) = get("f") else { panic!() };
         assert_eq!(f[0].0, "k.1");
@@ -349,12 +484,22 @@ mod tests {
         assert!(matches!(get("h"), V::Num(n) if n.as_f64() == Some(1.5)));
         assert_eq!(get("i"), &V::Num((-3).into()));
         assert_eq!(get("j"), &V::Str("a\tb".into()));
-        assert_eq!(get("k"), &V::NotLiteral);
+        assert!(matches!(get("k"), V::Bad(_)));
     }
 
     #[test]
     fn hcl_syntax_errors_name_line_and_column_only() {
-        let e = from_hcl(Path::new("/j.hcl"), "a = 1\nb = [\"SECRETFLAG\" ]]\n").unwrap_err();
+        let inputs = Inputs {
+            vars: &[],
+            var_files: &[],
+        };
+        let e = from_hcl(
+            Path::new("/j.hcl"),
+            "a = 1\nb = [\"SECRETFLAG\" ]]\n",
+            &inputs,
+        )
+        .unwrap_err()
+        .remove(0);
         assert_eq!((e.line, e.field.as_str()), (Some(2), ""));
         assert!(e.message.starts_with("column "), "{e}");
         assert!(!e.to_string().contains("SECRETFLAG"), "{e}");
@@ -405,5 +550,49 @@ mod tests {
             assert_eq!(e.line, Some(2), "{e}");
             assert!(e.message.starts_with("recursion limit exceeded"), "{e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod template_tests {
+    use super::*;
+
+    #[test]
+    fn escapes_in_templates_are_read_once() {
+        let inputs = Inputs {
+            vars: &[],
+            var_files: &[],
+        };
+        let n = from_hcl(
+            Path::new("t.hcl"),
+            "a = \"p\\\\n ${NOMAD_TASK_NAME} \\\"q\\\"\\t$${x}\"\n",
+            &inputs,
+        )
+        .unwrap();
+        let V::Obj(top) = &n.v else { panic!() };
+        assert_eq!(
+            top[0].1.v,
+            V::Tmpl(vec![
+                Part::Lit("p\\n ".into()),
+                Part::Var("NOMAD_TASK_NAME".into()),
+                Part::Lit(" \"q\"\t${x}".into())
+            ])
+        );
+        let mut j = from_json(
+            Path::new("t.json"),
+            r#"{"a": "p\\n ${NOMAD_TASK_NAME} $${x}", "b": "plain\\n"}"#,
+        )
+        .unwrap();
+        json_templates(&mut j, &Eval::bare());
+        let V::Obj(top) = &j.v else { panic!() };
+        assert_eq!(
+            top[0].1.v,
+            V::Tmpl(vec![
+                Part::Lit("p\\n ".into()),
+                Part::Var("NOMAD_TASK_NAME".into()),
+                Part::Lit(" ${x}".into())
+            ])
+        );
+        assert_eq!(top[1].1.v, V::Str("plain\\n".into()));
     }
 }

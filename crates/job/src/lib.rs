@@ -70,40 +70,98 @@
 //! are written in the clear there (a restarted agent mounts with them) and are hidden from
 //! `Debug` only. That form is not a spec form: specs go through [`JobSpec::parse`].
 //!
+//! # Variables
+//!
+//! HCL2 `variable` / `variables` and `locals` blocks (next to the job block), `var.x`,
+//! `local.x`, operators, conditionals, for-expressions and a set of functions (`upper`,
+//! `lower`, `title`, `trimspace`, `join`, `split`, `replace`, `substr`, `format`, `concat`,
+//! `length`, `contains`, `keys`, `values`, `lookup`, `merge`, `coalesce`, `min`, `max`, `abs`,
+//! `range`, `tostring`, `tonumber`, `tobool`, `jsonencode`) are evaluated when the spec is read,
+//! with values from [`ParseOptions`] (`-var`, `-var-file`). Types `string`, `number`, `bool`,
+//! `list`/`set`/`tuple`, `map`/`object` and `any` are checked by kind.
+//!
+//! `${…}` interpolations that name a runtime value (Nomad's `NOMAD_*` variables, `CSI_ENDPOINT`
+//! in a plugin task, `attr.*`, `node.*`, `meta.*`, the task's own `env` keys) are kept as
+//! [`Template`] references where Nomad interpolates at runtime (`config.command` and `args`,
+//! `env` values, `volume_mount.destination`, `csi_plugin` dirs), for the node to fill; anywhere
+//! else they are refused. An unknown reference is refused with its line; with
+//! [`ParseOptions::node`], so is an attribute or meta key the node does not have.
+//!
 //! # How it differs from Nomad
 //!
-//! - Values are literals only. Variables, locals, functions and `${…}` interpolation are
-//!   refused, Nomad's runtime variables (`${NOMAD_TASK_DIR}`, `${CSI_ENDPOINT}`…) included:
-//!   `command`, `args` and `env` are passed as written. Write `$${` for a literal `${`.
 //! - JSON is HCL's JSON form (the HCL structure, a block as an object or a list of objects,
-//!   labelled blocks as objects keyed by label), not Nomad's API form (`{"Job": {…}}`), which
-//!   is refused with a hint.
-//! - Job types `system` and `sysbatch` are refused; `count` is at least 1.
+//!   labelled blocks as objects keyed by label; strings are templates), not Nomad's API form
+//!   (`{"Job": {…}}`), which is refused with a hint.
+//! - Job types `system` and `sysbatch` are refused; `count` is at least 1. `datacenters`,
+//!   `priority`, `region`, `namespace` and `meta` are accepted (`region` and `namespace` feed
+//!   `NOMAD_REGION` and `NOMAD_NAMESPACE`).
 //! - Volumes are CSI volumes only; `access_mode` is required, `attachment_mode` defaults to
 //!   `file-system`. As in Nomad, a reader-only access mode needs `read_only = true`;
 //!   `mount_options` only go with `file-system`. A mount of a read-only volume is read-only.
-//! - `volume_mount.destination` must be an absolute path without `..`; two mounts of a task
-//!   cannot share one. `propagation_mode`, `selinux_label` and the like are not read.
-//! - `config` holds `command` (required) and `args` only: what berth's `exec` and `raw_exec`
-//!   drivers take. Whether the node has the driver is decided at placement, not here.
+//! - `volume_mount.destination` must be an absolute path without `..` (checked after its
+//!   references are filled); two mounts of a task cannot share one. `propagation_mode`
+//!   (`private`, `host-to-task`, `bidirectional`) is applied; `selinux_label` is accepted.
+//! - `config` holds what berth's drivers take: `command` and `args`, and `pid_mode` for
+//!   `exec`. With [`ParseOptions::drivers`], a driver the node lacks is reported first, and
+//!   its task's config is not checked.
 //! - `resources` holds `cpu` and `memory` only (at least 1 MHz and 10 MB, as in Nomad).
 //! - `csi_plugin`: `id` and `type` are required; `mount_dir` and `stage_publish_base_dir` must
-//!   be absolute and neither may lie inside the other (Nomad refuses only the second inside the
-//!   first).
+//!   be absolute and neither may lie inside the other.
 //! - Everything else of Nomad's job specification (constraints, networks, services, templates,
-//!   artifacts, update and reschedule policies, meta…) is an unknown field.
+//!   artifacts, update and reschedule policies…) is an unknown field.
+//! - [`JobSpec::parse_with`] reports every problem (up to [`MAX_REPORTED`]); a volume spec
+//!   given as a job says which command takes it.
 
 mod check;
 mod duration;
 mod input;
 mod path;
 mod spec;
+mod template;
+mod vars;
+
+use std::path::{Component, Path, PathBuf};
 
 pub use berth_volume::SpecError;
 pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
 pub use spec::{
     COUNT_RANGE, CsiPluginSpec, CsiPluginType, DEFAULT_CPU_MHZ, DEFAULT_KILL_TIMEOUT,
     DEFAULT_MEMORY_MB, DEFAULT_PLUGIN_HEALTH_TIMEOUT, DEFAULT_PLUGIN_MOUNT_DIR,
-    DEFAULT_STAGE_PUBLISH_BASE_DIR, GroupSpec, JobSpec, JobType, MIN_CPU_MHZ, MIN_MEMORY_MB,
-    Resources, RestartMode, RestartPolicy, TaskSpec, VolumeMount, VolumeRequest,
+    DEFAULT_STAGE_PUBLISH_BASE_DIR, GroupSpec, JobSpec, JobType, MAX_REPORTED, MIN_CPU_MHZ,
+    MIN_MEMORY_MB, NodeKeys, ParseOptions, PidMode, PropagationMode, Resources, RestartMode,
+    RestartPolicy, SpecErrors, TaskSpec, VolumeMount, VolumeRequest,
 };
+pub use template::{NODE_VARIABLES, Part, RUNTIME_VARIABLES, Template};
+pub use vars::VarFile;
+
+/// A rendered `volume_mount.destination`: absolute, without `..`, normalized.
+pub fn check_destination(rendered: &str) -> Result<PathBuf, String> {
+    if !rendered.starts_with('/') {
+        return Err(format!(
+            "{} is not an absolute path",
+            berth_input::Quoted(rendered)
+        ));
+    }
+    let parts: Vec<Component<'_>> = Path::new(rendered).components().collect();
+    if parts.contains(&Component::ParentDir) {
+        return Err(format!(
+            "{} must not contain \"..\"",
+            berth_input::Quoted(rendered)
+        ));
+    }
+    Ok(parts.into_iter().collect())
+}
+
+/// Rendered `csi_plugin` dirs: both absolute without `..`, and neither inside the other.
+pub fn check_plugin_dirs(mount_dir: &str, stage: &str) -> Result<(PathBuf, PathBuf), String> {
+    let m = check_destination(mount_dir).map_err(|e| format!("mount_dir: {e}"))?;
+    let s = check_destination(stage).map_err(|e| format!("stage_publish_base_dir: {e}"))?;
+    if m.starts_with(&s) || s.starts_with(&m) {
+        return Err(format!(
+            "mount_dir {} and stage_publish_base_dir {} must lie apart",
+            m.display(),
+            s.display()
+        ));
+    }
+    Ok((m, s))
+}

@@ -1,9 +1,9 @@
 //! The checked job spec, and its canonical JSON form (serde).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     fmt,
-    path::{Path, PathBuf},
+    path::Path,
     str::FromStr,
     time::Duration,
 };
@@ -13,7 +13,99 @@ use berth_input::Syntax;
 use berth_volume::{PluginDir, SpecError, StoredMountOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::{check, duration::go_form, input};
+use crate::{
+    check,
+    duration::go_form,
+    input,
+    template::Template,
+    vars::{Eval, Inputs, VarFile},
+};
+
+/// Most problems one parse reports.
+pub const MAX_REPORTED: usize = 20;
+
+/// What `berth job run` adds to a spec: variable values and the node it is checked against.
+#[derive(Debug, Clone, Default)]
+pub struct ParseOptions {
+    /// `-var name=value`, in order (a later one wins; every one wins over `var_files`).
+    pub vars: Vec<(String, String)>,
+    /// `-var-file`s, in order (a later one wins).
+    pub var_files: Vec<VarFile>,
+    /// The drivers this node has; `None`: not checked.
+    pub drivers: Option<BTreeSet<String>>,
+    /// The node's attribute and meta keys; `None`: not checked.
+    pub node: Option<NodeKeys>,
+}
+
+/// The keys a node has, without their `attr.` and `meta.` prefixes.
+#[derive(Debug, Clone, Default)]
+pub struct NodeKeys {
+    /// `attr.*`.
+    pub attrs: BTreeSet<String>,
+    /// `meta.*`.
+    pub meta: BTreeSet<String>,
+}
+
+/// Every problem of a spec (at most [`MAX_REPORTED`]), in file order; never empty.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct SpecErrors {
+    errors: Vec<SpecError>,
+    more: usize,
+}
+
+impl SpecErrors {
+    /// `errors` (not empty), cut to [`MAX_REPORTED`].
+    pub fn new(mut errors: Vec<SpecError>) -> Self {
+        let more = errors.len().saturating_sub(MAX_REPORTED);
+        errors.truncate(MAX_REPORTED);
+        Self { errors, more }
+    }
+
+    /// The problems, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &SpecError> {
+        self.errors.iter()
+    }
+
+    /// The first problem.
+    pub fn first(&self) -> &SpecError {
+        &self.errors[0]
+    }
+
+    /// How many are kept.
+    pub fn len(&self) -> usize {
+        self.errors.len()
+    }
+
+    /// Never true (there is at least one).
+    pub fn is_empty(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    fn into_first(self) -> SpecError {
+        self.errors.into_iter().next().expect("at least one")
+    }
+}
+
+impl From<SpecError> for SpecErrors {
+    fn from(e: SpecError) -> Self {
+        Self::new(vec![e])
+    }
+}
+
+impl fmt::Display for SpecErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("\n")?;
+            }
+            write!(f, "{e}")?;
+        }
+        if self.more > 0 {
+            write!(f, "\n… and {} more", self.more)?;
+        }
+        Ok(())
+    }
+}
 
 /// Fewest and most allocs a group may ask for.
 pub const COUNT_RANGE: std::ops::RangeInclusive<u32> = 1..=100;
@@ -96,6 +188,12 @@ pub struct JobSpec {
     pub job_type: JobType,
     /// `group` blocks, in file order.
     pub groups: Vec<GroupSpec>,
+    /// `region` (`NOMAD_REGION`); the node's when not given.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// `namespace` (`NOMAD_NAMESPACE`); `default` when not given.
+    #[serde(default)]
+    pub namespace: Option<String>,
 }
 
 /// A group: `count` allocs of its tasks, placed together, sharing its volumes.
@@ -218,12 +316,21 @@ pub struct TaskSpec {
     /// Task driver (`exec`, `raw_exec`…). Non-empty; whether this node has it is decided at
     /// placement.
     pub driver: String,
-    /// `config.command`, taken literally.
-    pub command: String,
-    /// `config.args`, taken literally (no `${…}` interpolation).
-    pub args: Vec<String>,
-    /// `env`, taken literally.
-    pub env: BTreeMap<String, String>,
+    /// `config.command`; its `${…}` runtime references are filled when the alloc is placed.
+    pub command: Template,
+    /// `config.args`, likewise.
+    pub args: Vec<Template>,
+    /// `env`; values likewise (they may not reference other `env` keys).
+    pub env: BTreeMap<String, Template>,
+    /// `user`: who the task runs as (the driver's default when not given).
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `config.pid_mode` (exec only): the driver's default when not given.
+    #[serde(default)]
+    pub pid_mode: Option<PidMode>,
+    /// `meta` of the job, group and task, merged (the task's wins).
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
     /// `volume_mount` blocks, in file order.
     pub volume_mounts: Vec<VolumeMount>,
     /// `resources`.
@@ -243,10 +350,39 @@ pub struct VolumeMount {
     /// The name of one of the group's volumes.
     pub volume: String,
     /// Absolute path in the task, without `..` (normalized: no `.`, no repeated or trailing
-    /// `/`).
-    pub destination: PathBuf,
+    /// `/`) once its runtime references are filled ([`crate::check_destination`]).
+    pub destination: Template,
     /// Mount read-only (also the case when the group's volume is read-only).
     pub read_only: bool,
+    /// `propagation_mode`; `private` when not given.
+    #[serde(default)]
+    pub propagation: PropagationMode,
+    /// `selinux_label`: accepted and kept; berth applies no SELinux label.
+    #[serde(default)]
+    pub selinux_label: Option<String>,
+}
+
+/// `volume_mount.propagation_mode`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PropagationMode {
+    /// Nothing travels either way (the default).
+    #[default]
+    Private,
+    /// Mounts and unmounts under the source on the host reach the task.
+    HostToTask,
+    /// Both ways (the source must lie on a shared mount).
+    Bidirectional,
+}
+
+/// `config.pid_mode` of an `exec` task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PidMode {
+    /// A PID namespace of its own.
+    Private,
+    /// The host's.
+    Host,
 }
 
 /// `resources`.
@@ -275,10 +411,10 @@ pub struct CsiPluginSpec {
     /// Which services it serves.
     pub plugin_type: CsiPluginType,
     /// Where, inside the task, the plugin expects its socket directory (`csi.sock` in it).
-    pub mount_dir: PathBuf,
+    pub mount_dir: Template,
     /// Where, inside the task, the plugin is told to stage and publish volumes. Neither of
-    /// `mount_dir` and this lies inside the other.
-    pub stage_publish_base_dir: PathBuf,
+    /// `mount_dir` and this lies inside the other ([`crate::check_plugin_dirs`]).
+    pub stage_publish_base_dir: Template,
     /// How long the plugin has to answer its first probe before it counts as unhealthy.
     #[serde(with = "go_form")]
     pub health_timeout: Duration,
@@ -373,16 +509,42 @@ impl JobSpec {
 
     /// Checks `text` as HCL; `file` only names it in errors. A text over 1 MiB or nested
     /// deeper than 64 levels is refused before it is parsed ([`berth_input::check_text`]).
+    /// The first problem is returned; [`JobSpec::parse_with`] returns them all.
     pub fn parse_hcl(file: &Path, text: &str) -> Result<Self, SpecError> {
-        bounded(file, Syntax::Hcl, text)?;
-        check::job(file, input::from_hcl(file, text)?)
+        Self::parse_with(file, text, Syntax::Hcl, &ParseOptions::default())
+            .map_err(SpecErrors::into_first)
     }
 
     /// Checks `text` as JSON in HCL's JSON form (e.g. an API body); `file` only names it in
     /// errors. Bounded as [`JobSpec::parse_hcl`] is.
     pub fn parse_json(file: &Path, text: &str) -> Result<Self, SpecError> {
-        bounded(file, Syntax::Json, text)?;
-        check::job(file, input::from_json(file, text)?)
+        Self::parse_with(file, text, Syntax::Json, &ParseOptions::default())
+            .map_err(SpecErrors::into_first)
+    }
+
+    /// Checks `text` in `syntax`, with HCL2 variables from `opts` and against the node in
+    /// `opts` (its drivers, attributes and meta, when given). Every problem is returned (at
+    /// most [`MAX_REPORTED`]), in file order.
+    pub fn parse_with(
+        file: &Path,
+        text: &str,
+        syntax: Syntax,
+        opts: &ParseOptions,
+    ) -> Result<Self, SpecErrors> {
+        bounded(file, syntax, text)?;
+        let inputs = Inputs {
+            vars: &opts.vars,
+            var_files: &opts.var_files,
+        };
+        let root = match syntax {
+            Syntax::Hcl => input::from_hcl(file, text, &inputs).map_err(SpecErrors::new)?,
+            Syntax::Json => {
+                let mut root = input::from_json(file, text)?;
+                input::json_templates(&mut root, &Eval::bare());
+                root
+            }
+        };
+        check::job(file, root, opts)
     }
 
     /// The group called `name`.

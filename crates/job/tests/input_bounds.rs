@@ -162,7 +162,7 @@ fn nesting_up_to_the_limit_reaches_the_checker() {
         &format!("# {braces}\n/* {braces} */\n"),
     );
     let s = berth_testkit::on_small_stack(move || parse("/j/j.hcl", &spec)).expect("valid");
-    assert_eq!(s.groups[0].tasks[0].env["A"], braces);
+    assert_eq!(s.groups[0].tasks[0].env["A"], braces.as_str());
 }
 
 #[test]

@@ -151,7 +151,7 @@ const FULL_JSON: &str = r#"{
                 "driver": "exec",
                 "config": {
                   "command": "/bin/app",
-                  "args": ["--port", "8080", "--endpoint=${CSI_ENDPOINT}"]
+                  "args": ["--port", "8080", "--endpoint=$${CSI_ENDPOINT}"]
                 },
                 "env": { "PORT": "8080", "DEBUG": true, "RATIO": 1.5 },
                 "volume_mount": [
@@ -242,12 +242,16 @@ fn full_expected() -> JobSpec {
                 volume: "data".into(),
                 destination: "/srv/data".into(),
                 read_only: true,
+                propagation: PropagationMode::Private,
+                selinux_label: None,
             },
             VolumeMount {
                 volume: "raw".into(),
                 destination: "/dev/raw".into(),
                 // The group's volume is read-only.
                 read_only: true,
+                propagation: PropagationMode::Private,
+                selinux_label: None,
             },
         ],
         resources: Resources {
@@ -259,6 +263,9 @@ fn full_expected() -> JobSpec {
             attempts: 1,
             ..group_restart
         },
+        user: None,
+        pid_mode: None,
+        meta: BTreeMap::new(),
         csi_plugin: None,
     };
     let plugin = TaskSpec {
@@ -271,6 +278,9 @@ fn full_expected() -> JobSpec {
         resources: Resources::default(),
         kill_timeout: DEFAULT_KILL_TIMEOUT,
         restart: group_restart,
+        user: None,
+        pid_mode: None,
+        meta: BTreeMap::new(),
         csi_plugin: Some(CsiPluginSpec {
             id: "ebs".into(),
             plugin_type: CsiPluginType::Node,
@@ -294,6 +304,9 @@ fn full_expected() -> JobSpec {
             resources: Resources::default(),
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             restart: RestartPolicy::default_for(JobType::Batch),
+            user: None,
+            pid_mode: None,
+            meta: BTreeMap::new(),
             csi_plugin: None,
         }],
     };
@@ -310,6 +323,8 @@ fn full_expected() -> JobSpec {
             },
             second,
         ],
+        region: None,
+        namespace: None,
     }
 }
 
@@ -736,10 +751,10 @@ fn every_rule_names_the_field_and_the_line() {
             "unknown field; expected one of: job",
         ),
         (
-            job("", "").replace("job \"j\" {", "job \"j\" {\n  region = \"eu\"\n  priority = 50"),
-            "job.region",
-            Some("region"),
-            "unknown field (also unknown: \"priority\"); expected one of: type, datacenters, group",
+            job("", "").replace("job \"j\" {", "job \"j\" {\n  affinity = \"eu\"\n  spread = 50"),
+            "job.affinity",
+            Some("affinity"),
+            "unknown field (also unknown: \"spread\"); expected one of: type, datacenters, group",
         ),
         (
             job("    network {\n      mode = \"bridge\"\n    }\n", ""),
@@ -748,10 +763,10 @@ fn every_rule_names_the_field_and_the_line() {
             "unknown field",
         ),
         (
-            job("", "      user = \"nobody\"\n"),
-            "job.group[web].task[app].user",
-            Some("user = "),
-            "unknown field; expected one of: driver, config, env, volume_mount, resources, kill_timeout, restart, csi_plugin",
+            job("", "      vault {\n      }\n"),
+            "job.group[web].task[app].vault",
+            Some("vault"),
+            "unknown field; expected one of: config, env, volume_mount, resources, kill_timeout, restart, csi_plugin, user, meta",
         ),
         (
             job("", "").replace("command = \"/bin/app\"", "command = \"/bin/app\"\n        image = \"redis\""),
@@ -772,16 +787,16 @@ fn every_rule_names_the_field_and_the_line() {
             "unknown field (not repeated: it could be a mount flag); expected one of: fs_type, mount_flags",
         ),
         (
-            job("    restart {\n      render_templates = true\n    }\n", ""),
+            job("    restart {\n      render_templates = \"yes\"\n    }\n", ""),
             "job.group[web].restart.render_templates",
             Some("render_templates"),
-            "unknown field",
+            "expected true or false",
         ),
         (
-            job("", "      volume_mount {\n        volume = \"data\"\n        destination = \"/a\"\n        propagation_mode = \"private\"\n      }\n"),
+            job("    volume \"data\" {\n      type = \"csi\"\n      source = \"v\"\n      access_mode = \"single-node-writer\"\n    }\n", "      volume_mount {\n        volume = \"data\"\n        destination = \"/a\"\n        propagation_mode = \"rslave\"\n      }\n"),
             "job.group[web].task[app].volume_mount[0].propagation_mode",
             Some("propagation_mode"),
-            "unknown field",
+            "expected private, host-to-task or bidirectional",
         ),
         (
             job("", "      resources {\n        cores = 2\n      }\n"),
@@ -821,10 +836,10 @@ fn every_rule_names_the_field_and_the_line() {
             "is required",
         ),
         (
-            job("", "").replace("command = \"/bin/app\"", "command = \"/bin/app\"\n        args = [\"-v\", 3]"),
+            job("", "").replace("command = \"/bin/app\"", "command = \"/bin/app\"\n        args = [\"-v\", [3]]"),
             "job.group[web].task[app].config.args[1]",
             Some("args"),
-            "expected a string, found a number",
+            "expected a string, found a list",
         ),
         (
             job("", "      env {\n        A = [\"x\"]\n      }\n"),
@@ -1036,24 +1051,36 @@ fn every_rule_names_the_field_and_the_line() {
             Some("    restart {\n    }\n\n    task"),
             "declared more than once (first at line 3)",
         ),
-        // literals only
+        // variables and runtime references
         (
             job("    count = var.n\n", ""),
             "job.group[web].count",
             Some("count"),
-            "must be a literal value",
+            "cannot evaluate",
         ),
         (
             job("", "").replace("\"/bin/app\"", "\"${NOMAD_TASK_DIR}/app\""),
+            "",
+            None,
+            "",
+        ),
+        (
+            job("", "").replace("\"/bin/app\"", "\"${NOMAD_TSK_DIR}/app\""),
             "job.group[web].task[app].config.command",
             Some("command"),
-            "must be a literal value",
+            "unknown variable NOMAD_TSK_DIR",
+        ),
+        (
+            job("    count = \"${NOMAD_ALLOC_INDEX}\"\n", ""),
+            "job.group[web].count",
+            Some("count"),
+            "not interpolated here",
         ),
         (
             job("", "").replace("group \"web\" {", "group \"web\" {\n    task = local.tasks"),
             "job.group[web].task",
             Some("task = local"),
-            "must be a literal value",
+            "cannot evaluate",
         ),
     ];
     for (text, field, line, what) in cases {
@@ -1263,15 +1290,15 @@ fn example_hostpath_plugin_parses() {
     assert_eq!(spec.job_type, JobType::Service);
     let t = &spec.groups[0].tasks[0];
     assert_eq!(
-        (t.driver.as_str(), t.command.as_str()),
+        (t.driver.as_str(), t.command.as_literal().unwrap()),
         ("exec", "berth-hostpath")
     );
     assert_eq!(t.args, ["--statedir=state", "--strict"]);
     let p = t.csi_plugin.as_ref().unwrap();
     assert_eq!(p.id, "hostpath");
     assert_eq!(p.plugin_type, CsiPluginType::Monolith);
-    assert_eq!(p.mount_dir, Path::new("/csi"));
-    assert_eq!(p.stage_publish_base_dir, Path::new("/local/csi"));
+    assert_eq!(p.mount_dir, "/csi");
+    assert_eq!(p.stage_publish_base_dir, "/local/csi");
     assert_eq!(p.health_timeout, Duration::from_secs(30));
 }
 
@@ -1299,7 +1326,9 @@ fn example_writer_parses() {
         [VolumeMount {
             volume: "data".into(),
             destination: "/data".into(),
-            read_only: false
+            read_only: false,
+            propagation: PropagationMode::Private,
+            selinux_label: None,
         }]
     );
 }

@@ -209,6 +209,7 @@ impl AgentView for FakeAgent {
             id: "node-1".into(),
             hostname: "host-1".into(),
             csi_plugins: Vec::new(),
+            ..Default::default()
         }
     }
 

@@ -1,6 +1,6 @@
 //! `berth agent`: runs the node agent until SIGINT/SIGTERM.
 
-use std::{path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use berth_agent::{
@@ -84,6 +84,7 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     let mut opts = AgentOptions::from_config(config, data_dir.clone());
     if args.dev {
         opts.task_path = Some(dev_task_path()?);
+        opts.chroot_env = Some(dev_chroot_env(opts.chroot_env.take())?);
     }
 
     let shutdown = CancellationToken::new();
@@ -160,6 +161,23 @@ fn dev_task_path() -> anyhow::Result<String> {
     let rest = std::env::var("PATH")
         .unwrap_or_else(|_| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
     Ok(format!("{}:{rest}", dir.display()))
+}
+
+/// `chroot_env` in `--dev`: the configured one (or Nomad's defaults) plus the directory of the
+/// `berth` binary at its own path, so `exec` tasks find `berth-hostpath` there too.
+fn dev_chroot_env(
+    configured: Option<BTreeMap<PathBuf, PathBuf>>,
+) -> anyhow::Result<BTreeMap<PathBuf, PathBuf>> {
+    let mut env = configured.unwrap_or_else(|| berth_drivers::ExecConfig::default().chroot_env);
+    let exe = std::env::current_exe().context("cannot find the berth binary")?;
+    let dir = exe.parent().context("the berth binary has no directory")?;
+    if !env
+        .iter()
+        .any(|(src, dst)| dir.starts_with(src) && src == dst)
+    {
+        env.insert(dir.to_path_buf(), dir.to_path_buf());
+    }
+    Ok(env)
 }
 
 /// The berth-hostpath plugin `--dev` runs: a monolith next to the `berth` binary, staging and

@@ -2,7 +2,7 @@
 //!
 //! A job spec's text is sent to the agent, never printed: not on success, not in errors.
 
-use berth_api::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus};
+use berth_api::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus, JobVar, VarFile};
 use clap::{Args, Subcommand};
 
 use crate::say;
@@ -31,6 +31,14 @@ enum JobCommand {
         /// The spec's language (default: json for a file ending in .json, else hcl).
         #[arg(long, value_enum)]
         format: Option<FormatArg>,
+        /// Sets an HCL2 variable of the spec: `name=value` (Nomad's `-var` works too); may be
+        /// repeated; wins over every var file.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+        vars: Vec<(String, String)>,
+        /// A file of variable values (HCL `name = value` lines, or a JSON object when it ends
+        /// in .json; Nomad's `-var-file` works too); may be repeated, later files win.
+        #[arg(long = "var-file", value_name = "FILE")]
+        var_files: Vec<String>,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -65,12 +73,26 @@ pub(super) fn parse_id(s: &str) -> Result<String, String> {
     }
 }
 
+/// `name=value` of `--var`; the value may be empty or hold `=`.
+fn parse_var(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((name, value)) if !name.is_empty() => Ok((name.to_owned(), value.to_owned())),
+        _ => Err("expected NAME=VALUE".into()),
+    }
+}
+
 /// Runs `berth job …` against the agent at `address`.
 pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
-        JobCommand::Run { file, format, json } => {
-            let req = run_request(&file, format)?;
+        JobCommand::Run {
+            file,
+            format,
+            vars,
+            var_files,
+            json,
+        } => {
+            let req = run_request(&file, format, vars, &var_files)?;
             let job = client.run_job(&req).await?;
             if json {
                 return output::json(&job);
@@ -118,13 +140,34 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
 }
 
 /// The request for `berth job run`: the file's text (or standard input's, at most
-/// [`input::MAX_INPUT_BYTES`]), its language and its name.
-fn run_request(file: &str, format: Option<FormatArg>) -> anyhow::Result<JobRunRequest> {
+/// [`input::MAX_INPUT_BYTES`]), its language and its name, the variables and the var files'
+/// texts.
+fn run_request(
+    file: &str,
+    format: Option<FormatArg>,
+    vars: Vec<(String, String)>,
+    var_files: &[String],
+) -> anyhow::Result<JobRunRequest> {
     let (spec, format, name) = input::read_spec_arg(file, format)?;
+    let var_files = var_files
+        .iter()
+        .map(|f| {
+            let text = input::read_file_text(std::path::Path::new(f), "var file")?;
+            Ok(VarFile {
+                name: f.clone(),
+                text,
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
     Ok(JobRunRequest {
         spec,
         format,
         file: Some(name),
+        vars: vars
+            .into_iter()
+            .map(|(name, value)| JobVar { name, value })
+            .collect(),
+        var_files,
     })
 }
 

@@ -41,7 +41,41 @@ pub struct Cli {
 
 /// Parses the command line; exits 2 on a usage error and 0 after `--help` or `--version`.
 pub fn parse() -> Cli {
-    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+    try_parse_from(nomad_style_flags(std::env::args_os())).unwrap_or_else(|e| e.exit())
+}
+
+/// Nomad's single-dash long flags that its users type (`berth job run -var k=v -var-file
+/// f.hcl`), rewritten to the double-dash form clap reads; nothing after `--` is touched.
+fn nomad_style_flags(
+    args: impl IntoIterator<Item = std::ffi::OsString>,
+) -> Vec<std::ffi::OsString> {
+    let mut out = Vec::new();
+    let mut rest = false;
+    for arg in args {
+        if rest {
+            out.push(arg);
+            continue;
+        }
+        let Some(s) = arg.to_str() else {
+            out.push(arg);
+            continue;
+        };
+        if s == "--" {
+            rest = true;
+            out.push(arg);
+            continue;
+        }
+        let rewritten = ["-var", "-var-file"].iter().find_map(|flag| {
+            if s == *flag {
+                Some(format!("-{s}"))
+            } else {
+                s.strip_prefix(&format!("{flag}="))
+                    .map(|v| format!("-{flag}={v}"))
+            }
+        });
+        out.push(rewritten.map_or(arg, Into::into));
+    }
+    out
 }
 
 fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>

@@ -59,6 +59,7 @@ pub async fn run_job(client: &Client, text: String) -> Result<JobStatus, ClientE
             spec: text,
             format: SpecFormat::Hcl,
             file: Some("job.hcl".into()),
+            ..Default::default()
         })
         .await
 }

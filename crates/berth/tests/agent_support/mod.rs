@@ -302,6 +302,28 @@ pub fn hostpath_config(plugin_id: &str, args: &[&str]) -> String {
     )
 }
 
+/// A `client` block whose `chroot_env` is Nomad's default plus the directory of the test
+/// binaries (so `exec` tasks can run berth-hostpath by its path), with `extra` inside it.
+pub fn client_config(extra: &str) -> String {
+    let bins = berth_testkit::bin_path("berth-hostpath");
+    let bins = bins.parent().expect("a directory").display().to_string();
+    let mut env = String::new();
+    for dir in [
+        "/bin",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/run/resolvconf",
+        "/sbin",
+        "/usr",
+        bins.as_str(),
+    ] {
+        env.push_str(&format!("    \"{dir}\" = \"{dir}\"\n"));
+    }
+    format!("client {{\n  chroot_env = {{\n{env}  }}\n{extra}}}\n")
+}
+
 /// `HostpathPlugin` on a given socket path.
 pub async fn hostpath_at(socket: &Path) -> berth_testkit::HostpathPlugin {
     berth_testkit::HostpathPlugin::builder()
