@@ -1,8 +1,7 @@
-//! `exec`: a process in its own mount namespace, with bind mounts and a cgroup.
+//! `exec`: a process in a root of its own (a chroot in its own mount and PID namespaces), with bind mounts and a cgroup.
 
 use std::{
     collections::BTreeMap,
-    io,
     path::{Path, PathBuf},
     process::Stdio,
     sync::{Arc, Mutex},
@@ -380,6 +379,14 @@ impl ExecDriver {
         let env = task_env(&config, &self.config.process);
         let path = env.get("PATH").cloned().unwrap_or_default();
         let workdir = normalized(&config.dir);
+        if let Some(t) = taken.iter().find(|t| workdir.starts_with(t)) {
+            return Err(invalid(
+                "dir",
+                format!("{} lies in {}", workdir.display(), t.display()),
+            ));
+        }
+        crate::root::make_point(&root, &workdir, false)
+            .map_err(|e| invalid("dir", format!("making the working directory: {e}")))?;
         let seen: Vec<(PathBuf, PathBuf)> = binds
             .iter()
             .map(|(src, dst, _, _)| (src.clone(), dst.clone()))
@@ -499,32 +506,36 @@ impl ExecDriver {
         abandon.pgid = child.id();
 
         let pipes = (child.stdout.take(), child.stderr.take());
-        let setup = async {
-            let (Some(mut stdout), Some(mut stderr)) = pipes else {
-                let missing = io::Error::other("stdout or stderr is not a pipe");
-                return (Err(missing), Ok(Vec::new()));
-            };
-            let mut out = Vec::new();
-            let mut err = Vec::new();
-            let mut stdout = (&mut stdout).take(READY.len() as u64 + 1);
-            let mut stderr = (&mut stderr).take(SETUP_STDERR_LIMIT);
-            let (r_out, r_err) =
-                tokio::join!(stdout.read_to_end(&mut out), stderr.read_to_end(&mut err),);
-            (r_out.map(|_| out), r_err.map(|_| err))
+        // `ready` is read as soon as it comes: with a PID namespace, unshare stays (waiting for
+        // the namespace's PID 1) and holds both pipes open, so neither ends. The script's
+        // stderr is read to its end only when set-up failed (then every process is gone).
+        let (Some(mut stdout), Some(mut stderr)) = pipes else {
+            return Err(DriverError::Setup {
+                task_id: config.id.clone(),
+                message: "stdout or stderr is not a pipe".into(),
+            });
         };
-        let failure = match tokio::time::timeout(self.config.setup_timeout, setup).await {
-            Ok((Ok(out), err)) if out == READY => {
-                let err = err.unwrap_or_default();
-                if !err.is_empty() {
-                    tracing::warn!(task_id = %config.id, stderr = %String::from_utf8_lossy(&err).trim(), "set-up wrote to stderr");
+        let ready = async {
+            let mut out = Vec::new();
+            let mut buf = [0u8; 64];
+            while out.len() < READY.len() {
+                match stdout.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
                 }
-                None
             }
-            Ok((_, err)) => Some(
-                String::from_utf8_lossy(&err.unwrap_or_default())
-                    .trim()
-                    .to_owned(),
-            ),
+            out == READY
+        };
+        let failure = match tokio::time::timeout(self.config.setup_timeout, ready).await {
+            Ok(true) => None,
+            Ok(false) => {
+                let mut err = Vec::new();
+                let mut stderr = (&mut stderr).take(SETUP_STDERR_LIMIT);
+                let _ =
+                    tokio::time::timeout(self.config.setup_timeout, stderr.read_to_end(&mut err))
+                        .await;
+                Some(String::from_utf8_lossy(&err).trim().to_owned())
+            }
             Err(_) => Some(format!(
                 "did not finish within {:?}",
                 self.config.setup_timeout

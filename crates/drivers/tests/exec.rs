@@ -8,10 +8,37 @@ use std::{fs, path::Path, time::Duration};
 
 use berth_drivers::{
     BindMount, CgroupSetting, Driver, DriverError, EventSink, ExecConfig, ExecDriver, Health,
-    ProcessConfig, Signal, TaskEventKind, TaskState,
+    PidMode, ProcessConfig, Signal, TaskConfig, TaskDirs, TaskEventKind, TaskState,
 };
 use berth_testkit::assert_eventually;
-use common::{Reaper, TIMEOUT, alive, read, sh, task};
+use common::{Reaper, TIMEOUT, alive, read};
+
+/// A task of `exec` as root, in the host's PID namespace (its pid is the command's), with its
+/// root at `<dir>/root` and its alloc directory at `<dir>/alloc`.
+fn task(root: &Path, name: &str, command: &str, args: &[&str]) -> TaskConfig {
+    let mut config = common::task(root, name, command, args);
+    let dir = root.join(name);
+    fs::create_dir_all(dir.join("alloc")).unwrap();
+    config.dirs = Some(TaskDirs {
+        task_dir: dir.join("root"),
+        alloc_dir: dir.join("alloc"),
+    });
+    config.dir = "/".into();
+    config.user = Some("root".into());
+    config.pid_mode = PidMode::Host;
+    config
+}
+
+/// `sh -c <script>` as [`task`].
+fn sh(root: &Path, name: &str, script: &str) -> TaskConfig {
+    task(root, name, "sh", &["-c", script])
+}
+
+/// Where path `p` of the task's root is on the host.
+fn in_root(config: &TaskConfig, p: &Path) -> std::path::PathBuf {
+    let root = &config.dirs.as_ref().unwrap().task_dir;
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
 
 fn config(cgroup: CgroupSetting) -> ExecConfig {
     ExecConfig {
@@ -22,7 +49,7 @@ fn config(cgroup: CgroupSetting) -> ExecConfig {
             kill_timeout: Duration::from_secs(10),
             task_path: None,
         },
-        hidden: Vec::new(),
+        ..ExecConfig::default()
     }
 }
 
@@ -61,7 +88,7 @@ async fn fingerprint_is_healthy_as_root() {
     let fp = driver.fingerprint().await;
     assert_eq!(fp.health, Health::Healthy, "{fp:?}");
     assert_eq!(fp.attributes["driver.exec"], "1");
-    assert_eq!(fp.attributes["driver.exec.fs_isolation"], "mount-namespace");
+    assert_eq!(fp.attributes["driver.exec.fs_isolation"], "chroot");
     assert!(fp.attributes["driver.exec.unshare"].ends_with("/unshare"));
     assert_eq!(fp.attributes["driver.exec.cgroup"], "disabled");
 }
@@ -77,7 +104,7 @@ async fn a_task_writes_through_its_bind_mount_and_the_mount_stays_private() {
     let source = tmp.path().join("volume");
     fs::create_dir(&source).unwrap();
     fs::write(source.join("hello"), "from the host\n").unwrap();
-    // The mount point does not exist yet: the driver creates it.
+    // The mount point does not exist yet: the driver creates it, in the task's root.
     let destination = tmp.path().join("task-view/data");
     let mut config = sh(
         tmp.path(),
@@ -116,16 +143,19 @@ async fn a_task_writes_through_its_bind_mount_and_the_mount_stays_private() {
     let task_mountinfo = Path::new("/proc")
         .join(handle.pid.to_string())
         .join("mountinfo");
+    let point = in_root(&config, &destination);
+    // The task's mountinfo shows paths as the task sees them (from its root).
     assert!(mounted_at(&task_mountinfo, &destination));
-    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &destination));
+    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &point));
     assert!(
-        fs::read_dir(&destination).unwrap().next().is_none(),
+        fs::read_dir(&point).unwrap().next().is_none(),
         "the host sees the empty mount point"
     );
+    assert!(!destination.exists(), "nothing is made outside the root");
 
     driver.destroy(&config.id).await.unwrap();
     assert!(!alive(handle.pid));
-    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &destination));
+    assert!(!mounted_at(Path::new("/proc/self/mountinfo"), &point));
 }
 
 #[tokio::test]
@@ -139,7 +169,7 @@ async fn paths_with_shell_syntax_are_passed_as_data() {
     fs::create_dir(&source).unwrap();
     let destination = tmp.path().join(format!("dst {odd}/-rf"));
     let mut config = sh(tmp.path(), "odd", r#"echo ok > "$1/written""#);
-    config.dir = tmp.path().join(format!("cwd {odd}"));
+    config.dir = Path::new("/").join(format!("cwd {odd}"));
     config
         .args
         .extend(["sh".into(), destination.display().to_string()]);
@@ -151,43 +181,126 @@ async fn paths_with_shell_syntax_are_passed_as_data() {
         read(&config.stderr_path)
     );
     assert_eq!(read(source.join("written")), "ok\n");
-    for dir in [Path::new("/"), tmp.path(), config.dir.as_path()] {
+    for dir in [
+        Path::new("/"),
+        tmp.path(),
+        &in_root(&config, Path::new("/")),
+        &in_root(&config, &config.dir),
+    ] {
         assert!(!dir.join("pwned").exists(), "nothing was run from a path");
     }
 }
 
 #[tokio::test]
-async fn hidden_directories_are_covered_after_the_task_mounts() {
+async fn a_task_sees_only_its_root_runs_as_nobody_and_keeps_its_secrets() {
     require_root!();
     let tmp = tempfile::tempdir().unwrap();
     let reaper = Reaper::default();
-    // Where other allocs' volumes live: the task must not see them.
-    let secret_dir = tmp.path().join("volumes/other-alloc");
-    fs::create_dir_all(&secret_dir).unwrap();
-    fs::write(secret_dir.join("data"), "not yours\n").unwrap();
+    // Something like an agent's data dir, outside every root.
+    let data = tmp.path().join("data");
+    fs::create_dir_all(&data).unwrap();
+    fs::write(data.join("state.redb"), "not yours\n").unwrap();
     let own = tmp.path().join("volumes/own");
     fs::create_dir_all(&own).unwrap();
-    fs::write(own.join("data"), "yours\n").unwrap();
-    let mut cfg = config(CgroupSetting::Disabled);
-    cfg.hidden = vec![tmp.path().join("volumes")];
-    let driver = ExecDriver::new(EventSink::discard(), cfg);
-    let destination = tmp.path().join("task/data");
-    let mut config = sh(
-        tmp.path(),
-        "hider",
-        r#"cat "$1/data"; ls "$2" | wc -l; cat "$2/other-alloc/data" 2>/dev/null || echo hidden"#,
+    fs::set_permissions(&own, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let host_root_before: Vec<_> = fs::read_dir("/")
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+
+    let script = r#"ls -A / | tr '\n' ' '; echo; id -u; cat "$1/state.redb" 2>/dev/null || echo hidden;
+        for p in /x /etc/x /usr/x; do (echo x > "$p") 2>/dev/null && echo "$p written" || echo "$p refused"; done;
+        echo s3cret > /secrets/token && cat /secrets/token; echo mine > /data/out;
+        ls /proc | grep -c '^[0-9]'"#;
+    let mut a = sh(tmp.path(), "a", script);
+    a.args.extend(["sh".into(), data.display().to_string()]);
+    a.user = None;
+    a.pid_mode = PidMode::Private;
+    a.mounts.push(bind(&own, Path::new("/data"), false));
+    reaper.track(&driver.start(a.clone()).await.expect("start"));
+    let exit = driver.wait(&a.id).await.unwrap();
+    assert!(exit.success(), "{exit:?}: {}", read(&a.stderr_path));
+    let out = read(&a.stdout_path);
+    let lines: Vec<&str> = out.lines().collect();
+    let mut entries: Vec<&str> = lines[0].split_whitespace().collect();
+    entries.sort();
+    for e in &entries {
+        assert!(
+            [
+                "alloc", "bin", "data", "dev", "etc", "lib", "lib32", "lib64", "local", "proc",
+                "run", "sbin", "secrets", "sys", "tmp", "usr"
+            ]
+            .contains(e),
+            "the task sees /{e}: {entries:?}"
+        );
+    }
+    assert_eq!(lines[1], "65534", "nobody, as Nomad's exec");
+    assert_eq!(lines[2], "hidden");
+    assert_eq!(
+        lines[3..6],
+        ["/x refused", "/etc/x refused", "/usr/x refused"]
     );
-    config.args.extend([
+    assert_eq!(lines[6], "s3cret");
+    let pids: usize = lines[7].parse().unwrap();
+    assert!(
+        pids < 5,
+        "a PID namespace of its own shows a few processes, not {pids}"
+    );
+    assert_eq!(read(own.join("out")), "mine\n");
+    // The secret lived in the task's tmpfs: not on the host's disk.
+    assert!(!in_root(&a, Path::new("/secrets/token")).exists());
+    // A second task of the same alloc cannot read the first one's secrets.
+    let mut b = sh(
+        tmp.path(),
+        "b",
+        r#"cat /secrets/token 2>/dev/null; cat "$1" 2>/dev/null; echo end"#,
+    );
+    b.args.extend([
         "sh".into(),
-        destination.display().to_string(),
-        tmp.path().join("volumes").display().to_string(),
+        in_root(&a, Path::new("/secrets/token"))
+            .display()
+            .to_string(),
     ]);
-    config.mounts.push(bind(&own, &destination, false));
-    reaper.track(&driver.start(config.clone()).await.expect("start"));
-    assert!(driver.wait(&config.id).await.unwrap().success());
-    assert_eq!(read(&config.stdout_path), "yours\n0\nhidden\n");
-    // The host still sees them.
-    assert_eq!(read(secret_dir.join("data")), "not yours\n");
+    reaper.track(&driver.start(b.clone()).await.expect("start b"));
+    assert!(driver.wait(&b.id).await.unwrap().success());
+    assert_eq!(read(&b.stdout_path), "end\n");
+    let host_root_after: Vec<_> = fs::read_dir("/")
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(
+        host_root_before.len(),
+        host_root_after.len(),
+        "the host's / changed"
+    );
+}
+
+#[tokio::test]
+async fn sigterm_reaches_a_command_under_its_own_pid_1() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let mut config = task(tmp.path(), "sleeper", "sleep", &["1000"]);
+    config.pid_mode = PidMode::Private;
+    let handle = driver.start(config.clone()).await.expect("start");
+    reaper.track(&handle);
+    let started = std::time::Instant::now();
+    driver
+        .stop(&config.id, Duration::from_secs(20), Signal::SIGTERM)
+        .await
+        .unwrap();
+    let exit = driver.wait(&config.id).await.unwrap();
+    assert_ne!(exit.signal, Some(Signal::SIGKILL as i32), "{exit:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "SIGTERM was not passed on"
+    );
+    let mut failing = sh(tmp.path(), "failing", "exit 7");
+    failing.pid_mode = PidMode::Private;
+    reaper.track(&driver.start(failing.clone()).await.unwrap());
+    assert_eq!(driver.wait(&failing.id).await.unwrap().exit_code, Some(7));
 }
 
 #[tokio::test]
@@ -228,7 +341,7 @@ async fn a_read_only_mount_refuses_writes() {
     );
     assert!(!source.join("new").exists());
     assert_eq!(
-        read(&file_destination),
+        read(in_root(&config, &file_destination)),
         "",
         "the host sees the empty file mount point"
     );
@@ -245,7 +358,7 @@ async fn set_up_failures_fail_start_and_leave_nothing_running() {
     match &err {
         DriverError::Setup { message, .. } => {
             assert!(
-                message.contains("command not found: berth-no-such-command"),
+                message.contains("command not found in the task's root: berth-no-such-command"),
                 "{message}"
             )
         }
@@ -256,21 +369,37 @@ async fn set_up_failures_fail_start_and_leave_nothing_running() {
         Err(DriverError::NotFound { .. })
     ));
 
-    // A directory cannot be bind-mounted over a file.
+    // A directory cannot be bind-mounted over a file, nor through a symlink a task left.
     let source = tmp.path().join("dir");
     fs::create_dir(&source).unwrap();
-    let file = tmp.path().join("a-file");
-    fs::write(&file, "").unwrap();
     let mut config = task(tmp.path(), "badmount", "true", &[]);
-    config.mounts.push(bind(&source, &file, false));
-    let err = driver.start(config.clone()).await.unwrap_err();
-    match &err {
-        DriverError::Setup { message, .. } => assert!(
-            message.contains(&format!("cannot create the mount point {}", file.display())),
-            "{message}"
-        ),
+    let file = Path::new("/a-file");
+    fs::create_dir_all(in_root(&config, Path::new("/"))).unwrap();
+    fs::write(in_root(&config, file), "").unwrap();
+    std::os::unix::fs::symlink(tmp.path(), in_root(&config, Path::new("/link"))).unwrap();
+    config.mounts.push(bind(&source, file, false));
+    match driver.start(config.clone()).await.unwrap_err() {
+        DriverError::InvalidConfig { field, reason, .. } => {
+            assert_eq!(field, "mounts[0].destination");
+            assert!(reason.contains("is not a directory"), "{reason}");
+        }
         other => panic!("{other:?}"),
     }
+    config.mounts = vec![bind(&source, Path::new("/link/x"), false)];
+    match driver.start(config.clone()).await.unwrap_err() {
+        DriverError::InvalidConfig { reason, .. } => {
+            assert!(reason.contains("is a symlink"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(!tmp.path().join("x").exists());
+    // A destination inside a read-only chroot_env entry would write to the host: refused.
+    config.mounts = vec![bind(&source, Path::new("/usr/berth-x"), false)];
+    assert!(matches!(
+        driver.start(config.clone()).await,
+        Err(DriverError::InvalidConfig { field, .. }) if field == "mounts[0].destination"
+    ));
+    assert!(!Path::new("/usr/berth-x").exists());
 
     let mut config = task(tmp.path(), "nosource", "true", &[]);
     config.mounts.push(bind(
@@ -474,12 +603,12 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
 
     let second = ExecDriver::new(EventSink::discard(), self::config(setting));
     second.recover(handle.clone()).await.expect("recover");
-    assert!(mounted_at(
-        &Path::new("/proc")
-            .join(handle.pid.to_string())
-            .join("mountinfo"),
-        &tmp.path().join("dst")
-    ));
+    // Paths as the task sees them, once it is in its root.
+    let task_mountinfo = Path::new("/proc")
+        .join(handle.pid.to_string())
+        .join("mountinfo");
+    let dst = tmp.path().join("dst");
+    assert_eventually!(TIMEOUT, || async { mounted_at(&task_mountinfo, &dst) });
     second.destroy(&config.id).await.unwrap();
     assert!(!alive(handle.pid));
     if let Some(dir) = &handle.cgroup {
@@ -530,13 +659,13 @@ async fn a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks()
         "plugin",
         r#"mkdir -p "$1/sub" && mount -t tmpfs from-task "$1/sub" && echo hi > "$1/sub/f" &&
            mkdir -p "$2/x" && mount -t tmpfs private-1 "$2/x" &&
-           mount -t tmpfs private-2 "$3" && echo ready && exec sleep 1000"#,
+           mount -t tmpfs private-2 /tmp && echo ready && exec sleep 1000"#,
     );
+    config.privileged = true;
     config.args.extend([
         "sh".into(),
         view.display().to_string(),
         plain_view.display().to_string(),
-        other.join("inside").display().to_string(),
     ]);
     config.mounts.push(BindMount {
         propagation: berth_drivers::Propagation::Bidirectional,
@@ -553,7 +682,13 @@ async fn a_bidirectional_mount_carries_mounts_both_ways_and_nothing_else_leaks()
     assert_eq!(read(root.join("sub/f")), "hi\n");
     // …and nowhere else: not under a plain bind, not under another shared mount, and the
     // bind mounts themselves stay in the task.
-    for p in [&plain.join("x"), &other.join("inside"), &view, &plain_view] {
+    for p in [
+        &plain.join("x"),
+        &other.join("inside"),
+        &in_root(&config, &view),
+        &in_root(&config, &plain_view),
+        &in_root(&config, Path::new("/tmp")),
+    ] {
         assert!(!mounted_at(host, p), "{} leaked to the host", p.display());
     }
     // Host to task: a mount made on the host under the root shows in the task, and its
