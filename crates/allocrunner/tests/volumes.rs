@@ -277,6 +277,8 @@ job "exec" {{
     }}
     task "writer" {{
       driver = "exec"
+      # The fake volumes are directories of root's, 0700.
+      user   = "root"
       config {{
         command = "/bin/sh"
         args    = ["-c", "{script}"]

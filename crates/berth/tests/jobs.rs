@@ -204,7 +204,7 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
     let cases = [
         (
             volume_job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"docker\""),
-            "unknown driver \"docker\"",
+            "driver \"docker\" is not available on this node: exec, raw_exec",
         ),
         (
             volume_job("j2", "batch", "nope", &dest, "true"),

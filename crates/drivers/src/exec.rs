@@ -62,6 +62,10 @@ while [ "$slaves" -gt 0 ]; do
   shift
   slaves=$((slaves - 1))
 done
+# The root is a mount of its own (private): what runs in it sees `/` in its mount table, with
+# where it lies on its filesystem, as in a container.
+"$mount_bin" --bind -- "$root" "$root" || fail "cannot bind the root onto itself"
+"$mount_bin" --make-private -- "$root" || fail "cannot make the root private"
 "$mount_bin" -t tmpfs -o "mode=0700,uid=$uid,gid=$gid,size=16m,nosuid,nodev" berth-secrets "$root/secrets" \
   || fail "cannot mount the task's secrets"
 "$mount_bin" -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
@@ -101,14 +105,19 @@ while [ "$count" -gt 0 ]; do
   esac
   count=$((count - 1))
 done
+child='' pending=''
+fwd() { if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi; }
+if [ "$init" = 1 ]; then
+  for s in TERM INT HUP QUIT USR1 USR2; do
+    trap "fwd $s" "$s"
+  done
+fi
 printf 'ready\n'
 exec 1>&3 2>&4 3>&- 4>&-
 if [ "$init" = 1 ]; then
   "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@" &
   child=$!
-  for s in TERM INT HUP QUIT USR1 USR2; do
-    trap "kill -$s $child 2>/dev/null" "$s"
-  done
+  if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; fi
   status=0
   while :; do
     wait "$child"
