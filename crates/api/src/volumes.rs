@@ -229,6 +229,10 @@ pub struct VolumeStatus {
     pub usages: Vec<UsageView>,
     /// When it was registered or created, ms since the epoch.
     pub created_ms: u64,
+    /// Fields of the spec that were accepted but not used, one line each (`register` and
+    /// `create` answers only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// One line of `GET /v1/volumes`.

@@ -305,12 +305,21 @@ impl<C: Controllers> Embedded<C> {
             )));
         }
         let rec = match &spec.kind {
-            SpecKind::Register { external_id } => {
+            SpecKind::Register {
+                external_id,
+                capacity_min,
+                capacity_max,
+            } => {
+                // Nomad records a registered volume's capacity range; berth keeps the largest
+                // size it allows as the volume's capacity.
+                let capacity = capacity_max
+                    .or(*capacity_min)
+                    .map_or(0, |b| i64::try_from(b).unwrap_or(i64::MAX));
                 let rec = VolumeRecord::from_spec(
                     spec,
                     Origin::Registered,
                     external_id.clone(),
-                    0,
+                    capacity,
                     spec.context.clone(),
                     spec.topology_request
                         .as_ref()

@@ -14,13 +14,16 @@
 //!
 //! One struct serves both commands: [`VolumeSpec`] holds what they share, and its [`SpecKind`]
 //! what only one of them takes. Which command a file is for is given by the caller
-//! ([`Operation`]), as Nomad's CLI does; a field that belongs to the other command is an error,
-//! not silently ignored:
+//! ([`Operation`]), as Nomad's CLI does. As Nomad treats them, the other command's fields are
+//! accepted, so the file `nomad volume init` writes works with both; what is not used is named
+//! in [`VolumeSpec::warnings`] (never with its value):
 //!
-//! - `external_id` (required) and `context` are register-only: a created volume gets both from
-//!   the plugin;
-//! - `capacity_min`, `capacity_max`, `snapshot_id`, `clone_id` and `topology_request.preferred`
-//!   are create-only.
+//! - `external_id` (required for register) and `context` are ignored by create: a created
+//!   volume gets both from the plugin;
+//! - `snapshot_id`, `clone_id` and `topology_request.preferred` are ignored by register;
+//!   `capacity_min` and `capacity_max` are recorded (the volume's capacity);
+//! - empty `topology {}` / `segments {}` name no place and are skipped;
+//! - a job spec is refused with the command that takes it.
 //!
 //! As in Nomad, an empty string counts as not given for every optional string field, so
 //! `capacity_min = ""` in a register spec is accepted. `namespace` is accepted only as
@@ -92,6 +95,11 @@ pub enum SpecKind {
     Register {
         /// The provider's id of the volume.
         external_id: ExternalId,
+        /// `capacity_min` in bytes, recorded as the volume's capacity when no
+        /// `capacity_max` is given.
+        capacity_min: Option<u64>,
+        /// `capacity_max` in bytes, recorded as the volume's capacity.
+        capacity_max: Option<u64>,
     },
     /// A spec for `volume create`.
     Create {
@@ -157,6 +165,9 @@ pub struct VolumeSpec {
     pub context: BTreeMap<String, String>,
     /// Register- or create-only fields.
     pub kind: SpecKind,
+    /// What was accepted but is not used (fields Nomad takes for the other command); shown to
+    /// the user, never holding a value.
+    pub warnings: Vec<String>,
 }
 
 impl VolumeSpec {
@@ -205,7 +216,14 @@ impl VolumeSpec {
         let cx = Cx {
             file,
             outline: Some(scan.outline),
+            warnings: Default::default(),
         };
+        if body.blocks().any(|b| b.identifier() == "job") {
+            return Err(cx.err(
+                &FieldPath::root().key("job"),
+                "this is a job spec: run it with `berth job run`",
+            ));
+        }
         let root = hcl_input::body_to_json(&body, &FieldPath::root())
             .map_err(|(path, message)| cx.err(&path, message))?;
         check(op, root, &cx)
@@ -226,6 +244,7 @@ impl VolumeSpec {
             &Cx {
                 file,
                 outline: None,
+                warnings: Default::default(),
             },
         )
     }
@@ -241,7 +260,7 @@ impl VolumeSpec {
     /// The provider's id, for a register spec.
     pub fn external_id(&self) -> Option<&ExternalId> {
         match &self.kind {
-            SpecKind::Register { external_id } => Some(external_id),
+            SpecKind::Register { external_id, .. } => Some(external_id),
             SpecKind::Create { .. } => None,
         }
     }
@@ -327,6 +346,7 @@ fn hcl_syntax_error(file: &Path, e: &hcl::Error, lines: Option<&[usize]>) -> Spe
 struct Cx<'a> {
     file: &'a Path,
     outline: Option<Vec<Node>>,
+    warnings: std::cell::RefCell<Vec<String>>,
 }
 
 type Res<T> = Result<T, SpecError>;
@@ -342,6 +362,12 @@ impl Cx<'_> {
             field: path.to_string(),
             message: message.into(),
         }
+    }
+
+    /// Notes a field accepted but not used: `file:line: field: message`.
+    fn warn(&self, path: &FieldPath, message: &str) {
+        let e = self.err(path, message);
+        self.warnings.borrow_mut().push(e.to_string());
     }
 
     fn line(&self, path: &FieldPath) -> Option<usize> {
@@ -584,6 +610,9 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
         ));
     };
     let f = |name: &str| top.key(name);
+    if m.contains_key("job") && !m.contains_key("plugin_id") {
+        return Err(cx.err(&f("job"), "this is a job spec: run it with `berth job run`"));
+    }
 
     // type first: a host volume spec is refused for its type, not its fields.
     let ty = required_string(cx, &f("type"), m.remove("type"), " (type = \"csi\")")?;
@@ -719,12 +748,12 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
         let required = topologies(cx, &tr_path.key("required"), tr.remove("required"))?;
         let pp = tr_path.key("preferred");
         let preferred = topologies(cx, &pp, tr.remove("preferred"))?;
-        if op == Operation::Register && !preferred.is_empty() {
-            return Err(cx.err(
-                &pp,
-                "only for volume create (a registered volume already has its place)",
-            ));
-        }
+        let preferred = if op == Operation::Register && !preferred.is_empty() {
+            cx.warn(&pp, "ignored: a registered volume already has its place");
+            Vec::new()
+        } else {
+            preferred
+        };
         let required: Vec<_> = required.into_iter().map(|(t, _)| t).collect();
         // A set: a spec may list thousands of topologies.
         let required_set: BTreeSet<&BTreeMap<String, String>> = required.iter().collect();
@@ -758,18 +787,17 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
     let kind = match op {
         Operation::Register => {
             for (field, given) in [
-                ("capacity_min", cmin.is_some()),
-                ("capacity_max", cmax.is_some()),
                 ("snapshot_id", snapshot.is_some()),
                 ("clone_id", clone.is_some()),
             ] {
                 if given {
-                    return Err(cx.err(
+                    cx.warn(
                         &f(field),
-                        "only for volume create; a registered volume already exists at the provider",
-                    ));
+                        "ignored: a registered volume already exists at the provider",
+                    );
                 }
             }
+            check_capacity_range(cx, &f, &cmin, &cmax)?;
             let ep = f("external_id");
             let ext = ext.ok_or_else(|| {
                 cx.err(
@@ -780,33 +808,24 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
             check_len(cx, &ep, &ext)?;
             SpecKind::Register {
                 external_id: ExternalId::new(ext).map_err(|e| cx.err(&ep, e.to_string()))?,
+                capacity_min: cmin.map(|(b, _)| b),
+                capacity_max: cmax.map(|(b, _)| b),
             }
         }
         Operation::Create => {
             if ext.is_some() {
-                return Err(cx.err(
+                cx.warn(
                     &f("external_id"),
-                    "only for volume register; the plugin chooses the id of a volume it creates",
-                ));
+                    "ignored: the plugin chooses the id of a volume it creates",
+                );
             }
             if !context.is_empty() {
-                return Err(cx.err(
+                cx.warn(
                     &f("context"),
-                    "only for volume register; the plugin returns the context of a volume it creates",
-                ));
+                    "ignored: the plugin returns the context of a volume it creates",
+                );
             }
-            if let (Some((min, min_s)), Some((max, max_s))) = (&cmin, &cmax)
-                && min > max
-            {
-                return Err(cx.err(
-                    &f("capacity_min"),
-                    format!(
-                        "{} ({min} bytes) is more than capacity_max {} ({max} bytes)",
-                        Quoted(min_s),
-                        Quoted(max_s)
-                    ),
-                ));
-            }
+            check_capacity_range(cx, &f, &cmin, &cmax)?;
             let source = match (snapshot, clone) {
                 (Some(_), Some(_)) => {
                     return Err(cx.err(&f("clone_id"), "give snapshot_id or clone_id, not both"));
@@ -831,6 +850,11 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
         }
     };
 
+    let context = if op == Operation::Create {
+        BTreeMap::new()
+    } else {
+        context
+    };
     Ok(VolumeSpec {
         id,
         name,
@@ -842,7 +866,30 @@ fn check(op: Operation, root: Value, cx: &Cx<'_>) -> Res<VolumeSpec> {
         parameters,
         context,
         kind,
+        warnings: cx.warnings.take(),
     })
+}
+
+/// `capacity_min` not above `capacity_max`.
+fn check_capacity_range(
+    cx: &Cx<'_>,
+    f: &dyn Fn(&str) -> FieldPath,
+    cmin: &Option<(u64, String)>,
+    cmax: &Option<(u64, String)>,
+) -> Res<()> {
+    if let (Some((min, min_s)), Some((max, max_s))) = (cmin, cmax)
+        && min > max
+    {
+        return Err(cx.err(
+            &f("capacity_min"),
+            format!(
+                "{} ({min} bytes) is more than capacity_max {} ({max} bytes)",
+                Quoted(min_s),
+                Quoted(max_s)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Checks a spec's `mount_options.fs_type` with [`validate_fs_type`] (empty passes: the
@@ -880,11 +927,10 @@ fn topologies(
             deny_unknown(cx, &here, &t, &["segments"])?;
             let sp = here.key("segments");
             let segments = string_map(cx, &sp, t.remove("segments"))?;
+            // An empty topology (`topology {}` or `segments {}`), as Nomad's template has,
+            // names no place: skipped.
             if segments.is_empty() {
-                return Err(cx.err(
-                    &sp,
-                    "must name at least one segment, e.g. segments { rack = \"R1\" }",
-                ));
+                continue;
             }
             if let Some((k, _)) = segments.iter().find(|(k, v)| k.is_empty() || v.is_empty()) {
                 return Err(cx.err(&sp.key(k), "segment keys and values must not be empty"));
@@ -1204,6 +1250,49 @@ parameters = {
     }
 
     #[test]
+    fn fields_of_the_other_command_are_accepted_with_a_warning_naming_them() {
+        // A register spec given to create: external_id and context are ignored.
+        let c = VolumeSpec::parse(Operation::Create, Path::new("/s/v.hcl"), REGISTER_HCL).unwrap();
+        assert!(c.context.is_empty());
+        let shown = c.warnings.join("\n");
+        assert!(shown.contains("external_id: ignored"), "{shown}");
+        assert!(shown.contains("context: ignored"), "{shown}");
+        assert!(!shown.contains(SECRET) && !shown.contains(FLAG), "{shown}");
+        // Create-only fields given to register: the range is recorded, the rest warned about.
+        let r = hcl(
+            Operation::Register,
+            &reg("capacity_min = \"1GiB\"\ncapacity_max = \"2GiB\"\nsnapshot_id = \"s1\"\ntopology_request {\n  preferred {\n    topology { segments { rack = \"R1\" } }\n  }\n  required {\n    topology {}\n  }\n}\n"),
+        )
+        .unwrap();
+        let SpecKind::Register {
+            capacity_min,
+            capacity_max,
+            ..
+        } = &r.kind
+        else {
+            panic!("{r:?}")
+        };
+        assert_eq!(
+            (*capacity_min, *capacity_max),
+            (Some(1 << 30), Some(2 << 30))
+        );
+        assert_eq!(
+            r.topology_request, None,
+            "empty and ignored topologies name no place"
+        );
+        assert_eq!(r.warnings.len(), 2, "{:?}", r.warnings);
+        assert!(
+            r.warnings[0].contains(":")
+                && r.warnings
+                    .iter()
+                    .any(|w| w.contains("snapshot_id: ignored"))
+        );
+        // A job spec says which command takes it.
+        let e = hcl(Operation::Create, "job \"j\" {\n}\n").unwrap_err();
+        assert!(e.message.contains("berth job run"), "{e}");
+    }
+
+    #[test]
     fn bad_specs_name_the_field() {
         let long = "a".repeat(129);
         let flags: Vec<String> = (0..300).map(|i| format!("\"{FLAG}-{i}\"")).collect();
@@ -1373,44 +1462,12 @@ parameters = {
                 "mount_options",
                 "file-system capabilities only",
             ),
-            // register vs create
-            (
-                Operation::Create,
-                create("external_id = \"vol-1\"\n"),
-                "external_id",
-                "only for volume register",
-            ),
-            (
-                Operation::Create,
-                create("context = { a = \"b\" }\n"),
-                "context",
-                "only for volume register",
-            ),
+            // register vs create: only a bad range is refused (other fields warn)
             (
                 Operation::Register,
-                reg("capacity_min = \"1GiB\"\n"),
+                reg("capacity_min = \"2GiB\"\ncapacity_max = \"1GiB\"\n"),
                 "capacity_min",
-                "only for volume create",
-            ),
-            (
-                Operation::Register,
-                reg("capacity_max = \"1GiB\"\n"),
-                "capacity_max",
-                "only for volume create",
-            ),
-            (
-                Operation::Register,
-                reg("snapshot_id = \"snap-1\"\n"),
-                "snapshot_id",
-                "only for volume create",
-            ),
-            (
-                Operation::Register,
-                reg(
-                    "topology_request {\n  preferred {\n    topology { segments { rack = \"R1\" } }\n  }\n}\n",
-                ),
-                "topology_request.preferred",
-                "only for volume create",
+                "is more than capacity_max",
             ),
             // create fields
             (
@@ -1460,9 +1517,11 @@ parameters = {
             ),
             (
                 Operation::Create,
-                create("topology_request {\n  required {\n    topology {}\n  }\n}\n"),
-                "topology_request.required.topology[0].segments",
-                "at least one segment",
+                create(
+                    "topology_request {\n  required {\n    topology { segments { rack = \"\" } }\n  }\n}\n",
+                ),
+                "topology_request.required.topology[0].segments.rack",
+                "must not be empty",
             ),
             (
                 Operation::Create,
@@ -1567,15 +1626,19 @@ parameters = {
         assert_eq!(e.line, Some(reg("").lines().count() + 3));
 
         let text = create(
-            "topology_request {\n  required {\n    topology { segments { rack = \"R1\" } }\n    topology {\n      segments = {}\n    }\n  }\n}\n",
+            "topology_request {\n  required {\n    topology { segments { rack = \"R1\" } }\n    topology {\n      segments = { rack = \"\" }\n    }\n  }\n}\n",
         );
         let want = text
             .lines()
-            .position(|l| l.contains("segments = {}"))
+            .position(|l| l.contains("segments = { rack = \"\" }"))
             .unwrap()
             + 1;
         let e = hcl(Operation::Create, &text).unwrap_err();
-        assert_eq!(e.field, "topology_request.required.topology[1].segments");
+        assert!(
+            e.field
+                .starts_with("topology_request.required.topology[1].segments"),
+            "{e}"
+        );
         assert_eq!(e.line, Some(want), "{e}");
 
         // A field that is absent points at its parent, or nowhere.
@@ -1726,7 +1789,6 @@ parameters = {
                 REGISTER_JSON.replace(&format!("\"{FLAG}\""), &format!("\"{FLAG}\\u0000\"")),
             ),
             // Something else wrong in a spec that has both.
-            (Operation::Create, REGISTER_HCL.to_string()),
             (
                 Operation::Register,
                 REGISTER_HCL.replace("single-node-writer", "bogus"),

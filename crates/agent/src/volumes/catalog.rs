@@ -32,8 +32,13 @@ impl Volumes {
         Ok(VolumeList { volumes })
     }
 
-    /// `POST /v1/volumes/register|create`.
-    pub async fn put(&self, op: SpecOp, req: VolumeSpecRequest) -> Result<VolumeStatus, ApiError> {
+    /// `POST /v1/volumes/register|create`. Creating a volume that berth already created, with
+    /// a `capacity_min` above its capacity, expands it (as Nomad does).
+    pub async fn put(
+        self: &Arc<Self>,
+        op: SpecOp,
+        req: VolumeSpecRequest,
+    ) -> Result<VolumeStatus, ApiError> {
         let file = PathBuf::from(req.file.clone().unwrap_or_else(|| "request body".into()));
         let operation = match op {
             SpecOp::Register => Operation::Register,
@@ -44,6 +49,32 @@ impl Volumes {
             SpecFormat::Json => VolumeSpec::parse_json(operation, &file, &req.spec),
         }
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        let mut warnings = spec.warnings.clone();
+        if let berth_volume::SpecKind::Create {
+            capacity_min: Some(min),
+            capacity_max,
+            ..
+        } = &spec.kind
+            && let Some(old) = self.cp.volume(&spec.id).map_err(cp_error)?
+            && old.origin == Origin::Created
+            && old.name == spec.name
+            && old.plugin_id == spec.plugin_id
+            && i64::try_from(*min).unwrap_or(i64::MAX) > old.capacity_bytes
+        {
+            let grown = self
+                .expand(
+                    &spec.id,
+                    ExpandRequest {
+                        capacity_min: *min,
+                        capacity_max: *capacity_max,
+                    },
+                )
+                .await?;
+            warnings.push(format!(
+                "volume {:?} exists: expanded from {} to {} bytes",
+                spec.id, old.capacity_bytes, grown.capacity_bytes
+            ));
+        }
         let rec = self.cp.put(&spec).await.map_err(cp_error)?;
         self.events.emit_volume(
             EventKind::VolumeRegistered,
@@ -55,7 +86,9 @@ impl Volumes {
                 Origin::Created => "created",
             },
         );
-        Ok(status_of(&rec, Vec::new()))
+        let mut status = status_of(&rec, Vec::new());
+        status.warnings = warnings;
+        Ok(status)
     }
 
     /// `DELETE /v1/volume/csi/{id}`.

@@ -153,5 +153,6 @@ pub(super) fn status_of(v: &VolumeRecord, usages: Vec<UsageView>) -> VolumeStatu
         claims: v.claims.values().map(claim_view).collect(),
         usages,
         created_ms: v.created_ms,
+        warnings: Vec::new(),
     }
 }

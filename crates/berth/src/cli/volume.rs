@@ -384,6 +384,10 @@ async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> 
     } else {
         client.register_volume(&req).await?
     };
+    // On stderr, so `--json` output stays one document.
+    for w in &volume.warnings {
+        eprintln!("warning: {w}");
+    }
     if args.json {
         redact_flags(&mut volume);
         return output::json(&volume);
