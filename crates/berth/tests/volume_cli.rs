@@ -138,6 +138,7 @@ fn vol1() -> VolumeStatus {
             }],
         }],
         created_ms: 1_700_000_000_000,
+        warnings: Vec::new(),
     }
 }
 
