@@ -115,7 +115,13 @@ fi
 printf 'ready\n'
 exec 1>&3 2>&4 3>&- 4>&-
 if [ "$init" = 1 ]; then
-  "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@" &
+  # Until it execs, the child is a copy of this shell with its traps: a signal caught there
+  # (it sets `pending` in the copy) ends it before the command starts.
+  (
+    trap - TERM INT HUP QUIT USR1 USR2
+    if [ -n "$pending" ]; then exit 143; fi
+    exec "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@"
+  ) &
   child=$!
   if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; fi
   status=0
