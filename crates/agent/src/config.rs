@@ -143,10 +143,9 @@ impl Default for NodeConfig {
     }
 }
 
-/// Paths a task's own layout takes: a `chroot_env` entry may not land on or under them.
-const TASK_LAYOUT: [&str; 7] = [
-    "/alloc", "/local", "/secrets", "/tmp", "/proc", "/dev", "/sys",
-];
+/// Paths of a task's root that get mounts of their own: a `chroot_env` entry may not land on
+/// or under them (`/local` and `/tmp` are plain directories, which an entry may go into).
+const TASK_LAYOUT: [&str; 5] = ["/alloc", "/secrets", "/proc", "/dev", "/sys"];
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -410,7 +409,7 @@ impl Config {
 
 /// The node's names, meta and `chroot_env`, checked: names are non-empty text without control
 /// characters; `chroot_env` maps absolute paths without `..` to absolute paths other than `/`
-/// that stay clear of a task's own layout (`/alloc`, `/local`, …). `Err((field, message))`.
+/// that stay clear of what a task's root mounts itself (`/alloc`, `/secrets`, `/proc`, `/dev`, `/sys`) and are not its `/local` or `/tmp` itself. `Err((field, message))`.
 fn node_fields(
     cfg: &mut Config,
     name: Option<String>,
@@ -485,6 +484,7 @@ fn node_fields(
             if let Some(own) = TASK_LAYOUT
                 .iter()
                 .find(|own| dst.starts_with(own) || Path::new(own).starts_with(dst))
+                .or_else(|| ["/local", "/tmp"].iter().find(|own| Path::new(own) == dst))
             {
                 return Err((
                     field,
