@@ -567,10 +567,17 @@ fn task_layout(shared: &Path, task_dir: &Path, chroot: bool) -> Result<(), Strin
             Ok(m) if m.is_dir() => Ok(()),
             Ok(_) => Err(fail(&"something other than a directory is there")),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::DirBuilder::new()
-                    .mode(mode)
-                    .create(dir)
-                    .map_err(|e| fail(&e))?;
+                match std::fs::DirBuilder::new().mode(mode).create(dir) {
+                    Ok(()) => {}
+                    // A sibling task's prestart made it just now.
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                        return match std::fs::symlink_metadata(dir) {
+                            Ok(m) if m.is_dir() => Ok(()),
+                            _ => Err(fail(&"something other than a directory is there")),
+                        };
+                    }
+                    Err(e) => return Err(fail(&e)),
+                }
                 // Exactly `mode`, whatever the umask.
                 std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
                     .map_err(|e| fail(&e))
