@@ -9,7 +9,8 @@ pub mod jobs;
 pub mod manager;
 pub mod metrics;
 mod node_attrs;
-pub mod plugin_slot;
+/// The slot of a plugin the agent runs (moved to `berth_sys::slot`).
+pub use berth_sys::slot as plugin_slot;
 pub mod plugin_tasks;
 pub mod registry;
 pub mod supervisor;

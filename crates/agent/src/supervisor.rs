@@ -13,35 +13,11 @@ use nix::{sys::signal::Signal, unistd::Pid};
 use tokio::{process::Command, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use crate::{
-    events::EventBus,
-    plugin_slot::{PluginSlot, open_private_append},
-    volumes::CRASH_ENV,
-};
+use berth_sys::slot::{PluginSlot, open_private_append};
 
-/// Restart backoff and stop grace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestartPolicy {
-    /// First wait after an exit.
-    pub initial: Duration,
-    /// Longest wait.
-    pub max: Duration,
-    /// A run at least this long resets the wait to `initial`.
-    pub reset_after: Duration,
-    /// How long a stopping plugin gets after SIGTERM before SIGKILL.
-    pub stop_grace: Duration,
-}
+use crate::{events::EventBus, volumes::CRASH_ENV};
 
-impl Default for RestartPolicy {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(500),
-            max: Duration::from_secs(60),
-            reset_after: Duration::from_secs(30),
-            stop_grace: Duration::from_secs(5),
-        }
-    }
-}
+pub use berth_sys::slot::RestartPolicy;
 
 /// One plugin process under supervision.
 #[derive(Debug)]

@@ -14,6 +14,7 @@ pub mod mount;
 mod mountinfo;
 pub mod procs;
 mod rlimit;
+pub mod slot;
 
 pub use duration::short_duration;
 pub use fs::{

@@ -1,6 +1,7 @@
-//! The slot of one plugin the agent runs from its config: what lets an agent find and stop
-//! every copy of the plugin an earlier agent started, whatever moment that agent died at, so
-//! that two copies never run on one state dir and socket.
+//! The slot of one plugin process the agent runs (a CSI plugin from its config, a device
+//! plugin): what lets an agent find and stop every copy of the plugin an earlier agent
+//! started, whatever moment that agent died at, so that two copies never run on one state dir
+//! and socket. Also the restart policy every supervised plugin follows ([`RestartPolicy`]).
 //!
 //! - Every copy carries [`ID_VAR`] (the plugin id) and [`DIR_VAR`] (the slot's directory, the
 //!   one holding the plugin's log) in its environment: from its `execve` on, `/proc` shows whose
@@ -23,7 +24,7 @@ use std::{
     time::Duration,
 };
 
-use berth_sys::procs::{self, FileId, ProcessEntry, ProcessRef};
+use crate::procs::{self, FileId, ProcessEntry, ProcessRef};
 use nix::{
     errno::Errno,
     fcntl::{Flock, FlockArg},
@@ -40,6 +41,43 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How long a copy between fork and exec (it holds the lock but is not marked yet) is waited for.
 const FORK_WAIT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(20);
+
+/// How a supervised plugin process is restarted and stopped: exponential backoff between
+/// starts, reset after a long enough run, and a grace period between SIGTERM and SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestartPolicy {
+    /// First wait after an exit.
+    pub initial: Duration,
+    /// Longest wait.
+    pub max: Duration,
+    /// A run at least this long resets the wait to `initial`.
+    pub reset_after: Duration,
+    /// How long a stopping plugin gets after SIGTERM before SIGKILL.
+    pub stop_grace: Duration,
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(60),
+            reset_after: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl RestartPolicy {
+    /// The wait after a start that ran for `ran`, when the previous wait was `previous`
+    /// (`None` for the first failure): `initial` after a long run or the first failure, else
+    /// twice `previous`, at most `max`.
+    pub fn next_wait(&self, previous: Option<Duration>, ran: Duration) -> Duration {
+        match previous {
+            Some(p) if ran < self.reset_after => (p * 2).min(self.max).max(self.initial),
+            _ => self.initial,
+        }
+    }
+}
 
 /// Why the slot cannot be claimed (or made).
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +104,7 @@ pub enum SlotError {
     /// The lock stayed held by processes that do not carry the plugin's mark.
     #[error(
         "plugin {id:?}: the lock {} is still held after {} (processes holding it open: {pids:?})",
-        path.display(), berth_sys::short_duration(*waited)
+        path.display(), crate::short_duration(*waited)
     )]
     Busy {
         /// The plugin.
@@ -179,8 +217,8 @@ impl PluginSlot {
     }
 
     /// Records the pid of the copy just started (written atomically, mode 0600).
-    pub fn record(&self, pid: u32) -> Result<(), berth_sys::AtomicWriteError> {
-        berth_sys::write_atomic(&self.pid_path, format!("{pid}\n").as_bytes())
+    pub fn record(&self, pid: u32) -> Result<(), crate::AtomicWriteError> {
+        crate::write_atomic(&self.pid_path, format!("{pid}\n").as_bytes())
     }
 
     /// Removes the pid file (the copy it named has exited).
@@ -215,7 +253,7 @@ impl PluginSlot {
         if self.mark.is_some() {
             return Ok(());
         }
-        berth_sys::create_private_dir(&self.dir).map_err(|e| self.io_err(&self.dir, e))?;
+        crate::create_private_dir(&self.dir).map_err(|e| self.io_err(&self.dir, e))?;
         let dir = std::fs::canonicalize(&self.dir).map_err(|e| self.io_err(&self.dir, e))?;
         create_private_file(&self.lock_path).map_err(|e| self.io_err(&self.lock_path, e))?;
         // Compared with what /proc shows, so a path that is not UTF-8 is marked lossily too.
