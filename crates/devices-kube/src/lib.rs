@@ -1,0 +1,1 @@
+//! Kubernetes device plugins (being written).

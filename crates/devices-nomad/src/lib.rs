@@ -1,0 +1,1 @@
+//! Nomad device plugins (being written).
