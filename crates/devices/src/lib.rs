@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod attribute;
+pub mod cdi;
 pub mod grpc;
 pub mod model;
 pub mod plugin;
