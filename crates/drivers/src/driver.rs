@@ -40,6 +40,9 @@ pub struct Capabilities {
     pub bind_mounts: bool,
     /// Whether [`Resources`](crate::Resources) limits are applied (when the host allows).
     pub resource_limits: bool,
+    /// Whether [`TaskConfig::devices`] is honoured: the nodes appear in the task's root. A
+    /// driver without it refuses a task with devices.
+    pub device_nodes: bool,
 }
 
 /// A driver's health, as found by its fingerprint.
@@ -95,8 +98,8 @@ impl Fingerprint {
 ///
 /// Tasks are identified by their [`TaskId`]; a task stays known to the driver after it exits,
 /// until [`destroy`](Self::destroy). Async methods return a [`DriverFuture`] so that drivers
-/// can be held as `Arc<dyn Driver>`. Task events (started, signaled, killed, exited) go to the
-/// [`EventSink`](crate::EventSink) the driver was made with.
+/// can be held as `Arc<dyn Driver>`. Task events (started, notes, signaled, killed, exited) go
+/// to the [`EventSink`](crate::EventSink) the driver was made with.
 pub trait Driver: Send + Sync + fmt::Debug {
     /// The driver's name, e.g. `raw_exec`; tasks' handles carry it.
     fn name(&self) -> &str;

@@ -71,6 +71,10 @@ pub enum TaskEventKind {
         /// Whether the OOM killer acted in the task's cgroup.
         oom_killed: bool,
     },
+    /// A fact about how the driver set the task up that its events should show, one per
+    /// event, in the event's message: a limit not applied, the device nodes it was given, the
+    /// device access it is allowed. Sent right after `Started`.
+    Note,
     /// Made by the manager: this many older events of the task were dropped because more
     /// were held back for it than the limit. Delivered in their place, before the rest.
     Dropped {
@@ -87,6 +91,7 @@ impl fmt::Display for TaskEventKind {
             Self::Signaled { .. } => "signaled",
             Self::Killed => "killed",
             Self::Exited { .. } => "exited",
+            Self::Note => "note",
             Self::Dropped { .. } => "dropped",
         })
     }

@@ -16,11 +16,12 @@ use tokio::{io::AsyncReadExt as _, process::Command};
 
 use crate::{
     cgroup::{self, CgroupParent, CgroupSetting, TaskCgroup},
+    devices::{self, DeviceBind, DevicesCgroup, DevicesCgroupSetting, DevicesParent},
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::EventSink,
     procfs,
-    supervisor::{ProcessConfig, Supervisor, prepare_files, task_env},
+    supervisor::{Isolation, ProcessConfig, Supervisor, empty_within, prepare_files, task_env},
     task::{
         ExitResult, PidMode, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus,
     },
@@ -37,12 +38,14 @@ const SETUP_STDERR_LIMIT: u64 = 8192;
 
 /// Runs in the task's new mount namespace (as PID 1 of its new PID namespace with a private
 /// `pid_mode`), as `sh -c SETUP_SCRIPT berth-exec <stdout log> <stderr log> <cgroup.procs or
-/// ""> <mount> <mkdir> <ln> <chroot> <root> <init 0|1> <uid> <gid> <groups> <privileged 0|1>
-/// <count> <shared mount to make a slave>… <count> (<source> <path in root> <ro|rw>
-/// <keep|private|slave|shared>)… <command> <args>…`. It joins the cgroup, makes the slaves
-/// (only with a bidirectional mount), mounts the root's own file systems (`secrets` tmpfs,
-/// `proc`, `dev`, `sys`), then the binds in order (chroot_env, alloc, the task's mounts), says
-/// `ready`, and runs the command chrooted as the task's user. With `init`, it stays as PID 1,
+/// ""> <mount> <mkdir> <ln> <chroot> <root> <init 0|1> <devices cgroup.procs or ""> <uid>
+/// <gid> <groups> <privileged 0|1> <count> <shared mount to make a slave>… <count> (<source>
+/// <path in root> <ro|rw> <keep|private|slave|shared>)… <count> (<device node> <path in root>
+/// <make the mount point in the task's /dev 0|1>)… <command> <args>…`. It joins the cgroup and
+/// the devices cgroup, makes the slaves (only with a bidirectional mount), mounts the root's
+/// own file systems (`secrets` tmpfs, `proc`, `dev`, `sys`), then the binds in order
+/// (chroot_env, alloc, the task's mounts), then the device nodes, says `ready`, and runs the
+/// command chrooted as the task's user. With `init`, it stays as PID 1,
 /// passing signals on to the command and exiting with its status (a PID 1 ignores signals it
 /// has no handler for). Every mount point exists already (see [`crate::root`]); every path
 /// arrives as an argument and is quoted; nothing is interpolated into the script.
@@ -52,10 +55,13 @@ exec 3>>"$1" || fail "cannot open the stdout log $1"
 exec 4>>"$2" || fail "cannot open the stderr log $2"
 cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 ln_bin=$6 chroot_bin=$7 root=$8 init=$9
 shift 9
-uid=$1 gid=$2 groups=$3 privileged=$4 slaves=$5
-shift 5
+devices_procs=$1 uid=$2 gid=$3 groups=$4 privileged=$5 slaves=$6
+shift 6
 if [ -n "$cgroup_procs" ]; then
   printf '%s\n' "$$" >"$cgroup_procs" || fail "cannot join the cgroup ($cgroup_procs)"
+fi
+if [ -n "$devices_procs" ]; then
+  printf '%s\n' "$$" >"$devices_procs" || fail "cannot join the devices cgroup ($devices_procs)"
 fi
 while [ "$slaves" -gt 0 ]; do
   "$mount_bin" --make-slave -- "$1" || fail "cannot make $1 a slave mount"
@@ -105,6 +111,19 @@ while [ "$count" -gt 0 ]; do
   esac
   count=$((count - 1))
 done
+count=$1
+shift
+while [ "$count" -gt 0 ]; do
+  src=$1 dst=$root$2 make=$3
+  shift 3
+  if [ "$make" = 1 ]; then
+    # In the task's fresh /dev tmpfs, which holds nothing but what this script made.
+    "$mkdir_bin" -p -- "${dst%/*}" || fail "cannot make the directory of ${dst#"$root"}"
+    [ -e "$dst" ] || : >"$dst" || fail "cannot make the mount point ${dst#"$root"}"
+  fi
+  "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind the device node $src at ${dst#"$root"}"
+  count=$((count - 1))
+done
 child='' pending=''
 fwd() { if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi; }
 if [ "$init" = 1 ]; then
@@ -140,6 +159,8 @@ exec "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@"
 pub struct ExecConfig {
     /// Where task cgroups go.
     pub cgroup: CgroupSetting,
+    /// Where tasks' devices cgroups go (cgroup v1 hosts only).
+    pub devices_cgroup: DevicesCgroupSetting,
     /// How long the set-up in the new namespace (mounts, cgroup) may take.
     pub setup_timeout: Duration,
     /// How processes are watched and stopped.
@@ -167,6 +188,7 @@ impl Default for ExecConfig {
     fn default() -> Self {
         Self {
             cgroup: CgroupSetting::default(),
+            devices_cgroup: DevicesCgroupSetting::default(),
             setup_timeout: Duration::from_secs(30),
             process: ProcessConfig::default(),
             chroot_env: DEFAULT_CHROOT_ENV
@@ -189,6 +211,8 @@ struct Host {
     sh: PathBuf,
     /// `Ok(None)`: disabled; `Err(reason)`: unavailable.
     cgroups: Result<Option<CgroupParent>, String>,
+    /// Where devices cgroups go; `Ok(None)`: disabled; `Err(reason)`: unavailable.
+    devices: Result<Option<DevicesParent>, String>,
 }
 
 /// Runs a task like `raw_exec` (own process group, logs, environment, survives the agent),
@@ -196,21 +220,41 @@ struct Host {
 /// becomes its `/`, holding the [`ExecConfig::chroot_env`] read-only, `alloc/` (the alloc's
 /// shared directory), `local/` and `tmp/`, `secrets/` (a tmpfs only it sees), a small `/dev`,
 /// `/proc` and a read-only `/sys` (the host's `/dev` and `/sys` when
-/// [`privileged`](TaskConfig::privileged)), and its [`BindMount`](crate::BindMount)s at their
-/// destinations in the root. Every mount is made in the task's own mount namespace (a slave of
-/// the host's: host unmounts reach it, its own mounts never leave it); mount points are made
-/// in the task's directory, never elsewhere on the host. It runs as its user (default
+/// [`privileged`](TaskConfig::privileged)), its [`BindMount`](crate::BindMount)s at their
+/// destinations in the root, then its [`TaskDevice`](crate::TaskDevice)s' nodes bound at
+/// their `task_path`s. Every mount is made in the task's own mount namespace (a slave of the
+/// host's: host unmounts reach it, its own mounts never leave it); mount points are made in
+/// the task's directory (or, for device nodes under `/dev`, in the task's own `/dev` tmpfs),
+/// never following a symlink and never elsewhere on the host. It runs as its user (default
 /// [`ExecConfig::default_user`]) in a PID namespace of its own unless
 /// [`PidMode::Host`](crate::PidMode).
 ///
 /// The process is started as `unshare --mount [--pid --fork] -- sh -c <set-up>`: the script
-/// joins the task's cgroup, mounts, and runs the command through `chroot --userspec`; with a
+/// joins the task's cgroups, mounts, and runs the command through `chroot --userspec`; with a
 /// PID namespace it stays as its PID 1, passing signals on. A set-up failure fails
-/// [`start`](Driver::start) with the script's message.
+/// [`start`](Driver::start) with the script's message, and removes the task's cgroups.
 ///
 /// Each task gets a cgroup v2 (`<parent>/<task id>`) when the host has a writable cgroup v2
 /// hierarchy, with `memory.max` from the task's resources when the memory controller is
 /// available; the fingerprint's attributes say what is available and why not.
+///
+/// Devices: a device's host path must be a character or block device node; its task path may
+/// not lie in `/proc`, `/sys`, `/alloc`, `/secrets`, a chroot_env entry, a bind mount, or what
+/// the driver makes in `/dev` itself (`fd`, `std*`, `pts`, `shm`). On hosts with the cgroup
+/// v1 `devices` controller each task (but a privileged one, which sees the host's devices)
+/// also gets a devices cgroup, `<the agent's devices cgroup>/<name>/<task id>`
+/// ([`ExecConfig::devices_cgroup`]), joined before anything is mounted: every device is denied
+/// but those a container usually gets (`mknod` of any node, `/dev/null`, `zero`, `full`,
+/// `random`, `urandom`, `tty`, `console`, `ptmx`, `pts/*`) and each of the task's nodes with
+/// its permissions. It is removed with the task's cgroup, and found again from the task id by
+/// [`recover`](Driver::recover). Without the controller (cgroup v2 only: device access there
+/// would need an eBPF program, which berth does not load) the nodes are bound all the same and
+/// device access is not restricted. The fingerprint's `driver.exec.devices_cgroup` says which.
+/// A privileged task's device under `/dev` must keep its host path (it is visible already).
+///
+/// What the task's set-up leaves unsaid in its state (no cgroup, a limit not applied, the
+/// device nodes it got, the device access it is allowed) is sent as
+/// [`Note`](crate::TaskEventKind::Note) events, one per fact, right after `Started`.
 ///
 /// Needs root, util-linux's `unshare` and `mount`, coreutils' `chroot`, `mkdir` and `ln`, and
 /// `sh`.
@@ -243,6 +287,7 @@ impl ExecDriver {
             chroot: tools.chroot,
             sh: tools.sh,
             cgroups: cgroup::prepare(&self.config.cgroup),
+            devices: devices::prepare(&self.config.devices_cgroup),
         };
         probe_unshare(&host).await?;
         Ok(host)
@@ -307,6 +352,14 @@ impl ExecDriver {
                 );
             }
         }
+        attrs.insert(
+            format!("driver.{EXEC}.devices_cgroup"),
+            match &host.devices {
+                Ok(Some(parent)) => parent.dir.display().to_string(),
+                Ok(None) => "disabled".into(),
+                Err(reason) => format!("unavailable: {reason}"),
+            },
+        );
         *self.lock_host() = Some(host);
         fp
     }
@@ -360,6 +413,21 @@ impl ExecDriver {
             .map(PathBuf::from)
             .chain(chroot_env.iter().map(|(_, dst)| dst.clone()))
             .collect();
+        // Devices are checked before any mount point is made; they may go in `/dev`.
+        let planned = {
+            let taken: Vec<PathBuf> = taken
+                .iter()
+                .filter(|t| t.as_path() != Path::new("/dev"))
+                .cloned()
+                .collect();
+            let mounts: Vec<PathBuf> = config
+                .mounts
+                .iter()
+                .map(|m| normalized(&m.destination))
+                .collect();
+            devices::plan(&config.devices, config.privileged, &taken, &mounts)
+                .map_err(|(field, reason)| invalid(&field, reason))?
+        };
         let mut binds: Vec<(PathBuf, PathBuf, &str, &str)> = chroot_env
             .iter()
             .map(|(src, dst)| (src.clone(), dst.clone(), "ro", "keep"))
@@ -391,6 +459,14 @@ impl ExecDriver {
             };
             binds.push((m.source.clone(), dest, access, prop));
         }
+        for d in planned.iter().filter(|d| d.bind == DeviceBind::InRoot) {
+            crate::root::make_point(&root, &d.task_path, true).map_err(|e| {
+                invalid(
+                    &format!("devices[{}].task_path", d.index),
+                    format!("making the mount point: {e}"),
+                )
+            })?;
+        }
         let env = task_env(&config, &self.config.process);
         let path = env.get("PATH").cloned().unwrap_or_default();
         let workdir = normalized(&config.dir);
@@ -418,36 +494,108 @@ impl ExecDriver {
         let reservation = self.sup.reserve(&config.id)?;
         prepare_files(&config, false)?;
 
-        let mut notes = Vec::new();
+        // Kills and removes what is made from here on if the start does not complete.
+        let mut abandon = Abandon {
+            pgid: None,
+            isolation: Isolation::default(),
+        };
+        let cgroup_err = |e: cgroup::CgroupError| DriverError::Cgroup {
+            task_id: config.id.clone(),
+            what: e.what,
+            path: e.path,
+            source: e.source,
+        };
+        // Facts the task's events show, each with whether it is a warning for the log.
+        let mut notes: Vec<(bool, String)> = Vec::new();
         let memory = config.resources.memory_max_bytes;
-        let cgroup = match &host.cgroups {
+        match &host.cgroups {
             Ok(Some(parent)) => {
                 let (cg, warning) =
-                    TaskCgroup::create(parent, &config.id, memory).map_err(|e| {
-                        DriverError::Cgroup {
-                            task_id: config.id.clone(),
-                            what: e.what,
-                            path: e.path,
-                            source: e.source,
-                        }
-                    })?;
-                notes.extend(warning);
-                Some(cg)
+                    TaskCgroup::create(parent, &config.id, memory).map_err(cgroup_err)?;
+                notes.extend(warning.map(|w| (true, w)));
+                abandon.isolation.cgroup = Some(cg);
             }
-            Ok(None) => {
-                notes.push("no cgroup: disabled".to_owned());
-                None
-            }
-            Err(reason) => {
-                notes.push(format!("no cgroup: {reason}"));
-                None
-            }
-        };
-        if cgroup.is_none() && memory.is_some() {
-            notes.push("memory limit not applied".into());
+            Ok(None) => notes.push((true, "no cgroup: disabled".to_owned())),
+            Err(reason) => notes.push((true, format!("no cgroup: {reason}"))),
         }
-        for note in &notes {
-            tracing::warn!(task_id = %config.id, "{note}");
+        if abandon.isolation.cgroup.is_none() && memory.is_some() {
+            notes.push((true, "memory limit not applied".into()));
+        }
+        for d in &planned {
+            let fact = match d.bind {
+                DeviceBind::HostDev => format!(
+                    "device nodes: {} ({}) is the host's own (a privileged task sees the host's /dev)",
+                    d.task_path.display(),
+                    d.node
+                ),
+                DeviceBind::InDev | DeviceBind::InRoot => format!(
+                    "device nodes: {} ({}) bound from {}",
+                    d.task_path.display(),
+                    d.node,
+                    d.source.display()
+                ),
+            };
+            notes.push((false, fact));
+        }
+        let unrestricted =
+            |why: &str| format!("devices cgroup: {why}: device access is not restricted");
+        if config.privileged {
+            // A CSI plugin needs the host's devices: no devices cgroup.
+            if !planned.is_empty() {
+                notes.push((false, unrestricted("none for a privileged task")));
+            }
+        } else {
+            match &host.devices {
+                Ok(Some(parent)) => {
+                    let dev = parent.task(&config.id);
+                    let own: Vec<_> = planned
+                        .iter()
+                        .filter(|d| !d.permissions.is_empty())
+                        .map(|d| d.node.rule(&d.permissions))
+                        .collect();
+                    let left_out = dev
+                        .create(&devices::default_rules(), &own)
+                        .map_err(cgroup_err)?;
+                    abandon.isolation.devices = Some(dev);
+                    for rule in left_out {
+                        notes.push((
+                            true,
+                            format!("devices cgroup: {rule} left out: the agent's own devices cgroup does not allow it"),
+                        ));
+                    }
+                    for d in &planned {
+                        notes.push((
+                            false,
+                            if d.permissions.is_empty() {
+                                format!(
+                                    "devices cgroup: no permissions for {} ({})",
+                                    d.task_path.display(),
+                                    d.node
+                                )
+                            } else {
+                                format!(
+                                    "devices cgroup: allowed {} {} for {}",
+                                    d.node,
+                                    d.permissions,
+                                    d.task_path.display()
+                                )
+                            },
+                        ));
+                    }
+                }
+                Ok(None) if !planned.is_empty() => notes.push((true, unrestricted("disabled"))),
+                Err(reason) if !planned.is_empty() => {
+                    notes.push((true, unrestricted(&format!("unavailable ({reason})"))));
+                }
+                _ => {}
+            }
+        }
+        for (warning, note) in &notes {
+            if *warning {
+                tracing::warn!(task_id = %config.id, "{note}");
+            } else {
+                tracing::info!(task_id = %config.id, "{note}");
+            }
         }
 
         let slaves = slaves_for(&config)?;
@@ -472,7 +620,9 @@ impl ExecDriver {
             .arg(&config.stdout_path)
             .arg(&config.stderr_path)
             .arg(
-                cgroup
+                abandon
+                    .isolation
+                    .cgroup
                     .as_ref()
                     .map(TaskCgroup::procs_file)
                     .unwrap_or_default(),
@@ -483,6 +633,14 @@ impl ExecDriver {
             .arg(&host.chroot)
             .arg(&root)
             .arg(if init { "1" } else { "0" })
+            .arg(
+                abandon
+                    .isolation
+                    .devices
+                    .as_ref()
+                    .map(DevicesCgroup::procs_file)
+                    .unwrap_or_default(),
+            )
             .arg(who.uid.to_string())
             .arg(who.gid.to_string())
             .arg(if groups.is_empty() {
@@ -496,6 +654,20 @@ impl ExecDriver {
         cmd.arg(binds.len().to_string());
         for (src, dst, access, prop) in &binds {
             cmd.arg(src).arg(dst).arg(access).arg(prop);
+        }
+        let nodes: Vec<_> = planned
+            .iter()
+            .filter(|d| d.bind != DeviceBind::HostDev)
+            .collect();
+        cmd.arg(nodes.len().to_string());
+        for d in nodes {
+            cmd.arg(&d.source)
+                .arg(&d.task_path)
+                .arg(if d.bind == DeviceBind::InDev {
+                    "1"
+                } else {
+                    "0"
+                });
         }
         if workdir != Path::new("/") {
             // chroot starts in `/`: a shell in the root enters the working directory.
@@ -512,7 +684,6 @@ impl ExecDriver {
             .stderr(Stdio::piped())
             .process_group(0)
             .kill_on_drop(false);
-        let mut abandon = Abandon { pgid: None, cgroup };
         let mut child = cmd.spawn().map_err(|source| DriverError::Spawn {
             task_id: config.id.clone(),
             program: host.unshare.display().to_string(),
@@ -564,26 +735,26 @@ impl ExecDriver {
             }
             // Reaped: the group id may be reused from now on.
             abandon.pgid = None;
-            drop(abandon);
+            abandon.clean_up(self.config.process.kill_timeout).await;
             return Err(DriverError::Setup {
                 task_id: config.id.clone(),
                 message,
             });
         }
-        let note = (!notes.is_empty()).then(|| notes.join("; "));
-        let cgroup = abandon.disarm();
-        reservation.commit_child(child, cgroup, note).await
+        let isolation = abandon.disarm();
+        let notes = notes.into_iter().map(|(_, note)| note).collect();
+        reservation.commit_child(child, isolation, notes).await
     }
 }
 
-/// Kills the process group and cgroup of a task whose start is abandoned (an error, or the
+/// Kills the process group and cgroups of a task whose start is abandoned (an error, or the
 /// `start` future dropped during set-up) before the supervisor owns it, and removes the
-/// cgroup (best effort: a cgroup still emptying stays, and is reused by the next start of
-/// the id).
+/// cgroups: at once when dropped (best effort: a cgroup still emptying stays, and is reused by
+/// the next start of the id), or after they empty with [`clean_up`](Self::clean_up).
 #[derive(Debug)]
 struct Abandon {
     pgid: Option<u32>,
-    cgroup: Option<TaskCgroup>,
+    isolation: Isolation,
 }
 
 impl Abandon {
@@ -593,20 +764,39 @@ impl Abandon {
         }
     }
 
+    /// Kills what is left in the cgroups, waits (up to `timeout` for each) until they are
+    /// empty, and removes them.
+    async fn clean_up(&mut self, timeout: Duration) {
+        self.kill_group();
+        let isolation = std::mem::take(&mut self.isolation);
+        if let Some(cg) = &isolation.cgroup {
+            let deadline = tokio::time::Instant::now() + timeout;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            loop {
+                let _ = cg.kill_all();
+                tick.tick().await;
+                if !cg.populated().unwrap_or(true) || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+            }
+        }
+        if let Some(dev) = &isolation.devices {
+            empty_within(dev, timeout).await;
+        }
+        isolation.abandon();
+    }
+
     /// The task is handed over: nothing to kill.
-    fn disarm(mut self) -> Option<TaskCgroup> {
+    fn disarm(mut self) -> Isolation {
         self.pgid = None;
-        self.cgroup.take()
+        std::mem::take(&mut self.isolation)
     }
 }
 
 impl Drop for Abandon {
     fn drop(&mut self) {
         self.kill_group();
-        if let Some(cg) = self.cgroup.take() {
-            let _ = cg.kill_all();
-            let _ = cg.remove();
-        }
+        self.isolation.abandon();
     }
 }
 
@@ -728,6 +918,7 @@ impl Driver for ExecDriver {
             exec: false,
             bind_mounts: true,
             resource_limits: true,
+            device_nodes: true,
         }
     }
 
@@ -775,7 +966,17 @@ impl Driver for ExecDriver {
     }
 
     fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>> {
-        Box::pin(async move { self.sup.recover(handle) })
+        Box::pin(async move {
+            // Not in the handle: the devices cgroup's path follows from the task id.
+            let devices = match self.host().await {
+                Ok(host) => match &host.devices {
+                    Ok(Some(parent)) => Some(parent.task(&handle.task_id)),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            self.sup.recover(handle, devices)
+        })
     }
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {

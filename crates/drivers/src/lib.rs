@@ -4,10 +4,17 @@
 //! - [`Driver`]: the one trait every driver implements; async methods return boxed futures
 //!   ([`DriverFuture`]) so drivers live as `Arc<dyn Driver>`.
 //! - [`RawExecDriver`] (`raw_exec`): a plain host process in its own process group.
-//! - [`ExecDriver`] (`exec`): the same in its own mount namespace with bind mounts, and in its
-//!   own cgroup v2 when the host allows.
+//! - [`ExecDriver`] (`exec`): the same in a root of its own (its own mount and PID
+//!   namespaces) with bind mounts and device nodes ([`TaskDevice`]), in its own cgroup v2 when
+//!   the host allows, and with its device access limited to its own nodes by a cgroup v1
+//!   `devices` cgroup where the host has that controller.
 //! - [`DriverManager`]: fingerprints and health of the drivers, and task events routed to
-//!   per-task handlers (held back until a handler registers).
+//!   per-task handlers (held back until a handler registers). Besides what happens to a task,
+//!   drivers send [`TaskEventKind::Note`] events: facts of its set-up its events should show.
+//!
+//! [`Capabilities`] say what a driver honours of a [`TaskConfig`]: a driver without
+//! `bind_mounts` or `device_nodes` refuses a task that asks for them (`raw_exec` runs a plain
+//! host process, with neither).
 //!
 //! Tasks survive the agent: a [`TaskHandle`] (pid, process start time, boot id) is what the
 //! agent persists, and [`Driver::recover`] re-attaches a new driver instance to the running
@@ -18,6 +25,7 @@
 #![warn(missing_docs)]
 
 mod cgroup;
+mod devices;
 mod driver;
 mod error;
 mod event;
@@ -31,6 +39,7 @@ mod supervisor;
 mod task;
 
 pub use cgroup::CgroupSetting;
+pub use devices::DevicesCgroupSetting;
 pub use driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health};
 pub use error::DriverError;
 pub use event::{EventSink, TaskEvent, TaskEventKind};
@@ -41,6 +50,6 @@ pub use nix::sys::signal::Signal;
 pub use raw_exec::{RAW_EXEC, RawExecDriver};
 pub use supervisor::ProcessConfig;
 pub use task::{
-    BindMount, ExitResult, HANDLE_VERSION, PidMode, Propagation, Resources, TaskConfig, TaskDirs,
-    TaskHandle, TaskId, TaskState, TaskStats, TaskStatus,
+    BindMount, ExitResult, HANDLE_VERSION, PidMode, Propagation, Resources, TaskConfig, TaskDevice,
+    TaskDirs, TaskHandle, TaskId, TaskState, TaskStats, TaskStatus,
 };

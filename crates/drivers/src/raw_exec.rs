@@ -9,7 +9,7 @@ use crate::{
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::EventSink,
-    supervisor::{ProcessConfig, Supervisor, prepare_files, task_env},
+    supervisor::{Isolation, ProcessConfig, Supervisor, prepare_files, task_env},
     task::{ExitResult, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
 };
 
@@ -22,6 +22,9 @@ pub const RAW_EXEC: &str = "raw_exec";
 ///
 /// The environment is exactly the task's `env` plus the agent's `PATH` if `env` has none:
 /// unlike Nomad, the agent's own environment (which may hold credentials) is not passed on.
+///
+/// It has no root of its own, so it cannot give a task device nodes: a config with
+/// [`devices`](crate::TaskConfig::devices) is refused (use `exec`).
 ///
 /// The process does not die with the agent (no parent-death signal): it is recovered by the
 /// next agent from its [`TaskHandle`].
@@ -40,6 +43,13 @@ impl RawExecDriver {
 
     async fn start_task(&self, config: TaskConfig) -> Result<TaskHandle, DriverError> {
         config.validate()?;
+        if !config.devices.is_empty() {
+            return Err(DriverError::InvalidConfig {
+                task_id: config.id,
+                field: "devices".into(),
+                reason: "raw_exec runs tasks on the host without isolation: it cannot give a task device nodes; use exec".into(),
+            });
+        }
         if !config.mounts.is_empty() {
             return Err(DriverError::Unsupported {
                 task_id: config.id,
@@ -78,7 +88,9 @@ impl RawExecDriver {
             program: config.command.clone(),
             source,
         })?;
-        reservation.commit_child(child, None, None).await
+        reservation
+            .commit_child(child, Isolation::default(), Vec::new())
+            .await
     }
 }
 
@@ -94,6 +106,7 @@ impl Driver for RawExecDriver {
             exec: false,
             bind_mounts: false,
             resource_limits: false,
+            device_nodes: false,
         }
     }
 
@@ -146,7 +159,7 @@ impl Driver for RawExecDriver {
     }
 
     fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>> {
-        Box::pin(async move { self.sup.recover(handle) })
+        Box::pin(async move { self.sup.recover(handle, None) })
     }
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {

@@ -25,6 +25,7 @@ use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
     cgroup::TaskCgroup,
+    devices::DevicesCgroup,
     error::DriverError,
     event::{EventSink, TaskEvent, TaskEventKind},
     procfs,
@@ -84,6 +85,7 @@ struct TaskEntry {
     /// `Some` once the main process has exited.
     exit: watch::Sender<Option<ExitResult>>,
     cgroup: Option<TaskCgroup>,
+    devices: Option<DevicesCgroup>,
     /// Whether the process is our child (its exit status can be read).
     child: bool,
 }
@@ -108,6 +110,31 @@ impl TaskEntry {
     }
 }
 
+/// The cgroups a task was put in; the supervisor kills through them and removes them when the
+/// task is destroyed.
+#[derive(Debug, Default)]
+pub(crate) struct Isolation {
+    /// Its cgroup v2.
+    pub cgroup: Option<TaskCgroup>,
+    /// Its cgroup v1 `devices` cgroup.
+    pub devices: Option<DevicesCgroup>,
+}
+
+impl Isolation {
+    /// `SIGKILL`s every process of both cgroups and removes them (best effort: a cgroup
+    /// still emptying stays, and is reused by the next start of the id).
+    pub fn abandon(&self) {
+        if let Some(cg) = &self.cgroup {
+            let _ = cg.kill_all();
+            let _ = cg.remove();
+        }
+        if let Some(dev) = &self.devices {
+            let _ = dev.kill_all();
+            let _ = dev.remove();
+        }
+    }
+}
+
 /// A reserved task id; dropping it without [`commit`](Self::commit) frees the id again.
 #[derive(Debug)]
 pub(crate) struct Reservation<'a> {
@@ -125,17 +152,18 @@ impl Drop for Reservation<'_> {
 }
 
 impl Reservation<'_> {
-    /// Takes over a freshly spawned child: records its handle, watches for its exit and emits
-    /// `Started`. On error the child (and its group) is killed and reaped.
+    /// Takes over a freshly spawned child: records its handle, watches for its exit, emits
+    /// `Started` and then one `Note` per note. On error the child (and its group and cgroups)
+    /// is killed and reaped.
     pub async fn commit_child(
         mut self,
         mut child: Child,
-        cgroup: Option<TaskCgroup>,
-        note: Option<String>,
+        isolation: Isolation,
+        notes: Vec<String>,
     ) -> Result<TaskHandle, DriverError> {
         let sup = self.sup;
         let id = self.id.clone();
-        let described = describe_child(sup.driver, &id, &child, cgroup.as_ref());
+        let described = describe_child(sup.driver, &id, &child, isolation.cgroup.as_ref());
         let (handle, pidfd) = match described {
             Ok(v) => v,
             Err(e) => {
@@ -143,10 +171,7 @@ impl Reservation<'_> {
                     let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
                 }
                 let _ = child.kill().await;
-                if let Some(cg) = &cgroup {
-                    let _ = cg.kill_all();
-                    let _ = cg.remove();
-                }
+                isolation.abandon();
                 return Err(e);
             }
         };
@@ -155,17 +180,20 @@ impl Reservation<'_> {
             handle: handle.clone(),
             pidfd,
             exit,
-            cgroup,
+            cgroup: isolation.cgroup,
+            devices: isolation.devices,
             child: true,
         });
         sup.lock().insert(id.clone(), Slot::Ready(entry.clone()));
         self.committed = true;
-        let mut message = format!("started pid {}", handle.pid);
-        if let Some(note) = note {
-            message.push_str("; ");
-            message.push_str(&note);
+        sup.emit(
+            &id,
+            TaskEventKind::Started { pid: handle.pid },
+            format!("started pid {}", handle.pid),
+        );
+        for note in notes {
+            sup.emit(&id, TaskEventKind::Note, note);
         }
-        sup.emit(&id, TaskEventKind::Started { pid: handle.pid }, message);
         let events = sup.events.clone();
         let cancel = sup.cancel.clone();
         let driver = sup.driver;
@@ -426,13 +454,17 @@ impl Supervisor {
     }
 
     fn kill_cgroup(&self, entry: &TaskEntry) -> Result<(), DriverError> {
+        let err = |dir: &Path, source| DriverError::Cgroup {
+            task_id: entry.handle.task_id.clone(),
+            what: "killing the processes of",
+            path: dir.to_path_buf(),
+            source,
+        };
         if let Some(cg) = &entry.cgroup {
-            cg.kill_all().map_err(|source| DriverError::Cgroup {
-                task_id: entry.handle.task_id.clone(),
-                what: "killing the processes of",
-                path: cg.dir.clone(),
-                source,
-            })?;
+            cg.kill_all().map_err(|e| err(&cg.dir, e))?;
+        }
+        if let Some(dev) = &entry.devices {
+            dev.kill_all().map_err(|e| err(&dev.dir, e))?;
         }
         Ok(())
     }
@@ -517,8 +549,39 @@ impl Supervisor {
         if let Some(cg) = &entry.cgroup {
             self.remove_cgroup(&entry, cg).await?;
         }
+        if let Some(dev) = &entry.devices {
+            self.remove_devices_cgroup(&entry, dev).await?;
+        }
         self.lock().remove(id);
         Ok(())
+    }
+
+    /// Waits (bounded by `kill_timeout`) for the devices cgroup to empty, killing what is
+    /// left in it, then removes it.
+    async fn remove_devices_cgroup(
+        &self,
+        entry: &TaskEntry,
+        dev: &DevicesCgroup,
+    ) -> Result<(), DriverError> {
+        let cgroup_err = |what, source| DriverError::Cgroup {
+            task_id: entry.handle.task_id.clone(),
+            what,
+            path: dev.dir.clone(),
+            source,
+        };
+        if !empty_within(dev, self.config.kill_timeout).await {
+            return Err(cgroup_err(
+                "waiting for the processes to leave",
+                io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!(
+                        "still holds processes after {}",
+                        berth_sys::short_duration(self.config.kill_timeout)
+                    ),
+                ),
+            ));
+        }
+        dev.remove().map_err(|e| cgroup_err("removing", e))
     }
 
     /// Waits (bounded by `kill_timeout`) for the cgroup to empty, then removes it.
@@ -571,9 +634,10 @@ impl Supervisor {
             pid: entry.pid(),
             source,
         };
-        let pids = match &entry.cgroup {
-            Some(cg) => cg.pids().map_err(proc_err)?,
-            None => procfs::group_members(entry.pid()).map_err(proc_err)?,
+        let pids = match (&entry.cgroup, &entry.devices) {
+            (Some(cg), _) => cg.pids().map_err(proc_err)?,
+            (None, Some(dev)) => dev.pids().map_err(proc_err)?,
+            (None, None) => procfs::group_members(entry.pid()).map_err(proc_err)?,
         };
         let mut stats = TaskStats {
             pids: Vec::with_capacity(pids.len()),
@@ -599,8 +663,14 @@ impl Supervisor {
         Ok(stats)
     }
 
-    /// Re-attaches to the process of `handle` (see `Driver::recover`).
-    pub fn recover(&self, handle: TaskHandle) -> Result<(), DriverError> {
+    /// Re-attaches to the process of `handle` (see `Driver::recover`); `devices` is the task's
+    /// devices cgroup, when it has one (it is not in the handle: the driver derives it from the
+    /// task id).
+    pub fn recover(
+        &self,
+        handle: TaskHandle,
+        devices: Option<DevicesCgroup>,
+    ) -> Result<(), DriverError> {
         let id = handle.task_id.clone();
         if handle.driver != self.driver {
             return Err(DriverError::WrongDriver {
@@ -671,6 +741,7 @@ impl Supervisor {
             pidfd,
             exit,
             cgroup,
+            devices: devices.filter(|d| d.dir.is_dir()),
             child: false,
         });
         self.lock().insert(id.clone(), Slot::Ready(entry.clone()));
@@ -704,6 +775,24 @@ impl Supervisor {
 impl Drop for Supervisor {
     fn drop(&mut self) {
         self.cancel.cancel();
+    }
+}
+
+/// Polls (every 10 ms, killing what is left each time) until the devices cgroup holds no
+/// process; `false` when it still does after `timeout`.
+pub(crate) async fn empty_within(dev: &DevicesCgroup, timeout: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    loop {
+        tick.tick().await;
+        // An unreadable list counts as not empty: removing the cgroup would fail as well.
+        if dev.pids().is_ok_and(|p| p.is_empty()) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        let _ = dev.kill_all();
     }
 }
 

@@ -118,6 +118,21 @@ pub struct BindMount {
     pub propagation: Propagation,
 }
 
+/// A host device node given to an `exec` task: the node appears at `task_path` in the task's
+/// root, and (where the host has the cgroup v1 `devices` controller) the task may use it with
+/// `permissions` only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDevice {
+    /// Absolute host path of a character or block device node (symlinks are followed).
+    pub host_path: PathBuf,
+    /// Absolute path where the task sees the node, without `..` components.
+    pub task_path: PathBuf,
+    /// What the task may do with it: any of `r` (read), `w` (write), `m` (mknod), each at most
+    /// once; empty means nothing (beyond what every task may).
+    #[serde(default)]
+    pub permissions: String,
+}
+
 /// Mount propagation of a [`BindMount`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -169,6 +184,10 @@ pub struct TaskConfig {
     /// Bind mounts, made in this order (only drivers with a mount namespace accept them).
     #[serde(default)]
     pub mounts: Vec<BindMount>,
+    /// Device nodes (only drivers whose [`Capabilities::device_nodes`](crate::Capabilities)
+    /// is true accept them); bound after `mounts`.
+    #[serde(default)]
+    pub devices: Vec<TaskDevice>,
     /// Resource limits.
     #[serde(default)]
     pub resources: Resources,
@@ -182,7 +201,8 @@ pub struct TaskConfig {
     /// A PID namespace of its own (the default, as Nomad's exec) or the host's. `exec` only.
     #[serde(default)]
     pub pid_mode: PidMode,
-    /// The host's `/dev` and `/sys` (read-write) inside the task's root: for CSI plugins.
+    /// The host's `/dev` and `/sys` (read-write) inside the task's root, and no devices
+    /// cgroup: for CSI plugins.
     #[serde(default)]
     pub privileged: bool,
 }
@@ -225,6 +245,7 @@ impl TaskConfig {
             stdout_path: stdout_path.into(),
             stderr_path: stderr_path.into(),
             mounts: Vec::new(),
+            devices: Vec::new(),
             resources: Resources::default(),
             dirs: None,
             user: None,
@@ -293,11 +314,64 @@ impl TaskConfig {
                 ));
             }
         }
+        self.validate_devices()
+            .map_err(|(field, reason)| bad(field, reason))?;
         if self.resources.memory_max_bytes == Some(0) {
             return Err(bad(
                 "resources.memory_max_bytes".into(),
                 "must be more than 0".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// The checks of [`TaskConfig::devices`] that need no host: `(field, reason)` of the first
+    /// bad one.
+    fn validate_devices(&self) -> Result<(), (String, String)> {
+        let mut seen: Vec<PathBuf> = Vec::with_capacity(self.devices.len());
+        for (i, device) in self.devices.iter().enumerate() {
+            let field = |name: &str| format!("devices[{i}].{name}");
+            check_absolute(&device.host_path).map_err(|reason| (field("host_path"), reason))?;
+            check_absolute(&device.task_path).map_err(|reason| (field("task_path"), reason))?;
+            let task_path: PathBuf = device.task_path.components().collect();
+            if task_path == Path::new("/") {
+                return Err((field("task_path"), "must not be /".into()));
+            }
+            let mut letters = String::new();
+            for c in device.permissions.chars() {
+                if !"rwm".contains(c) {
+                    return Err((
+                        field("permissions"),
+                        format!("{:?}: {c:?} is not one of r, w, m", device.permissions),
+                    ));
+                }
+                if letters.contains(c) {
+                    return Err((
+                        field("permissions"),
+                        format!("{:?}: {c:?} appears twice", device.permissions),
+                    ));
+                }
+                letters.push(c);
+            }
+            for (j, other) in seen.iter().enumerate() {
+                if *other == task_path {
+                    return Err((
+                        field("task_path"),
+                        format!("{} is also devices[{j}].task_path", task_path.display()),
+                    ));
+                }
+                if task_path.starts_with(other) || other.starts_with(&task_path) {
+                    return Err((
+                        field("task_path"),
+                        format!(
+                            "{} and devices[{j}].task_path {} lie one inside the other",
+                            task_path.display(),
+                            other.display()
+                        ),
+                    ));
+                }
+            }
+            seen.push(task_path);
         }
         Ok(())
     }
@@ -546,6 +620,55 @@ mod tests {
         let mut c = config();
         c.stdout_path = "/".into();
         assert_eq!(field(c), "stdout_path");
+    }
+
+    #[test]
+    fn devices_are_validated_by_field() {
+        let field = |devices: Vec<(&str, &str, &str)>| {
+            let mut c = config();
+            c.devices = devices
+                .into_iter()
+                .map(|(host, task, permissions)| TaskDevice {
+                    host_path: host.into(),
+                    task_path: task.into(),
+                    permissions: permissions.into(),
+                })
+                .collect();
+            match c.validate() {
+                Ok(()) => "ok".to_owned(),
+                Err(DriverError::InvalidConfig { field, reason, .. }) => {
+                    format!("{field}: {reason}")
+                }
+                Err(other) => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(field(vec![("/dev/a", "/dev/a", "rwm")]), "ok");
+        assert_eq!(
+            field(vec![("/dev/a", "/dev/a", "")]),
+            "ok",
+            "no permissions"
+        );
+        assert!(field(vec![("dev/a", "/dev/a", "r")]).starts_with("devices[0].host_path: "));
+        assert!(field(vec![("/dev/a", "/x/../a", "r")]).starts_with("devices[0].task_path: "));
+        assert!(field(vec![("/dev/a", "/", "r")]).starts_with("devices[0].task_path: "));
+        assert_eq!(
+            field(vec![("/dev/a", "/dev/a", "rx")]),
+            "devices[0].permissions: \"rx\": 'x' is not one of r, w, m"
+        );
+        assert!(field(vec![("/dev/a", "/dev/a", "rr")]).contains("appears twice"));
+        assert_eq!(
+            field(vec![("/dev/a", "/dev/a", "r"), ("/dev/b", "/dev/a/", "r")]),
+            "devices[1].task_path: /dev/a is also devices[0].task_path"
+        );
+        assert!(
+            field(vec![("/dev/a", "/dev/a", "r"), ("/dev/b", "/dev/a/b", "r")])
+                .starts_with("devices[1].task_path: /dev/a/b and devices[0].task_path /dev/a")
+        );
+        // Old records without the field still read.
+        let mut json = serde_json::to_value(config()).unwrap();
+        json.as_object_mut().unwrap().remove("devices");
+        let back: TaskConfig = serde_json::from_value(json).unwrap();
+        assert!(back.devices.is_empty());
     }
 
     #[test]

@@ -7,55 +7,18 @@ mod common;
 use std::{fs, path::Path, time::Duration};
 
 use berth_drivers::{
-    BindMount, CgroupSetting, Driver, DriverError, EventSink, ExecConfig, ExecDriver, Health,
-    PidMode, ProcessConfig, Signal, TaskConfig, TaskDirs, TaskEventKind, TaskState,
+    BindMount, CgroupSetting, Driver, DriverError, EventSink, ExecDriver, Health, PidMode, Signal,
+    TaskEventKind, TaskState,
 };
 use berth_testkit::assert_eventually;
-use common::{Reaper, TIMEOUT, alive, read};
-
-/// A task of `exec` as root, in the host's PID namespace (its pid is the command's), with its
-/// root at `<dir>/root` and its alloc directory at `<dir>/alloc`.
-fn task(root: &Path, name: &str, command: &str, args: &[&str]) -> TaskConfig {
-    let mut config = common::task(root, name, command, args);
-    let dir = root.join(name);
-    fs::create_dir_all(dir.join("alloc")).unwrap();
-    config.dirs = Some(TaskDirs {
-        task_dir: dir.join("root"),
-        alloc_dir: dir.join("alloc"),
-    });
-    config.dir = "/".into();
-    config.user = Some("root".into());
-    config.pid_mode = PidMode::Host;
-    config
-}
-
-/// `sh -c <script>` as [`task`].
-fn sh(root: &Path, name: &str, script: &str) -> TaskConfig {
-    task(root, name, "sh", &["-c", script])
-}
-
-/// Where path `p` of the task's root is on the host.
-fn in_root(config: &TaskConfig, p: &Path) -> std::path::PathBuf {
-    let root = &config.dirs.as_ref().unwrap().task_dir;
-    root.join(p.strip_prefix("/").unwrap_or(p))
-}
-
-fn config(cgroup: CgroupSetting) -> ExecConfig {
-    ExecConfig {
-        cgroup,
-        setup_timeout: Duration::from_secs(30),
-        process: ProcessConfig {
-            poll_interval: Duration::from_millis(20),
-            kill_timeout: Duration::from_secs(10),
-            task_path: None,
-        },
-        ..ExecConfig::default()
-    }
-}
-
-fn is_root() -> bool {
-    nix::unistd::geteuid().is_root()
-}
+use common::{
+    Reaper, TIMEOUT, alive,
+    exec::{
+        CgroupGuard, bind, cgroup_name, config, drain, in_root, is_root, mounted_at, notes, sh,
+        task,
+    },
+    read,
+};
 
 /// Skips (with the reason printed) when not root.
 macro_rules! require_root {
@@ -65,20 +28,6 @@ macro_rules! require_root {
             return;
         }
     };
-}
-
-fn mounted_at(mountinfo: &Path, path: &Path) -> bool {
-    let mounts = berth_sys::read_mountinfo(mountinfo).expect("mountinfo");
-    berth_sys::top_mount_at(&mounts, path).is_some()
-}
-
-fn bind(source: &Path, destination: &Path, read_only: bool) -> BindMount {
-    BindMount {
-        source: source.to_path_buf(),
-        destination: destination.to_path_buf(),
-        read_only,
-        propagation: Default::default(),
-    }
 }
 
 #[tokio::test]
@@ -91,6 +40,7 @@ async fn fingerprint_is_healthy_as_root() {
     assert_eq!(fp.attributes["driver.exec.fs_isolation"], "chroot");
     assert!(fp.attributes["driver.exec.unshare"].ends_with("/unshare"));
     assert_eq!(fp.attributes["driver.exec.cgroup"], "disabled");
+    assert_eq!(fp.attributes["driver.exec.devices_cgroup"], "disabled");
 }
 
 #[tokio::test]
@@ -436,35 +386,14 @@ async fn stop_and_signal_work_as_for_raw_exec() {
         driver.wait(&config.id).await.unwrap().signal,
         Some(Signal::SIGKILL as i32)
     );
-    let kinds =
-        common::events_until(&mut events, |k| matches!(k, TaskEventKind::Exited { .. })).await;
+    let kinds: Vec<_> =
+        common::events_until(&mut events, |k| matches!(k, TaskEventKind::Exited { .. }))
+            .await
+            .into_iter()
+            .filter(|k| *k != TaskEventKind::Note)
+            .collect();
     assert_eq!(kinds.len(), 4, "{kinds:?}");
     assert_eq!(kinds[2], TaskEventKind::Killed);
-}
-
-/// A cgroup parent name of this test process and test, so that tests running in parallel
-/// never share one.
-fn cgroup_name(test: &str) -> String {
-    format!("berth-test-{}-{test}", std::process::id())
-}
-
-/// Removes the test's cgroup parent (after its task cgroups are gone).
-struct CgroupParentGuard(Option<std::path::PathBuf>);
-
-impl Drop for CgroupParentGuard {
-    fn drop(&mut self) {
-        if let Some(dir) = &self.0 {
-            if let Ok(entries) = fs::read_dir(dir) {
-                for entry in entries.flatten() {
-                    if entry.path().is_dir() {
-                        let _ = fs::write(entry.path().join("cgroup.kill"), "1");
-                        let _ = fs::remove_dir(entry.path());
-                    }
-                }
-            }
-            let _ = fs::remove_dir(dir);
-        }
-    }
 }
 
 #[tokio::test]
@@ -476,6 +405,7 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
     let (sink, mut events) = EventSink::channel();
     let driver = ExecDriver::new(sink, config(CgroupSetting::Auto { name: name.clone() }));
     let fp = driver.fingerprint().await;
+    let _guard = CgroupGuard::of(&fp);
     assert_eq!(fp.health, Health::Healthy, "{fp:?}");
     let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
     if let Some(reason) = cgroup_attr.strip_prefix("unavailable: ") {
@@ -483,8 +413,12 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
         return;
     }
     let parent = std::path::PathBuf::from(&cgroup_attr);
-    let _guard = CgroupParentGuard(Some(parent.clone()));
     assert!(parent.ends_with(&name));
+    // With the cgroup v1 devices controller, a devices cgroup too.
+    let devices_parent = fp.attributes["driver.exec.devices_cgroup"].clone();
+    let devices_dir = devices_parent
+        .starts_with('/')
+        .then(|| std::path::PathBuf::from(&devices_parent).join("grouped"));
     let memory = fp.attributes["driver.exec.cgroup.memory"].clone();
 
     let mut config = sh(tmp.path(), "grouped", "echo ready; exec sleep 1000");
@@ -492,6 +426,7 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
     let handle = driver.start(config.clone()).await.expect("start");
     let started = common::next_event(&mut events).await;
     assert_eq!(started.kind, TaskEventKind::Started { pid: handle.pid });
+    let notes = notes(&drain(&mut events));
     reaper.track(&handle);
     let dir = handle.cgroup.clone().expect("a cgroup");
     assert_eq!(dir, parent.join("grouped"));
@@ -513,19 +448,30 @@ async fn each_task_gets_its_own_cgroup_when_the_host_has_cgroup_v2() {
             (64u64 << 20).to_string()
         );
     } else {
-        // The task runs without the limit, and says so.
+        // The task runs without the limit, and says so in a note of its own.
         assert!(
-            started.message.contains("memory limit not applied"),
-            "{}",
-            started.message
+            notes
+                .iter()
+                .any(|n| n.starts_with("memory limit not applied")),
+            "{notes:?}"
         );
         eprintln!("SKIPPED (memory.max part): {memory}");
     }
     let stats = driver.stats(&config.id).await.unwrap();
     assert_eq!(stats.pids, vec![handle.pid]);
+    match &devices_dir {
+        Some(dev) => assert_eq!(
+            read(dev.join("cgroup.procs")).trim(),
+            handle.pid.to_string()
+        ),
+        None => eprintln!("SKIPPED (devices cgroup part): {devices_parent}"),
+    }
 
     driver.destroy(&config.id).await.expect("destroy");
     assert!(!dir.exists(), "destroy removes the cgroup");
+    if let Some(dev) = &devices_dir {
+        assert!(!dev.exists(), "destroy removes the devices cgroup");
+    }
     assert!(!alive(handle.pid));
 }
 
@@ -540,12 +486,12 @@ async fn destroy_kills_processes_that_left_the_group_through_the_cgroup() {
         config(CgroupSetting::Auto { name: name.clone() }),
     );
     let fp = driver.fingerprint().await;
+    let _guard = CgroupGuard::of(&fp);
     let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
     if let Some(reason) = cgroup_attr.strip_prefix("unavailable: ") {
         eprintln!("SKIPPED: no cgroup v2 for tasks on this host: {reason}");
         return;
     }
-    let _guard = CgroupParentGuard(Some(cgroup_attr.into()));
     // setsid puts the sleep in a session (and group) of its own: only the cgroup finds it.
     let config = sh(
         tmp.path(),
@@ -587,9 +533,8 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
     let first = ExecDriver::new(EventSink::discard(), config(setting.clone()));
     let fp = first.fingerprint().await;
     let cgroup_attr = fp.attributes["driver.exec.cgroup"].clone();
-    let _guard = CgroupParentGuard(
-        (!cgroup_attr.starts_with("unavailable")).then(|| cgroup_attr.clone().into()),
-    );
+    let _guard = CgroupGuard::of(&fp);
+    let devices_parent = fp.attributes["driver.exec.devices_cgroup"].clone();
     let source = tmp.path().join("src");
     fs::create_dir(&source).unwrap();
     let mut config = sh(tmp.path(), "kept", "echo ready; exec sleep 1000");
@@ -598,6 +543,12 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
         .push(bind(&source, &tmp.path().join("dst"), false));
     let handle = first.start(config.clone()).await.unwrap();
     reaper.track(&handle);
+    let devices_dir = devices_parent
+        .starts_with('/')
+        .then(|| std::path::PathBuf::from(&devices_parent).join("kept"));
+    if let Some(dev) = &devices_dir {
+        assert!(dev.is_dir(), "the task has a devices cgroup");
+    }
     first.shutdown().await;
     drop(first);
 
@@ -615,6 +566,14 @@ async fn a_new_exec_driver_recovers_the_task_with_its_cgroup() {
         assert!(!dir.exists(), "the recovered task's cgroup is removed");
     } else {
         eprintln!("SKIPPED (cgroup part): {cgroup_attr}");
+    }
+    match &devices_dir {
+        // Not in the handle: found again from the task id.
+        Some(dev) => assert!(
+            !dev.exists(),
+            "the recovered task's devices cgroup is removed"
+        ),
+        None => eprintln!("SKIPPED (devices cgroup part): {devices_parent}"),
     }
 }
 

@@ -77,6 +77,7 @@ impl Driver for FakeDriver {
             exec: false,
             bind_mounts: false,
             resource_limits: false,
+            device_nodes: false,
         }
     }
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod exec;
+
 use std::{
     fs,
     path::{Path, PathBuf},
