@@ -7,7 +7,10 @@
 //! - [`model`]: device groups (vendor, type, name, attributes) and their instances, statistics,
 //!   and [`ContainerEdits`](model::ContainerEdits), what a task gets for its devices (env,
 //!   mounts, device nodes);
-//! - [`attribute`]: Nomad's typed attributes with units (`4 GiB`, `1.5 GHz`);
+//! - [`attribute`]: Nomad's typed attributes with units (`4 GiB`, `1.5 GHz`), read from text
+//!   and compared across units ([`units`] holds the unit table);
+//! - [`request`]: device requests (a task's `device` blocks: name, count, constraints,
+//!   affinities), whether a device group fits one, and how its affinities score a group;
 //! - [`plugin`]: the narrow interface between the device manager and plugin instances of any
 //!   protocol ([`PluginSink`](plugin::PluginSink), [`PluginOps`](plugin::PluginOps)); the
 //!   protocols live in `berth-devices-nomad` (Nomad's device plugins over go-plugin) and
@@ -16,11 +19,17 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod assignment;
 pub mod attribute;
 pub mod cdi;
+pub mod class;
 pub mod grpc;
+pub mod manager;
 pub mod model;
 pub mod plugin;
+pub mod request;
+pub mod units;
+pub mod view;
 
 use std::{future::Future, pin::Pin};
 

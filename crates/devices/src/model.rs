@@ -207,7 +207,8 @@ pub struct DeviceNode {
     pub host_path: PathBuf,
     /// Where the task sees it (absolute).
     pub task_path: PathBuf,
-    /// Cgroup permissions: one or more of `r`, `w`, `m`; `rwm` when the plugin says nothing.
+    /// Cgroup permissions: one or more of `r`, `w`, `m`; `rwm` when the plugin says nothing;
+    /// empty for a node the task may see but not open (CDI's `none`).
     pub permissions: String,
 }
 

@@ -10,6 +10,9 @@ use std::{
 };
 
 use berth_csi::model::{AccessMode, AttachmentMode, MountFlags};
+use berth_devices::request::{
+    AffinityInput, ConstraintInput, DeviceRequest, Field, Part as RulePart, RequestInput,
+};
 use berth_input::{Quoted, Shown, quoted_list};
 use berth_volume::{SpecError, StoredMountOptions, check_fs_type, check_mount_flags};
 
@@ -25,6 +28,10 @@ type Res<T> = Result<T, SpecError>;
 
 const NOT_HERE: &str = "runtime variables (${NOMAD_…}, ${attr.…}…) are not interpolated here; \
      Nomad fills them in config.command and args, env, volume_mount.destination and csi_plugin dirs";
+
+/// Where `${device.…}` references may be.
+const DEVICE_ONLY: &str = "${device.…} references are read only in the attribute and value of \
+     a device block's constraint and affinity (resources { device \"<name>\" { … } })";
 
 struct Cx<'a> {
     file: &'a Path,
@@ -52,6 +59,9 @@ impl Cx<'_> {
     fn wrong(&self, path: &FieldPath, n: &Node, expected: &str) -> SpecError {
         match &n.v {
             V::Bad(why) => self.err(path, n.line, why.clone()),
+            V::Tmpl(parts) if parts.iter().any(is_device_ref) => {
+                self.err(path, n.line, DEVICE_ONLY)
+            }
             V::Tmpl(_) => self.err(path, n.line, NOT_HERE),
             _ => self.err(
                 path,
@@ -343,6 +353,10 @@ impl Fields {
     }
 }
 
+fn is_device_ref(p: &Part) -> bool {
+    matches!(p, Part::Var(v) if v.starts_with("device."))
+}
+
 /// A string without NUL bytes (none can reach a process or a mount). The value is not repeated.
 fn string(cx: &Cx<'_>, path: &FieldPath, n: Node) -> Res<String> {
     match n.v {
@@ -588,6 +602,7 @@ fn group(
     mut g: Fields,
 ) -> Res<GroupSpec> {
     segment(cx, &g.path, g.line, "group name", &name)?;
+    misplaced_devices(cx, &mut g);
     g.deny_unknown(cx, &["count", "volume", "restart", "task", "meta"])?;
     let group_meta = meta(cx, &mut g, job_meta)?;
     let count = g
@@ -888,6 +903,7 @@ fn task(
             ),
         ));
     }
+    misplaced_devices(cx, &mut t);
     t.deny_unknown(
         cx,
         &[
@@ -1033,14 +1049,16 @@ fn task(
     }
 
     let mut resources = Resources::default();
+    let mut devices = Vec::new();
     if let Some(mut r) = t.block(cx, "resources")? {
-        r.deny_unknown(cx, &["cpu", "memory"])?;
+        r.deny_unknown(cx, &["cpu", "memory", "device"])?;
         if let Some(c) = r.number(cx, "cpu", MIN_CPU_MHZ, u32::MAX)? {
             resources.cpu_mhz = c;
         }
         if let Some(m) = r.number(cx, "memory", MIN_MEMORY_MB, u32::MAX)? {
             resources.memory_mb = m;
         }
+        devices = device_blocks(cx, &mut r)?;
     }
 
     let kill_timeout = t
@@ -1066,6 +1084,7 @@ fn task(
         meta,
         volume_mounts,
         resources,
+        devices,
         kill_timeout,
         restart,
         csi_plugin,
@@ -1081,6 +1100,9 @@ fn references(cx: &Cx<'_>, p: &FieldPath, task: &TaskSpec) {
     let known = |name: &str, in_env: bool| -> Result<(), String> {
         if RUNTIME_VARIABLES.contains(&name) || NODE_VARIABLES.contains(&name) {
             return Ok(());
+        }
+        if name.starts_with("device.") {
+            return Err(DEVICE_ONLY.into());
         }
         if name == "CSI_ENDPOINT" {
             return if task.csi_plugin.is_some() {
@@ -1257,4 +1279,245 @@ fn plugin(cx: &Cx<'_>, mut c: Fields) -> Res<CsiPluginSpec> {
         stage_publish_base_dir,
         health_timeout,
     })
+}
+
+/// Records a `device` block found outside `resources` (and drops it), saying where it goes.
+fn misplaced_devices(cx: &Cx<'_>, f: &mut Fields) {
+    for n in f.take("device") {
+        cx.record(cx.err(
+            &f.path.key("device"),
+            n.line,
+            "device blocks go in a task's resources block: \
+             task \"…\" { resources { device \"<name>\" { … } } }",
+        ));
+    }
+}
+
+/// The `device` blocks of a `resources` block. A device with problems is left out, its
+/// problems recorded; the others are checked on.
+fn device_blocks(cx: &Cx<'_>, r: &mut Fields) -> Res<Vec<DeviceRequest>> {
+    let base = r.path.key("device");
+    let mut out = Vec::new();
+    let mut seen: BTreeMap<String, Option<usize>> = BTreeMap::new();
+    for (label, mut d) in r.labelled(cx, "device", "name")? {
+        d.path = base.name(&label);
+        if let Some(first) = seen.get(&label) {
+            cx.record(duplicate(cx, &d, "device", &label, *first));
+            continue;
+        }
+        seen.insert(label.clone(), d.line);
+        match device(cx, label, d) {
+            Ok(Some(req)) => out.push(req),
+            Ok(None) => {}
+            Err(e) => cx.record(e),
+        }
+    }
+    Ok(out)
+}
+
+/// `operator`-less forms Nomad reads in a constraint or an affinity: `regexp = "…"` is
+/// `operator = "regexp"` with `value = "…"`.
+const RULE_SHORTCUTS: [&str; 6] = [
+    "regexp",
+    "version",
+    "semver",
+    "set_contains",
+    "set_contains_all",
+    "set_contains_any",
+];
+
+/// Where the parts of one constraint or affinity were written.
+struct RuleAt {
+    path: FieldPath,
+    block: Option<usize>,
+    attribute: Option<usize>,
+    operator: (String, Option<usize>),
+    value: (String, Option<usize>),
+    weight: Option<usize>,
+    /// A field could not be read (its problem is recorded): the request's own checks of this
+    /// rule would only repeat it.
+    broken: bool,
+}
+
+impl RuleAt {
+    fn of(&self, part: RulePart) -> (FieldPath, Option<usize>) {
+        match part {
+            RulePart::Block => (self.path.clone(), self.block),
+            RulePart::Attribute => (self.path.key("attribute"), self.attribute),
+            RulePart::Operator => (self.path.key(&self.operator.0), self.operator.1),
+            RulePart::Value => (self.path.key(&self.value.0), self.value.1),
+            RulePart::Weight => (self.path.key("weight"), self.weight),
+        }
+    }
+}
+
+/// A field of a device block: its problem is recorded (and `broken` set) instead of returned.
+fn kept<T>(cx: &Cx<'_>, broken: &mut bool, r: Res<Option<T>>) -> Option<T> {
+    r.unwrap_or_else(|e| {
+        cx.record(e);
+        *broken = true;
+        None
+    })
+}
+
+/// A side of a constraint or an affinity: text, with `${device.…}` (and any other reference,
+/// for the request's checks to refuse) written back as `${…}`; `${var.…}` was filled when read.
+fn rule_text(cx: &Cx<'_>, f: &mut Fields, key: &str) -> Res<Option<(String, Option<usize>)>> {
+    let line = f.line_of(key);
+    let path = f.path.key(key);
+    let Some(n) = f.value(cx, key)? else {
+        return Ok(None);
+    };
+    let mut text = String::new();
+    for p in template(cx, &path, n)?.parts() {
+        match p {
+            Part::Lit(s) => text.push_str(s),
+            Part::Var(v) => {
+                text.push_str("${");
+                text.push_str(v);
+                text.push('}');
+            }
+        }
+    }
+    Ok(Some((text, line)))
+}
+
+/// One `constraint` or `affinity` block, as written.
+fn rule(cx: &Cx<'_>, mut f: Fields, affinity: bool) -> (ConstraintInput, Option<i64>, RuleAt) {
+    let mut at = RuleAt {
+        path: f.path.clone(),
+        block: f.line,
+        attribute: f.line_of("attribute"),
+        operator: ("operator".into(), f.line_of("operator")),
+        value: ("value".into(), f.line_of("value")),
+        weight: f.line_of("weight"),
+        broken: false,
+    };
+    let mut input = ConstraintInput::default();
+    let mut weight = None;
+    for key in ["distinct_hosts", "distinct_property"] {
+        for n in f.take(key) {
+            cx.record(cx.err(
+                &f.path.key(key),
+                n.line,
+                "places allocs on distinct nodes; it does not select devices (put it in a \
+                 constraint of the job or group, which berth does not read)",
+            ));
+            at.broken = true;
+        }
+    }
+    let mut known = vec!["attribute", "operator", "value"];
+    known.extend(RULE_SHORTCUTS);
+    if affinity {
+        known.push("weight");
+    }
+    if let Err(e) = f.deny_unknown(cx, &known) {
+        cx.record(e);
+        at.broken = true;
+        return (input, weight, at);
+    }
+    let broken = &mut at.broken;
+    if let Some((a, _)) = kept(cx, broken, rule_text(cx, &mut f, "attribute")) {
+        input.attribute = a;
+    }
+    input.operator = kept(cx, broken, f.string(cx, "operator"));
+    if let Some((v, _)) = kept(cx, broken, rule_text(cx, &mut f, "value")) {
+        input.value = v;
+    }
+    if affinity {
+        let path = f.path.key("weight");
+        if let Some(n) = kept(cx, broken, f.value(cx, "weight")) {
+            match &n.v {
+                V::Num(x) => match x.as_i64() {
+                    Some(w) => weight = Some(w),
+                    None => {
+                        cx.record(cx.err(&path, n.line, format!("{x} is not a whole number")));
+                        *broken = true;
+                    }
+                },
+                _ => {
+                    cx.record(cx.wrong(&path, &n, "a whole number from -100 to 100"));
+                    *broken = true;
+                }
+            }
+        }
+    }
+    for key in RULE_SHORTCUTS {
+        let Some((v, line)) = kept(cx, broken, rule_text(cx, &mut f, key)) else {
+            continue;
+        };
+        if input.operator.is_some() || !input.value.is_empty() {
+            cx.record(cx.err(
+                &f.path.key(key),
+                line,
+                format!(
+                    "{key} = \"…\" is short for operator = \"{key}\" and value = \"…\": give \
+                     one form, not both"
+                ),
+            ));
+            *broken = true;
+            continue;
+        }
+        input.operator = Some(key.into());
+        input.value = v;
+        at.operator = (key.into(), line);
+        at.value = (key.into(), line);
+    }
+    (input, weight, at)
+}
+
+/// One `device "<label>"` block; `None` when it has problems (they are recorded).
+fn device(cx: &Cx<'_>, label: String, mut d: Fields) -> Res<Option<DeviceRequest>> {
+    d.deny_unknown(cx, &["count", "constraint", "affinity"])?;
+    let p = d.path.clone();
+    let mut broken = false;
+    let count_line = d.line_of("count");
+    let count = kept(cx, &mut broken, d.number(cx, "count", 1, u32::MAX));
+    let mut input = RequestInput {
+        name: label,
+        count: count.map(u64::from),
+        ..Default::default()
+    };
+    let mut constraints = Vec::new();
+    for c in kept(cx, &mut broken, d.blocks(cx, "constraint").map(Some)).unwrap_or_default() {
+        let (c, _, at) = rule(cx, c, false);
+        input.constraints.push(c);
+        constraints.push(at);
+    }
+    let mut affinities = Vec::new();
+    for a in kept(cx, &mut broken, d.blocks(cx, "affinity").map(Some)).unwrap_or_default() {
+        let (c, weight, at) = rule(cx, a, true);
+        input.affinities.push(AffinityInput {
+            attribute: c.attribute,
+            operator: c.operator,
+            value: c.value,
+            weight,
+        });
+        affinities.push(at);
+    }
+    let broken = broken || constraints.iter().chain(&affinities).any(|a| a.broken);
+    match DeviceRequest::build(&input) {
+        Ok(req) if !broken => Ok(Some(req)),
+        Ok(_) => Ok(None),
+        Err(errors) => {
+            for e in errors {
+                let (path, line) = match e.field {
+                    Field::Name => (p.clone(), d.line),
+                    Field::Count => (p.key("count"), count_line),
+                    Field::Constraint(i, part) => match constraints.get(i) {
+                        Some(at) if at.broken => continue,
+                        Some(at) => at.of(part),
+                        None => (p.key("constraint").at(i), d.line),
+                    },
+                    Field::Affinity(i, part) => match affinities.get(i) {
+                        Some(at) if at.broken => continue,
+                        Some(at) => at.of(part),
+                        None => (p.key("affinity").at(i), d.line),
+                    },
+                };
+                cx.record(cx.err(&path, line, e.message));
+            }
+            Ok(None)
+        }
+    }
 }

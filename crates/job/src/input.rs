@@ -230,8 +230,10 @@ fn from_value(v: hcl::Value) -> V {
     }
 }
 
-/// A reference the node fills at runtime: a bare name (`NOMAD_TASK_DIR`, an env key) or a
-/// dotted path under `attr`, `node` or `meta`.
+/// A reference left for later: a bare name (`NOMAD_TASK_DIR`, an env key) or a dotted path
+/// under `attr`, `node` or `meta`, which the node fills at runtime, or under `device`, which a
+/// device block's constraints and affinities keep as written (`${device.attr.memory}`) for
+/// placement to resolve against each device group.
 fn runtime_ref(e: &hcl::Expression) -> Option<String> {
     match e {
         hcl::Expression::Variable(v) if !matches!(v.as_str(), "var" | "local") => {
@@ -241,7 +243,7 @@ fn runtime_ref(e: &hcl::Expression) -> Option<String> {
             let hcl::Expression::Variable(root) = &t.expr else {
                 return None;
             };
-            if !matches!(root.as_str(), "attr" | "node" | "meta") {
+            if !matches!(root.as_str(), "attr" | "node" | "meta" | "device") {
                 return None;
             }
             let mut name = root.as_str().to_owned();
@@ -469,6 +471,8 @@ mod tests {
             "i = -3\n",
             "j = \"a\\tb\"\n",
             "k = { (x) = 1 }\n",
+            "l = \"${device.attr.memory} ${device.model}\"\n",
+            "m = \"${var.x}${device.attr.memory}\"\n",
         ));
         let top = obj(&n);
         let get = |k: &str| &top.iter().find(|(key, _)| key == k).unwrap().1.v;
@@ -485,6 +489,15 @@ mod tests {
         assert_eq!(get("i"), &V::Num((-3).into()));
         assert_eq!(get("j"), &V::Str("a\tb".into()));
         assert!(matches!(get("k"), V::Bad(_)));
+        assert_eq!(
+            get("l"),
+            &V::Tmpl(vec![
+                Part::Var("device.attr.memory".into()),
+                Part::Lit(" ".into()),
+                Part::Var("device.model".into())
+            ])
+        );
+        assert!(matches!(get("m"), V::Bad(_)), "var.x is not declared here");
     }
 
     #[test]

@@ -46,7 +46,16 @@
 //! - in a task: `driver`, `config { command, args }`, `env`, `volume_mount { volume,
 //!   destination, read_only }` blocks, `resources { cpu, memory }` (MHz and MB, default 100
 //!   and 300), `kill_timeout` (default 5s), `restart` and `csi_plugin { id, type, mount_dir,
-//!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s).
+//!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s);
+//! - in a task's `resources`: `device "<name>"` blocks ([`DeviceRequest`]), any number, with
+//!   `count` (default 1), `constraint { attribute, operator, value }` and `affinity {
+//!   attribute, operator, value, weight }` blocks (operator default `=`, weight default 50).
+//!   The name is a type (`gpu`), `vendor/type` or `vendor/type/name`, or a CDI device
+//!   (`vendor.com/class=name`). `attribute` and `value` are literals or `${device.model}`,
+//!   `${device.vendor}`, `${device.type}`, `${device.ids}` or `${device.attr.<name>}`, kept as
+//!   written for placement to resolve per device group (HCL2 variables in them are filled).
+//!   Nomad's short forms `regexp = "…"`, `version`, `semver`, `set_contains`,
+//!   `set_contains_all` and `set_contains_any` stand for the operator and its value.
 //!
 //! Durations are Go's form (`"30s"`, `"1m30s"`, `"1.5h"`, `"500ms"`), as in Nomad. Restart
 //! policies start from Nomad's defaults for the job type (service: 2 attempts in 30m; batch: 3
@@ -84,7 +93,8 @@
 //! in a plugin task, `attr.*`, `node.*`, `meta.*`, the task's own `env` keys) are kept as
 //! [`Template`] references where Nomad interpolates at runtime (`config.command` and `args`,
 //! `env` values, `volume_mount.destination`, `csi_plugin` dirs), for the node to fill; anywhere
-//! else they are refused. An unknown reference is refused with its line; with
+//! else they are refused. `${device.…}` references are kept as text in a device block's
+//! constraints and affinities, and refused everywhere else. An unknown reference is refused with its line; with
 //! [`ParseOptions::node`], so is an attribute or meta key the node does not have.
 //!
 //! # How it differs from Nomad
@@ -104,11 +114,23 @@
 //! - `config` holds what berth's drivers take: `command` and `args`, and `pid_mode` for
 //!   `exec`. With [`ParseOptions::drivers`], a driver the node lacks is reported first, and
 //!   its task's config is not checked.
-//! - `resources` holds `cpu` and `memory` only (at least 1 MHz and 10 MB, as in Nomad).
+//! - `resources` holds `cpu`, `memory` (at least 1 MHz and 10 MB, as in Nomad) and `device`
+//!   blocks only.
+//! - `device` blocks are checked when read, not at placement: two with one name in a task, an
+//!   empty part in a name, an unknown operator, a regexp that does not compile, a version or
+//!   semver constraint that does not parse, a side that is neither a literal nor one of the
+//!   `${device.…}` references (`${node.class}`, `${device.colour}`, or a reference inside
+//!   other text), `is_set`/`is_not_set` with a value or another operator without one, an
+//!   affinity with `is_set`/`is_not_set` or a weight of 0 or outside -100 to 100 are all
+//!   errors; so is a `device` block outside `resources`, `distinct_hosts` or
+//!   `distinct_property` in a device constraint, and a short form given next to `operator` or
+//!   `value` (Nomad lets one silently win). A CDI device is one named device: its count is 1
+//!   and it takes no constraint or affinity. `${device.…}` anywhere else is an error.
 //! - `csi_plugin`: `id` and `type` are required; `mount_dir` and `stage_publish_base_dir` must
 //!   be absolute and neither may lie inside the other.
-//! - Everything else of Nomad's job specification (constraints, networks, services, templates,
-//!   artifacts, update and reschedule policies…) is an unknown field.
+//! - Everything else of Nomad's job specification (job, group and task constraints and
+//!   affinities, networks, services, templates, artifacts, update and reschedule policies…) is
+//!   an unknown field.
 //! - [`JobSpec::parse_with`] reports every problem (up to [`MAX_REPORTED`]); a volume spec
 //!   given as a job says which command takes it.
 
@@ -122,6 +144,7 @@ mod vars;
 
 use std::path::{Component, Path, PathBuf};
 
+pub use berth_devices::request::{DeviceRequest, DeviceTarget};
 pub use berth_volume::SpecError;
 pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
 pub use spec::{

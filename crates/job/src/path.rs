@@ -12,6 +12,8 @@ const SHOWN_LABEL_CHARS: usize = 64;
 pub(crate) enum Which {
     At(usize),
     Label(String),
+    /// A label that is a `/`-separated name (`nvidia/gpu`): shown bare with its `/`.
+    Name(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,6 +51,12 @@ impl FieldPath {
         self.with(Which::Label(label.to_string()))
     }
 
+    /// This path, at the block labelled `label` of its last key, where the label is a
+    /// `/`-separated name (`device[nvidia/gpu]`).
+    pub fn name(&self, label: &str) -> Self {
+        self.with(Which::Name(label.to_string()))
+    }
+
     fn with(&self, which: Which) -> Self {
         let mut p = self.clone();
         if let Some(last) = p.0.last_mut() {
@@ -82,7 +90,10 @@ impl fmt::Display for FieldPath {
                 Some(Which::Label(l)) if plain(l) && l.len() <= SHOWN_LABEL_CHARS => {
                     write!(f, "[{l}]")?
                 }
-                Some(Which::Label(l)) => {
+                Some(Which::Name(l)) if l.split('/').all(plain) && l.len() <= SHOWN_LABEL_CHARS => {
+                    write!(f, "[{l}]")?
+                }
+                Some(Which::Label(l) | Which::Name(l)) => {
                     let mut shown: String = l.chars().take(SHOWN_LABEL_CHARS).collect();
                     if shown.len() < l.len() {
                         shown.push('…');
@@ -124,5 +135,14 @@ mod tests {
         let p = FieldPath::root().key("group").label(&long);
         assert_eq!(p.to_string(), format!("group[\"{}…\"]", "x".repeat(64)));
         assert_eq!(FieldPath::root().to_string(), "");
+        let d = FieldPath::root().key("device");
+        assert_eq!(d.name("nvidia/gpu").to_string(), "device[nvidia/gpu]");
+        assert_eq!(d.name("gpu").to_string(), "device[gpu]");
+        assert_eq!(
+            d.name("nvidia/gpu/Tesla K80").to_string(),
+            "device[\"nvidia/gpu/Tesla K80\"]"
+        );
+        assert_eq!(d.name("a//b").to_string(), "device[\"a//b\"]");
+        assert_eq!(d.name("../x").to_string(), "device[\"../x\"]");
     }
 }

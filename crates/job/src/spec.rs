@@ -9,6 +9,7 @@ use std::{
 };
 
 use berth_csi::model::{AccessMode, AttachmentMode, MountOptions};
+use berth_devices::request::DeviceRequest;
 use berth_input::Syntax;
 use berth_volume::{PluginDir, SpecError, StoredMountOptions};
 use serde::{Deserialize, Serialize};
@@ -178,7 +179,8 @@ impl FromStr for JobType {
 /// are unique in the job, task names unique in their group; every group has at least one task
 /// and a count in [`COUNT_RANGE`]; every `volume_mount` names a volume of its group and has an
 /// absolute destination without `..`; restart policies are consistent; mount flags take at
-/// most 4 KiB. Deserializing the canonical form does not check again: it is meant for what
+/// most 4 KiB; every device request passed [`DeviceRequest::build`] and its name is unique in
+/// its task. Deserializing the canonical form does not check again: it is meant for what
 /// this crate wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -335,6 +337,11 @@ pub struct TaskSpec {
     pub volume_mounts: Vec<VolumeMount>,
     /// `resources`.
     pub resources: Resources,
+    /// `resources { device "<name>" { … } }` blocks, in file order; labels are unique in the
+    /// task. Their `${device.…}` references are kept as written, for placement to resolve
+    /// against each device group. Empty in specs stored before devices were read.
+    #[serde(default)]
+    pub devices: Vec<DeviceRequest>,
     /// How long the task has to exit after the stop signal; 5s when not given.
     #[serde(with = "go_form")]
     pub kill_timeout: Duration,

@@ -189,7 +189,8 @@ pub(crate) fn context(
                         "validation blocks are not read by berth".into(),
                     ));
                 }
-                if let (true, Some(v)) = (typed, decl.value.take()) {
+                // Only a typed default is converted (an untyped one is kept as it is).
+                if let Some(v) = decl.value.take_if(|_| typed) {
                     match decl.ty.convert(v) {
                         Some(v) => decl.value = Some(v),
                         None => errors.push(err(

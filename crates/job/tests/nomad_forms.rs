@@ -291,3 +291,11 @@ fn json_strings_are_templates_and_volume_specs_are_pointed_elsewhere() {
     assert_eq!(e.len(), berth_job::MAX_REPORTED);
     assert!(e.to_string().ends_with("… and 10 more"), "{e}");
 }
+
+#[test]
+fn untyped_variables_keep_their_defaults() {
+    let text = "variable \"n\" {\n  default = 3\n}\nvariable \"s\" {\n  default = \"x\"\n}\njob \"j\" {\n  group \"g\" {\n    count = var.n\n    task \"t\" {\n      driver = \"exec\"\n      config {\n        command = \"/bin/${var.s}\"\n      }\n    }\n  }\n}\n";
+    let spec = parse(text, &ParseOptions::default()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(spec.groups[0].count, 3);
+    assert_eq!(spec.groups[0].tasks[0].command, "/bin/x");
+}

@@ -258,6 +258,7 @@ fn full_expected() -> JobSpec {
             cpu_mhz: 500,
             memory_mb: 256,
         },
+        devices: vec![],
         kill_timeout: secs(90),
         restart: RestartPolicy {
             attempts: 1,
@@ -276,6 +277,7 @@ fn full_expected() -> JobSpec {
         env: BTreeMap::new(),
         volume_mounts: vec![],
         resources: Resources::default(),
+        devices: vec![],
         kill_timeout: DEFAULT_KILL_TIMEOUT,
         restart: group_restart,
         user: None,
@@ -302,6 +304,7 @@ fn full_expected() -> JobSpec {
             env: BTreeMap::new(),
             volume_mounts: vec![],
             resources: Resources::default(),
+            devices: vec![],
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             restart: RestartPolicy::default_for(JobType::Batch),
             user: None,

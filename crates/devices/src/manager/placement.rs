@@ -1,0 +1,383 @@
+//! Choosing devices for an alloc's tasks, and what a task gets for them.
+//!
+//! A placement is all or nothing: every `device` block of every task of every alloc gets its
+//! instances — healthy (the plugin says so and is ready), not held by another alloc, in a
+//! group that fits the block's name and constraints, the group its affinities like best — or
+//! nothing is taken and every reason is returned.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use berth_input::Quoted;
+
+use super::DeviceManager;
+use crate::{
+    assignment::{AssignedSource, DeviceAssignment, DeviceKey, Holder},
+    cdi::{CdiRegistry, QualifiedName},
+    model::{ContainerEdits, DeviceGroup},
+    plugin::{PluginId, PluginOps},
+    request::{DeviceRequest, DeviceTarget, affinity_score, check_group, instance_fits},
+    view::PluginState,
+};
+
+/// The `device` blocks of one task of an alloc being placed.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskRequests<'a> {
+    /// The alloc (it will hold the devices).
+    pub alloc_id: &'a str,
+    /// The task.
+    pub task: &'a str,
+    /// Where in the job, for reasons (`group web, task app`).
+    pub at: &'a str,
+    /// Its requests.
+    pub requests: &'a [DeviceRequest],
+}
+
+/// Devices chosen for each (alloc id, task name).
+pub type Chosen = BTreeMap<(String, String), Vec<DeviceAssignment>>;
+
+/// One group as placement sees it.
+struct Candidate {
+    plugin: PluginId,
+    group: DeviceGroup,
+    ops: Option<std::sync::Arc<dyn PluginOps>>,
+    /// Why its instances may not be given (its plugin's state), when they may not.
+    unusable: Option<String>,
+}
+
+impl DeviceManager {
+    /// Chooses and takes devices for every request of `tasks`, all or nothing. `Err` holds
+    /// every reason a request cannot be met (`group web, task app, device "nvidia/gpu": …`);
+    /// then nothing is taken. Placements run one at a time.
+    pub async fn place(&self, tasks: &[TaskRequests<'_>]) -> Result<Chosen, Vec<String>> {
+        if tasks.iter().all(|t| t.requests.is_empty()) {
+            return Ok(Chosen::new());
+        }
+        let _placing = self.placing.lock().await;
+        let (candidates, held, not_ready) = self.candidates();
+        let needs_cdi = tasks
+            .iter()
+            .flat_map(|t| t.requests)
+            .any(|r| matches!(r.target, DeviceTarget::Cdi(_)));
+        let registry = needs_cdi.then(|| CdiRegistry::load(&self.config.cdi_dirs));
+        let mut taken: BTreeSet<DeviceKey> = BTreeSet::new();
+        let mut chosen = Chosen::new();
+        let mut reasons = Vec::new();
+        for t in tasks {
+            for req in t.requests {
+                let at = format!("{}, device {}", t.at, Quoted(&req.name));
+                let result = match &req.target {
+                    DeviceTarget::Cdi(name) => {
+                        cdi_choice(req, name, registry.as_ref(), &held, &taken)
+                    }
+                    DeviceTarget::Plugin(_) => {
+                        self.plugin_choice(req, &candidates, &held, &taken, &not_ready)
+                            .await
+                    }
+                };
+                match result {
+                    Ok(a) => {
+                        taken.extend(a.keys());
+                        chosen
+                            .entry((t.alloc_id.to_owned(), t.task.to_owned()))
+                            .or_default()
+                            .push(a);
+                    }
+                    Err(why) => reasons.extend(why.into_iter().map(|w| format!("{at}: {w}"))),
+                }
+            }
+        }
+        if !reasons.is_empty() {
+            return Err(reasons);
+        }
+        let mut st = self.lock();
+        for ((alloc_id, task), assignments) in &chosen {
+            for key in assignments.iter().flat_map(DeviceAssignment::keys) {
+                st.reservations.insert(
+                    key,
+                    Holder {
+                        alloc_id: alloc_id.clone(),
+                        task: task.clone(),
+                    },
+                );
+            }
+        }
+        drop(st);
+        self.changed(Vec::new());
+        Ok(chosen)
+    }
+
+    /// Every group of every plugin, the devices held and by whom, and the plugins not ready.
+    fn candidates(&self) -> (Vec<Candidate>, BTreeMap<DeviceKey, String>, Vec<String>) {
+        let st = self.lock();
+        let mut out = Vec::new();
+        let mut not_ready = Vec::new();
+        for (id, p) in &st.plugins {
+            let unusable = p.unusable_reason();
+            if p.state != PluginState::Ready || !p.fingerprinted {
+                not_ready.push(format!("{id} ({})", p.state.as_str()));
+            }
+            for g in &p.groups {
+                out.push(Candidate {
+                    plugin: id.clone(),
+                    group: g.clone(),
+                    ops: p.ops.clone(),
+                    unusable: unusable.clone(),
+                });
+            }
+        }
+        let held = st
+            .reservations
+            .iter()
+            .map(|(k, h)| (k.clone(), h.alloc_id.clone()))
+            .collect();
+        (out, held, not_ready)
+    }
+
+    /// The instances of the best fitting group for a plugin device request, or every reason
+    /// there is none.
+    async fn plugin_choice(
+        &self,
+        req: &DeviceRequest,
+        candidates: &[Candidate],
+        held: &BTreeMap<DeviceKey, String>,
+        taken: &BTreeSet<DeviceKey>,
+        not_ready: &[String],
+    ) -> Result<DeviceAssignment, Vec<String>> {
+        let count = usize::try_from(req.count).unwrap_or(usize::MAX);
+        let mut reasons = Vec::new();
+        let mut named = 0;
+        // (score, free ids, candidate)
+        let mut feasible: Vec<(f64, Vec<String>, &Candidate)> = Vec::new();
+        for c in candidates {
+            let gid = c.group.id();
+            match check_group(req, &c.group) {
+                Ok(()) => {}
+                Err(why) => {
+                    let DeviceTarget::Plugin(name) = &req.target else {
+                        continue;
+                    };
+                    if name.matches(&gid) {
+                        named += 1;
+                        reasons.extend(why.into_iter().map(|w| format!("{gid}: {w}")));
+                    }
+                    continue;
+                }
+            }
+            named += 1;
+            let source = AssignedSource::Plugin {
+                plugin: c.plugin.clone(),
+                group: gid.clone(),
+            };
+            let mut free = Vec::new();
+            let mut busy = Vec::new();
+            for i in &c.group.instances {
+                let key = DeviceKey {
+                    source: source.clone(),
+                    id: i.id.clone(),
+                };
+                if let Some(why) = &c.unusable {
+                    busy.push(format!("{} {why}", i.id));
+                } else if !i.healthy {
+                    let why = if i.health_description.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", berth_input::Shown(&i.health_description))
+                    };
+                    busy.push(format!("{} unhealthy{why}", i.id));
+                } else if let Some(alloc) = held.get(&key) {
+                    busy.push(format!("{} held by alloc {alloc}", i.id));
+                } else if taken.contains(&key) {
+                    busy.push(format!("{} taken by another block of this job", i.id));
+                } else if !instance_fits(req, &c.group, &i.id) {
+                    busy.push(format!("{} excluded by a ${{device.ids}} constraint", i.id));
+                } else {
+                    free.push(i.id.clone());
+                }
+            }
+            if free.len() >= count {
+                feasible.push((affinity_score(req, &c.group), free, c));
+            } else {
+                let mut why = format!(
+                    "{gid}: {} healthy free instance(s) of {}, {count} needed",
+                    free.len(),
+                    c.group.instances.len()
+                );
+                if !busy.is_empty() {
+                    why.push_str(&format!(" ({})", list(&busy)));
+                }
+                reasons.push(why);
+            }
+        }
+        if feasible.is_empty() {
+            if named == 0 {
+                let known: BTreeSet<String> = candidates
+                    .iter()
+                    .map(|c| c.group.id().to_string())
+                    .collect();
+                let mut why = format!(
+                    "no such device on this node ({})",
+                    if known.is_empty() {
+                        "it has no devices".to_owned()
+                    } else {
+                        format!("it has {}", list(&known.into_iter().collect::<Vec<_>>()))
+                    }
+                );
+                if !not_ready.is_empty() {
+                    why.push_str(&format!(
+                        "; device plugins not ready yet: {}",
+                        list(not_ready)
+                    ));
+                }
+                reasons.push(why);
+            }
+            return Err(reasons);
+        }
+        // The best score; among equals, the first group in name order.
+        feasible.sort_by(|a, b| {
+            b.0.partial_cmp(&a.0)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then_with(|| a.2.group.id().cmp(&b.2.group.id()))
+        });
+        let (_, mut free, c) = feasible.swap_remove(0);
+        free.sort();
+        let ids = self.preferred(c, &free, count).await;
+        Ok(DeviceAssignment {
+            request: req.name.clone(),
+            source: AssignedSource::Plugin {
+                plugin: c.plugin.clone(),
+                group: c.group.id(),
+            },
+            ids,
+        })
+    }
+
+    /// The plugin's preferred `count` of `free` (Kubernetes' GetPreferredAllocation), else
+    /// the first `count` in order. A wrong or failed answer falls back too (logged).
+    async fn preferred(&self, c: &Candidate, free: &[String], count: usize) -> Vec<String> {
+        let fallback = || free.iter().take(count).cloned().collect::<Vec<_>>();
+        let Some(ops) = &c.ops else {
+            return fallback();
+        };
+        match ops.preferred(free, &[], count).await {
+            Ok(Some(ids))
+                if ids.len() == count
+                    && ids.iter().all(|i| free.contains(i))
+                    && ids.iter().collect::<BTreeSet<_>>().len() == count =>
+            {
+                ids
+            }
+            Ok(Some(ids)) => {
+                tracing::warn!(plugin = %c.plugin, ?ids, count, "the plugin's preferred allocation does not fit; taking the first free instances");
+                fallback()
+            }
+            Ok(None) => fallback(),
+            Err(e) => {
+                tracing::warn!(plugin = %c.plugin, error = %e, "no preferred allocation; taking the first free instances");
+                fallback()
+            }
+        }
+    }
+
+    /// What a task gets for `assignments`: each plugin's answer (Nomad's `Reserve`,
+    /// Kubernetes' `Allocate`) merged in order, then every CDI device (named in the job or in
+    /// a plugin's answer) resolved from the CDI spec directories. The names resolved stay in
+    /// the result's `cdi_devices` for status; `Err` says which device failed and why.
+    pub async fn reserve(
+        &self,
+        assignments: &[DeviceAssignment],
+    ) -> Result<ContainerEdits, String> {
+        let mut edits = ContainerEdits::default();
+        let mut cdi: Vec<String> = Vec::new();
+        for a in assignments {
+            match &a.source {
+                AssignedSource::Plugin { plugin, .. } => {
+                    let ops = self.ops(plugin)?;
+                    let mut answer = ops.reserve(&a.ids).await.map_err(|e| e.to_string())?;
+                    cdi.append(&mut answer.cdi_devices);
+                    edits.merge(answer);
+                }
+                AssignedSource::Cdi => cdi.extend(a.ids.iter().cloned()),
+            }
+        }
+        if !cdi.is_empty() {
+            let registry = CdiRegistry::load(&self.config.cdi_dirs);
+            let resolved = registry
+                .resolve_names(&cdi)
+                .map_err(|e| format!("CDI: {e}"))?;
+            edits.merge(resolved);
+            edits.cdi_devices = cdi;
+            edits.cdi_devices.dedup();
+        }
+        Ok(edits)
+    }
+
+    /// Before every start of a task holding `assignments`: each plugin's pre-start call
+    /// (Kubernetes' `PreStartContainer`, where the plugin asked for it at registration).
+    /// A plugin that is not ready now is skipped with a note (the task keeps the devices it
+    /// was given); a plugin that refuses fails the start.
+    pub async fn pre_start(&self, assignments: &[DeviceAssignment]) -> Result<Vec<String>, String> {
+        let mut notes = Vec::new();
+        for a in assignments {
+            let AssignedSource::Plugin { plugin, .. } = &a.source else {
+                continue;
+            };
+            match self.ops(plugin) {
+                Ok(ops) => ops.pre_start(&a.ids).await.map_err(|e| e.to_string())?,
+                Err(why) => notes.push(format!(
+                    "{why}: its pre-start call for {} is skipped; the task keeps its devices",
+                    a.device_names().join(", ")
+                )),
+            }
+        }
+        Ok(notes)
+    }
+}
+
+/// A CDI device named in the job: it must resolve, and not be held.
+fn cdi_choice(
+    req: &DeviceRequest,
+    name: &QualifiedName,
+    registry: Option<&CdiRegistry>,
+    held: &BTreeMap<DeviceKey, String>,
+    taken: &BTreeSet<DeviceKey>,
+) -> Result<DeviceAssignment, Vec<String>> {
+    let Some(registry) = registry else {
+        return Err(vec!["no CDI registry".into()]);
+    };
+    if let Err(e) = registry.resolve(std::slice::from_ref(name)) {
+        return Err(vec![e.to_string()]);
+    }
+    let key = DeviceKey {
+        source: AssignedSource::Cdi,
+        id: name.to_string(),
+    };
+    if let Some(alloc) = held.get(&key) {
+        return Err(vec![format!("CDI device {name} is held by alloc {alloc}")]);
+    }
+    if taken.contains(&key) {
+        return Err(vec![format!(
+            "CDI device {name} is taken by another block of this job"
+        )]);
+    }
+    Ok(DeviceAssignment {
+        request: req.name.clone(),
+        source: AssignedSource::Cdi,
+        ids: vec![name.to_string()],
+    })
+}
+
+/// At most 8 items, then `and N more`.
+fn list(items: &[String]) -> String {
+    const MAX: usize = 8;
+    let shown = items
+        .iter()
+        .take(MAX)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > MAX {
+        format!("{shown} and {} more", items.len() - MAX)
+    } else {
+        shown
+    }
+}
