@@ -89,6 +89,12 @@ fn validate(spec: &AllocSpec) -> Result<BTreeMap<String, TaskId>, AllocError> {
             count: spec.group.count,
         });
     }
+    if let Some(task) = spec.devices.keys().find(|t| spec.group.task(t).is_none()) {
+        return Err(AllocError::NoTask {
+            alloc_id: spec.alloc_id.clone(),
+            task: task.clone(),
+        });
+    }
     let mut ids = BTreeMap::new();
     for task in &spec.group.tasks {
         ids.insert(
@@ -206,6 +212,7 @@ impl AllocRunner {
             job_type: record.job_type,
             group: record.group.clone(),
             index: record.index,
+            devices: record.devices.clone(),
         };
         let task_ids = validate(&spec)?;
         let bad = |reason: String| AllocError::BadRecord {
@@ -224,6 +231,14 @@ impl AllocRunner {
         }
         let stopping = record.desired == DesiredState::Stop;
         let finished = record.is_finished();
+        // Its devices stay taken until it is finished.
+        if finished {
+            deps.devices.release(&spec.alloc_id);
+        } else {
+            for (task, assignments) in &spec.devices {
+                deps.devices.restore(&spec.alloc_id, task, assignments);
+            }
+        }
         let runner = Self::build(spec, task_ids, record, deps, BTreeMap::new());
         if stopping {
             runner.inner.stop.cancel();
@@ -426,6 +441,7 @@ impl AllocRunner {
             )
         });
         if finished {
+            inner.deps.devices.release(&inner.spec.alloc_id);
             return Ok(inner.shared.read(|rec| rec.client_status));
         }
 
@@ -482,6 +498,13 @@ impl AllocRunner {
         if !inner.shared.read(|rec| rec.hooks.destroyed) {
             self.destroy_tasks().await;
             let _ = inner.shared.update(|rec| rec.hooks.destroyed = true);
+        }
+        // Every task is destroyed: nothing uses the alloc's devices any more.
+        if inner.spec.devices.values().any(|a| !a.is_empty()) {
+            inner.deps.devices.release(&inner.spec.alloc_id);
+            inner
+                .shared
+                .event(None, EventKind::DevicesReleased, "devices released");
         }
 
         let (status, event) = inner.shared.read(|rec| {
@@ -629,6 +652,13 @@ impl AllocRunner {
             restart: task.restart,
             kill: kill.clone(),
             detach: detach.clone(),
+            devices: inner.deps.devices.clone(),
+            assignments: inner
+                .spec
+                .devices
+                .get(&task.name)
+                .cloned()
+                .unwrap_or_default(),
             servers_contacted: inner.deps.servers_contacted.clone(),
             kill_retry: inner.deps.config.kill_retry,
         }

@@ -6,6 +6,7 @@ use rand::Rng as _;
 use tokio::sync::watch;
 
 use crate::{
+    device_host::{DeviceHost, NoDevices},
     drivers::TaskDrivers,
     record::DEFAULT_MAX_EVENTS,
     store::AllocStore,
@@ -85,6 +86,8 @@ pub struct AllocDeps {
     pub drivers: Arc<dyn TaskDrivers>,
     /// The node's volume side.
     pub volumes: Arc<dyn VolumeHost>,
+    /// The node's device side.
+    pub devices: Arc<dyn DeviceHost>,
     /// Where records are persisted.
     pub store: Arc<dyn AllocStore>,
     /// Who knows the allocs an alloc waits for.
@@ -103,6 +106,7 @@ impl fmt::Debug for AllocDeps {
         f.debug_struct("AllocDeps")
             .field("drivers", &self.drivers)
             .field("volumes", &self.volumes)
+            .field("devices", &self.devices)
             .field("store", &self.store)
             .field("upstream", &self.upstream)
             .field("allocs_dir", &self.allocs_dir)
@@ -113,8 +117,8 @@ impl fmt::Debug for AllocDeps {
 }
 
 impl AllocDeps {
-    /// Dependencies with no upstream allocs, the servers-contacted gate open, and default
-    /// options.
+    /// Dependencies with no devices, no upstream allocs, the servers-contacted gate open, and
+    /// default options.
     pub fn new(
         drivers: Arc<dyn TaskDrivers>,
         volumes: Arc<dyn VolumeHost>,
@@ -125,6 +129,7 @@ impl AllocDeps {
         Self {
             drivers,
             volumes,
+            devices: Arc::new(NoDevices),
             store,
             upstream: Arc::new(NoUpstream),
             allocs_dir: allocs_dir.into(),

@@ -11,7 +11,11 @@
 //!    jittered backoff; a failure fails the alloc);
 //! 2. a task runner per task: prestart hooks (`task_dir`: `<alloc dir>/<task>/` and
 //!    `<alloc dir>/logs/<task>.stdout|stderr`; `volume_mounts`: each `volume_mount` as a bind
-//!    mount of the volume's target, read-only when the mount or the volume is; then the
+//!    mount of the volume's target, read-only when the mount or the volume is; `devices`: the
+//!    devices the task was assigned at placement, reserved through the [`DeviceHost`] at its
+//!    first start — the answer persisted before the start and reused for every later one —
+//!    their env merged into the task's (the devices' win, as in Nomad), their mounts added
+//!    after the volume mounts, their device nodes given to drivers that take them; then the
 //!    [`TaskHook`]s added for the task), start through the task's driver (its handle
 //!    persisted before anything else), poststart hooks, then supervision: an exit goes to the
 //!    restart policy (attempts within an interval, a delay, then `fail` or `delay`), a batch
@@ -62,6 +66,8 @@
 mod alloc_runner;
 mod config;
 mod csi_hook;
+mod device_host;
+mod devices_hook;
 mod drivers;
 mod error;
 mod hooks;
@@ -79,6 +85,7 @@ use std::{future::Future, pin::Pin};
 
 pub use alloc_runner::AllocRunner;
 pub use config::{AllocDeps, Backoff, RunnerConfig};
+pub use device_host::{DeviceCall, DeviceHost, FakeDeviceHost, NoDevices};
 pub use drivers::TaskDrivers;
 pub use error::AllocError;
 pub use hooks::{HookError, TaskContext, TaskEvents, TaskHook};
@@ -87,7 +94,7 @@ pub use record::{
     HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,
 };
 pub use render::{NodeVars, RenderEnv, RenderError, TaskPaths, nomad_vars, render_alloc};
-pub use status::{AllocStatus, TaskSummary, VolumeSummary};
+pub use status::{AllocStatus, TaskDeviceSummary, TaskSummary, VolumeSummary};
 pub use store::{AllocStore, AllocStoreError, MemoryAllocStore, StateAllocStore};
 pub use upstream::{NoUpstream, UpstreamError, UpstreamWatcher};
 pub use volume_host::{FakeVolumeHost, VolumeCall, VolumeHost, VolumeHostError, VolumeUse};

@@ -8,6 +8,7 @@ use std::{
     time::SystemTime,
 };
 
+use berth_devices::{assignment::DeviceAssignment, model::ContainerEdits};
 use berth_drivers::{ExitResult, TaskHandle};
 use berth_job::{GroupSpec, JobSpec, JobType};
 use serde::{Deserialize, Serialize};
@@ -30,6 +31,9 @@ pub mod hook_names {
     pub const TASK_DIR: &str = "task_dir";
     /// Prestart: bind mounts of the claimed volumes.
     pub const VOLUME_MOUNTS: &str = "volume_mounts";
+    /// Prestart: the task's devices (reserved once, then the same env, mounts and device
+    /// nodes at every start).
+    pub const DEVICES: &str = "devices";
 }
 
 /// What the alloc is: a job's group, placed once.
@@ -45,6 +49,9 @@ pub struct AllocSpec {
     pub group: GroupSpec,
     /// Which copy of the group (0-based, below its count); picks `per_alloc` volumes.
     pub index: u32,
+    /// The devices each task was assigned when the alloc was placed, by task name.
+    #[serde(default)]
+    pub devices: BTreeMap<String, Vec<DeviceAssignment>>,
 }
 
 impl AllocSpec {
@@ -65,6 +72,7 @@ impl AllocSpec {
             job_type: job.job_type,
             group: spec.clone(),
             index,
+            devices: BTreeMap::new(),
         })
     }
 }
@@ -193,6 +201,10 @@ pub struct TaskRecord {
     pub prestart_done: BTreeSet<String>,
     /// Poststart hooks done for the current process.
     pub poststart_done: BTreeSet<String>,
+    /// What the task gets for its devices: the device manager's answer at its first start,
+    /// persisted before that start and reused for every later one.
+    #[serde(default)]
+    pub device_edits: Option<ContainerEdits>,
 }
 
 impl TaskRecord {
@@ -209,6 +221,7 @@ impl TaskRecord {
             restart_window: RestartWindow::default(),
             prestart_done: BTreeSet::new(),
             poststart_done: BTreeSet::new(),
+            device_edits: None,
         }
     }
 }
@@ -295,6 +308,17 @@ pub enum EventKind {
     /// The task's CSI plugin was not ready within its `health_timeout`: the task is
     /// restarted under its restart policy.
     PluginNotReady,
+    /// The task's devices were reserved (the answer is kept for every later start).
+    DevicesReserved,
+    /// The task's devices could not be reserved or prepared.
+    DevicesFailed,
+    /// A note about how the task's devices or resources were applied (a driver without
+    /// isolation gets env only; a cgroup that could not be used).
+    DeviceNote,
+    /// The alloc's devices were released.
+    DevicesReleased,
+    /// A note of the task's driver about how it ran the task.
+    DriverNote,
 }
 
 /// Something that happened to the alloc or one of its tasks. Never holds mount flags or
@@ -342,6 +366,10 @@ pub struct AllocRecord {
     pub group: GroupSpec,
     /// Its index in the group.
     pub index: u32,
+    /// The devices each task was assigned at placement, by task name (held until the alloc
+    /// is finished).
+    #[serde(default)]
+    pub devices: BTreeMap<String, Vec<DeviceAssignment>>,
     /// Run or stop.
     pub desired: DesiredState,
     /// How it is doing.
@@ -393,6 +421,7 @@ impl AllocRecord {
             job_type: spec.job_type,
             group: spec.group.clone(),
             index: spec.index,
+            devices: spec.devices.clone(),
             desired: DesiredState::Run,
             client_status: ClientStatus::Pending,
             failure: None,

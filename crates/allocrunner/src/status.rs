@@ -57,6 +57,30 @@ pub struct TaskSummary {
     pub started_at: Option<SystemTime>,
     /// When it became dead.
     pub finished_at: Option<SystemTime>,
+    /// Its devices, per `device` block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<TaskDeviceSummary>,
+}
+
+/// The devices one `device` block of a task holds, and what the task gets for them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskDeviceSummary {
+    /// The block's label (`nvidia/gpu`).
+    pub request: String,
+    /// The devices, as `vendor/type/name/id` (CDI: the qualified name).
+    pub devices: Vec<String>,
+    /// Env the task gets from its devices (`KEY=value`); empty before its first start.
+    #[serde(default)]
+    pub env: Vec<String>,
+    /// Mounts it gets (`host → task`, `(ro)` when read-only).
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    /// Device nodes it gets (`host → task (perms)`).
+    #[serde(default)]
+    pub device_nodes: Vec<String>,
+    /// The latest statistic of each device (its summary), when the agent has one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub stats: BTreeMap<String, String>,
 }
 
 /// A volume's status.
@@ -80,6 +104,59 @@ pub struct VolumeSummary {
     pub claimed: bool,
     /// Where it is mounted on the host.
     pub target: Option<PathBuf>,
+}
+
+/// What a task's status says of its devices: the assignments, and (once reserved) what the
+/// task gets, on the first block's line (the answer covers every block of the task).
+fn device_summaries(
+    assignments: &[berth_devices::assignment::DeviceAssignment],
+    edits: Option<&berth_devices::model::ContainerEdits>,
+) -> Vec<TaskDeviceSummary> {
+    assignments
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let edits = edits.filter(|_| i == 0);
+            TaskDeviceSummary {
+                request: a.request.clone(),
+                devices: a.device_names(),
+                env: edits
+                    .map(|e| e.env.iter().map(|(k, v)| format!("{k}={v}")).collect())
+                    .unwrap_or_default(),
+                mounts: edits
+                    .map(|e| {
+                        e.mounts
+                            .iter()
+                            .map(|m| {
+                                format!(
+                                    "{} → {}{}",
+                                    m.host_path.display(),
+                                    m.task_path.display(),
+                                    if m.read_only { " (ro)" } else { "" }
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                device_nodes: edits
+                    .map(|e| {
+                        e.device_nodes
+                            .iter()
+                            .map(|d| {
+                                format!(
+                                    "{} → {} ({})",
+                                    d.host_path.display(),
+                                    d.task_path.display(),
+                                    d.permissions
+                                )
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                stats: BTreeMap::new(),
+            }
+        })
+        .collect()
 }
 
 impl AllocStatus {
@@ -115,6 +192,10 @@ impl AllocStatus {
                             last_exit: t.last_exit,
                             started_at: t.started_at,
                             finished_at: t.finished_at,
+                            devices: device_summaries(
+                                record.devices.get(name).map(Vec::as_slice).unwrap_or(&[]),
+                                t.device_edits.as_ref(),
+                            ),
                         },
                     )
                 })

@@ -15,8 +15,12 @@ use berth_job::{PropagationMode, RestartPolicy};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
+use berth_devices::{assignment::DeviceAssignment, model::ContainerEdits};
+
 use crate::{
     config::Backoff,
+    device_host::DeviceHost,
+    devices_hook,
     hooks::{TaskContext, TaskHook},
     record::{AllocEvent, AllocRecord, EventKind, TaskRecord, TaskRunState, hook_names},
     restart::{self, Decision},
@@ -73,6 +77,10 @@ pub(crate) struct TaskRunner {
     pub kill: CancellationToken,
     /// Leave the task as it is and return (the agent shuts down).
     pub detach: CancellationToken,
+    /// The node's device side.
+    pub devices: Arc<dyn DeviceHost>,
+    /// The devices the task was assigned at placement.
+    pub assignments: Vec<DeviceAssignment>,
     pub servers_contacted: watch::Receiver<bool>,
     /// Waits between `SIGKILL`s of a process that outlived its stop.
     pub kill_retry: Backoff,
@@ -305,6 +313,11 @@ impl TaskRunner {
         config.mounts = self.shared.read(|rec| volume_mounts(rec, spec))?;
         self.mark_prestart(hook_names::VOLUME_MOUNTS);
 
+        if !self.assignments.is_empty() {
+            self.devices_prestart(&mut config).await?;
+            self.mark_prestart(hook_names::DEVICES);
+        }
+
         for hook in &self.hooks {
             hook.prestart(ctx, &mut config)
                 .await
@@ -312,6 +325,74 @@ impl TaskRunner {
             self.mark_prestart(hook.name());
         }
         Ok(config)
+    }
+
+    /// The `devices` hook: the task's reservation (made at its first start and persisted
+    /// before it, reused for every later start), the devices' pre-start call, then their env,
+    /// mounts and device nodes applied to `config`.
+    async fn devices_prestart(&self, config: &mut TaskConfig) -> Result<(), String> {
+        let ctx = &self.ctx;
+        let name = self.name().to_owned();
+        let kept = self.task_record().and_then(|t| t.device_edits);
+        let edits: ContainerEdits = match kept {
+            Some(edits) => edits,
+            None => {
+                let edits = match self
+                    .devices
+                    .reserve(&ctx.alloc_id, &name, &self.assignments)
+                    .await
+                {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let message = format!("reserving its devices failed: {e}");
+                        self.event(EventKind::DevicesFailed, message.clone());
+                        return Err(message);
+                    }
+                };
+                let devices: Vec<String> = self
+                    .assignments
+                    .iter()
+                    .flat_map(DeviceAssignment::device_names)
+                    .collect();
+                // Durable before the task can start with them: a restart, even after a kill
+                // -9 of the agent, gets these same devices.
+                self.shared
+                    .update_with(
+                        self.new_event(
+                            EventKind::DevicesReserved,
+                            devices_hook::describe(&devices, &edits),
+                        ),
+                        |rec| {
+                            if let Some(t) = rec.tasks.get_mut(&name) {
+                                t.device_edits = Some(edits.clone());
+                            }
+                        },
+                    )
+                    .map_err(|e| format!("its device reservation could not be persisted: {e}"))?;
+                edits
+            }
+        };
+        match self.devices.pre_start(&self.assignments).await {
+            Ok(notes) => {
+                for note in notes {
+                    self.event(EventKind::DeviceNote, note);
+                }
+            }
+            Err(e) => {
+                let message = format!("preparing its devices failed: {e}");
+                self.event(EventKind::DevicesFailed, message.clone());
+                return Err(message);
+            }
+        }
+        let (caps, driver) = match &self.driver {
+            Some(d) => (d.capabilities(), d.name().to_owned()),
+            None => return Err(format!("no task driver {:?}", ctx.task.driver)),
+        };
+        let notes = devices_hook::apply(config, &edits, &caps, &driver)?;
+        for note in notes {
+            self.event(EventKind::DeviceNote, note);
+        }
+        Ok(())
     }
 
     /// Poststart hooks not done yet for this process (all of them after a start; those a
@@ -658,6 +739,7 @@ pub(crate) async fn forward_driver_events(
                     TaskEventKind::Signaled { .. } => EventKind::Signaled,
                     TaskEventKind::Killed => EventKind::Killed,
                     TaskEventKind::Dropped { .. } => EventKind::EventsDropped,
+                    TaskEventKind::Note => EventKind::DriverNote,
                     // The runner makes its own start, recovery and exit events.
                     TaskEventKind::Started { .. }
                     | TaskEventKind::Recovered { .. }
