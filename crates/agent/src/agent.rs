@@ -19,7 +19,11 @@ use berth_state::{Store, Table};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
-    config::{Config, DEFAULT_RESCAN_INTERVAL, HealthConfig, NodeConfig, PluginDecl, PluginRun},
+    config::{
+        Config, DEFAULT_RESCAN_INTERVAL, DevicesConfig, HealthConfig, NodeConfig, PluginDecl,
+        PluginRun,
+    },
+    devices::{AgentDeviceHost, Devices, DevicesOptions, KUBE_RESTORE_GRACE},
     events::EventBus,
     jobs::Jobs,
     manager::Manager,
@@ -55,6 +59,10 @@ pub struct AgentOptions {
     pub node: NodeConfig,
     /// What `exec` tasks' roots hold (host path → path in the task); `None`: Nomad's defaults.
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    /// Device plugins and device settings.
+    pub devices: DevicesConfig,
+    /// How long a Kubernetes device plugin known from before a restart has to register again.
+    pub kube_restore_grace: Duration,
 }
 
 impl AgentOptions {
@@ -72,6 +80,8 @@ impl AgentOptions {
             task_path: None,
             node: config.node,
             chroot_env: config.chroot_env,
+            devices: config.devices,
+            kube_restore_grace: KUBE_RESTORE_GRACE,
         }
     }
 
@@ -125,6 +135,9 @@ pub enum AgentError {
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
+    /// The device settings or a device plugin cannot be used.
+    #[error("devices: {0}")]
+    Devices(String),
     /// A `chroot_env` entry would show tasks the agent's data dir.
     #[error(
         "client.chroot_env: {} would show tasks the data dir {}; list directories that neither hold it nor lie in it",
@@ -169,6 +182,7 @@ pub struct Agent {
     metrics: Arc<Metrics>,
     volumes: Arc<Volumes>,
     jobs: Arc<Jobs>,
+    devices: Arc<Devices>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -229,7 +243,18 @@ impl Agent {
         };
 
         let events = Arc::new(EventBus::new());
-        let metrics = Arc::new(Metrics::new());
+        let device_opts = DevicesOptions {
+            config: opts.devices.clone(),
+            data_dir: data_dir.clone(),
+            restart: opts.restart,
+            kube_grace: opts.kube_restore_grace,
+        };
+        let devices = Arc::new(Devices::new(
+            &device_opts,
+            Arc::clone(&events),
+            Arc::clone(&store),
+        )?);
+        let metrics = Arc::new(Metrics::with_devices(Some(Arc::clone(devices.manager()))));
         let registry = Arc::new(Registry::load(Arc::clone(&store), Arc::clone(&events))?);
         tracing::info!(plugins = registry.list().len(), data_dir = %data_dir.display(), "registry loaded");
 
@@ -289,6 +314,8 @@ impl Agent {
         let jobs = Arc::new(Jobs::new(
             Arc::clone(&store),
             drivers,
+            Arc::clone(devices.manager()),
+            Arc::new(AgentDeviceHost::new(Arc::clone(devices.manager()))),
             Arc::clone(&registry),
             Arc::clone(&manager),
             Arc::clone(&volumes),
@@ -307,10 +334,12 @@ impl Agent {
             metrics,
             volumes,
             jobs,
+            devices,
         });
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
+        agent.devices.start(&device_opts, &tasks, &shutdown)?;
         agent.volumes.start();
         agent.jobs.recover().await;
 
@@ -652,6 +681,17 @@ impl AgentView for Agent {
             })
             .collect();
         let node = self.jobs.node_vars();
+        let manager = self.devices.manager();
+        let groups = manager.groups();
+        let computed_class =
+            berth_devices::class::computed_class(&berth_devices::class::ClassInput {
+                datacenter: &node.datacenter,
+                node_class: &node.class,
+                node_pool: "default",
+                attributes: &node.attrs,
+                meta: &node.meta,
+                devices: &groups,
+            });
         NodeStatus {
             id: self.node_id.clone(),
             hostname: self.hostname.clone(),
@@ -662,6 +702,8 @@ impl AgentView for Agent {
             node_class: node.class,
             attributes: node.attrs,
             meta: node.meta,
+            computed_class,
+            devices: manager.view_with_cdi(),
         }
     }
 

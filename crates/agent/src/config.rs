@@ -16,6 +16,13 @@ use berth_api::PluginType;
 use berth_input::{Quoted, Shown, Syntax};
 use serde::Deserialize;
 
+mod devices;
+
+pub use devices::{
+    DEFAULT_CDI_SPEC_DIRS, DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig,
+    NomadPluginDecl,
+};
+
 /// Default interval between health probes.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);
 /// Default consecutive failed probes before a healthy plugin is unhealthy.
@@ -113,6 +120,8 @@ pub struct Config {
     /// `client { chroot_env = { "<host path>" = "<path in the task>" } }`: what every `exec`
     /// task's root holds, read-only; `None`: Nomad's defaults.
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    /// `plugin_dir`, `plugin` blocks without `type` (Nomad device plugins) and `devices { … }`.
+    pub devices: DevicesConfig,
 }
 
 /// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
@@ -162,6 +171,8 @@ struct Raw {
     datacenter: Option<String>,
     region: Option<String>,
     client: Option<RawClient>,
+    plugin_dir: Option<PathBuf>,
+    devices: Option<devices::RawDevices>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -189,14 +200,17 @@ struct RawHealth {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPlugin {
+    /// CSI plugins have a type; Nomad device plugins (in `plugin_dir`) have none.
     #[serde(rename = "type")]
-    plugin_type: String,
+    plugin_type: Option<String>,
     socket: Option<PathBuf>,
     command: Option<PathBuf>,
     #[serde(default)]
     args: Vec<String>,
     #[serde(default)]
     env: BTreeMap<String, String>,
+    /// A Nomad plugin's configuration (its schema is applied when it runs).
+    config: Option<serde_json::Value>,
 }
 
 impl Config {
@@ -349,8 +363,28 @@ impl Config {
             let field = |f: &str| format!("plugin {}.{f}", Quoted(&id));
             berth_sys::validate_path_segment("plugin id", &id)
                 .map_err(|e| err(line, &format!("plugin {}", Quoted(&id)), e.to_string()))?;
-            let plugin_type: PluginType = p
-                .plugin_type
+            let Some(plugin_type) = p.plugin_type else {
+                // Nomad's form: a plugin binary in plugin_dir, with its own config.
+                if p.socket.is_some() || p.command.is_some() || !p.env.is_empty() {
+                    return Err(err(
+                        line,
+                        &field("type"),
+                        "a CSI plugin needs type (node, controller or monolith); a plugin without type is a Nomad device plugin in plugin_dir, which takes args and config only".into(),
+                    ));
+                }
+                let decl = devices::nomad_plugin(&id, p.args, p.config)
+                    .map_err(|(f, m)| err(line, &f, m))?;
+                cfg.devices.nomad_plugins.push(decl);
+                continue;
+            };
+            if p.config.is_some() {
+                return Err(err(
+                    line,
+                    &field("config"),
+                    "config goes with Nomad device plugins (no type), not CSI plugins".into(),
+                ));
+            }
+            let plugin_type: PluginType = plugin_type
                 .parse()
                 .map_err(|m| err(line, &field("type"), m))?;
             let run = match (p.socket, p.command) {
@@ -402,6 +436,22 @@ impl Config {
         if !json {
             cfg.plugins
                 .sort_by_key(|p| block_line(text, "plugin", &p.id, 0).unwrap_or(usize::MAX));
+            cfg.devices
+                .nomad_plugins
+                .sort_by_key(|p| block_line(text, "plugin", &p.name, 0).unwrap_or(usize::MAX));
+        }
+        devices::devices_block(&mut cfg.devices, raw.plugin_dir, raw.devices)
+            .map_err(|(field, m)| err(None, &field, m))?;
+        if !cfg.devices.nomad_plugins.is_empty() && cfg.devices.plugin_dir.is_none() {
+            let name = &cfg.devices.nomad_plugins[0].name;
+            let line = (!json)
+                .then(|| block_line(text, "plugin", name, 0))
+                .flatten();
+            return Err(err(
+                line,
+                &format!("plugin {}", Quoted(name)),
+                "a plugin without type is a Nomad device plugin: set plugin_dir to the directory holding its binary".into(),
+            ));
         }
         Ok(cfg)
     }

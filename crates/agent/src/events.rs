@@ -45,6 +45,7 @@ impl EventBus {
             instance: instance.map(str::to_string),
             volume_id: None,
             alloc_id: None,
+            device: None,
             reason: reason.into(),
         };
         tracing::info!(plugin = %event.plugin_id, instance = ?event.instance, kind = ?event.kind, reason = %event.reason, "event");
@@ -69,9 +70,26 @@ impl EventBus {
             instance: None,
             volume_id: Some(volume_id.to_string()),
             alloc_id: alloc_id.map(str::to_string),
+            device: None,
             reason: reason.into(),
         };
         tracing::info!(plugin = %event.plugin_id, volume_id, alloc_id, kind = ?event.kind, reason = %event.reason, "event");
+        let _ = self.tx.send(event);
+    }
+
+    /// Emits one device event (the device manager logs it).
+    pub fn emit_device(&self, e: berth_devices::view::DeviceEvent) {
+        let event = Event {
+            seq: self.seq.fetch_add(1, Ordering::SeqCst) + 1,
+            time_ms: crate::now_ms(),
+            kind: e.kind.into(),
+            plugin_id: e.plugin.to_string(),
+            instance: None,
+            volume_id: None,
+            alloc_id: None,
+            device: e.device,
+            reason: e.message,
+        };
         let _ = self.tx.send(event);
     }
 

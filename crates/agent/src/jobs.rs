@@ -10,7 +10,7 @@ use std::{
 };
 
 use berth_allocrunner::{
-    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, NodeVars, RenderEnv,
+    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, DeviceHost, NodeVars, RenderEnv,
     StateAllocStore, VolumeHost, VolumeHostError, VolumeUse, render_alloc,
 };
 use berth_api::{
@@ -19,6 +19,7 @@ use berth_api::{
     volumes::{ClaimRequest, FlagsInput, MountOptionsInput, ReleaseRequest, SpecFormat},
 };
 use berth_controlplane::placement::{self, DriverFact, NodeFacts, PluginFact};
+use berth_devices::manager::{DeviceManager, TaskRequests};
 use berth_drivers::{DriverManager, Health, TaskId};
 use berth_input::Syntax;
 use berth_job::{JobSpec, NodeKeys, ParseOptions, VarFile};
@@ -129,6 +130,7 @@ pub struct Jobs {
     store: Arc<Store>,
     allocs: Arc<dyn AllocStore>,
     drivers: DriverManager,
+    devices: Arc<DeviceManager>,
     registry: Arc<Registry>,
     manager: Arc<Manager>,
     volumes: Arc<Volumes>,
@@ -157,6 +159,8 @@ impl Jobs {
     pub fn new(
         store: Arc<Store>,
         drivers: DriverManager,
+        devices: Arc<DeviceManager>,
+        device_host: Arc<dyn DeviceHost>,
         registry: Arc<Registry>,
         manager: Arc<Manager>,
         volumes: Arc<Volumes>,
@@ -168,7 +172,7 @@ impl Jobs {
     ) -> Self {
         let node_id = node.id.clone();
         let allocs: Arc<dyn AllocStore> = Arc::new(StateAllocStore::new(Arc::clone(&store)));
-        let deps = AllocDeps::new(
+        let mut deps = AllocDeps::new(
             Arc::new(drivers.clone()),
             Arc::new(AgentVolumeHost {
                 volumes: Arc::clone(&volumes),
@@ -176,6 +180,7 @@ impl Jobs {
             Arc::clone(&allocs),
             data_dir.join("allocs"),
         );
+        deps.devices = device_host;
         let plugins = PluginTasks {
             registry: Arc::clone(&registry),
             events,
@@ -188,6 +193,7 @@ impl Jobs {
             store,
             allocs,
             drivers,
+            devices,
             plugins,
             registry,
             manager,
@@ -333,19 +339,46 @@ impl Jobs {
     }
 
     fn alloc_status(&self, alloc_id: &str) -> Option<AllocStatus> {
-        if let Some(r) = self
+        let runner = self
             .runners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(alloc_id)
-        {
-            return Some(r.status());
+            .cloned();
+        let mut status = match runner {
+            Some(r) => r.status(),
+            None => AllocStatus::from_record(&self.allocs.get(alloc_id).ok().flatten()?),
+        };
+        self.add_device_stats(&mut status);
+        Some(status)
+    }
+
+    /// Fills in the latest statistic of every device the alloc's tasks hold.
+    fn add_device_stats(&self, status: &mut AllocStatus) {
+        if status.tasks.values().all(|t| t.devices.is_empty()) {
+            return;
         }
-        self.allocs
-            .get(alloc_id)
-            .ok()
-            .flatten()
-            .map(|r| AllocStatus::from_record(&r))
+        let view = self.devices.view();
+        let mut latest = BTreeMap::new();
+        for g in &view.groups {
+            for i in &g.instances {
+                if let Some(summary) = i.stats.as_ref().and_then(|s| s.summary.as_ref()) {
+                    latest.insert(
+                        format!("{}/{}/{}/{}", g.vendor, g.device_type, g.name, i.id),
+                        summary.to_string(),
+                    );
+                }
+            }
+        }
+        for task in status.tasks.values_mut() {
+            for d in &mut task.devices {
+                for name in &d.devices {
+                    if let Some(s) = latest.get(name) {
+                        d.stats.insert(name.clone(), s.clone());
+                    }
+                }
+            }
+        }
     }
 
     fn status_of(&self, rec: &JobRecord) -> JobStatus {
@@ -453,85 +486,163 @@ impl Jobs {
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
         let mut specs = Vec::new();
         let mut problems = Vec::new();
-        let plugins_dir = self.plugins.data_dir.clone();
-        let drivers = self.drivers.clone();
-        let chroot = move |driver: &str| {
-            drivers.driver(driver).is_some_and(|d| {
-                d.capabilities().fs_isolation == berth_drivers::FsIsolation::Chroot
-            })
-        };
-        let binds = {
+        // The rendering helpers hold non-Sync closures: dropped before the next await.
+        {
+            let plugins_dir = self.plugins.data_dir.clone();
             let drivers = self.drivers.clone();
-            move |driver: &str| {
-                drivers
-                    .driver(driver)
-                    .is_some_and(|d| d.capabilities().bind_mounts)
-            }
-        };
-        let csi_endpoint =
-            |alloc_id: &str, task: &berth_job::TaskSpec, mount_dir: &std::path::Path| {
-                if binds(&task.driver) {
-                    format!("unix://{}", mount_dir.join("csi.sock").display())
-                } else {
-                    let plan = task
-                        .csi_plugin
-                        .as_ref()
-                        .and_then(|p| PluginPlan::new(&plugins_dir, alloc_id, &task.name, p).ok());
-                    plan.map(|p| format!("unix://{}", p.socket.display()))
-                        .unwrap_or_default()
+            let chroot = move |driver: &str| {
+                drivers.driver(driver).is_some_and(|d| {
+                    d.capabilities().fs_isolation == berth_drivers::FsIsolation::Chroot
+                })
+            };
+            let binds = {
+                let drivers = self.drivers.clone();
+                move |driver: &str| {
+                    drivers
+                        .driver(driver)
+                        .is_some_and(|d| d.capabilities().bind_mounts)
                 }
             };
-        let env = RenderEnv {
-            node: &node,
-            allocs_dir: &self.deps.allocs_dir,
-            chroot: &chroot,
-            csi_endpoint: &csi_endpoint,
-        };
-        for p in &plans {
-            let alloc = AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
-            let alloc = match render_alloc(&spec, &alloc, &env) {
-                Ok(a) => a,
-                Err(errors) => {
-                    // Every alloc of a group renders alike but for its index: one report.
-                    for e in errors {
-                        let line = e.line.map(|l| format!(":{l}")).unwrap_or_default();
-                        let text =
-                            format!("{}{line}: {e}", berth_input::Shown(&file.to_string_lossy()));
-                        if !problems.contains(&text) {
-                            problems.push(text);
-                        }
+            let csi_endpoint =
+                |alloc_id: &str, task: &berth_job::TaskSpec, mount_dir: &std::path::Path| {
+                    if binds(&task.driver) {
+                        format!("unix://{}", mount_dir.join("csi.sock").display())
+                    } else {
+                        let plan = task.csi_plugin.as_ref().and_then(|p| {
+                            PluginPlan::new(&plugins_dir, alloc_id, &task.name, p).ok()
+                        });
+                        plan.map(|p| format!("unix://{}", p.socket.display()))
+                            .unwrap_or_default()
                     }
-                    continue;
-                }
+                };
+            let env = RenderEnv {
+                node: &node,
+                allocs_dir: &self.deps.allocs_dir,
+                chroot: &chroot,
+                csi_endpoint: &csi_endpoint,
             };
-            // What would make the runner refuse it (ids too long to be paths) is refused
-            // here, before anything is written.
-            AllocRunner::check(&alloc).map_err(|e| {
-                ApiError::BadRequest(format!(
-                    "group {:?}: {e} (a task's id is `<alloc id>.<task name>`; shorten the names)",
-                    p.group
-                ))
-            })?;
-            specs.push(alloc);
+            for p in &plans {
+                let alloc = AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
+                    .map_err(|e| ApiError::Internal(e.to_string()))?;
+                let alloc = match render_alloc(&spec, &alloc, &env) {
+                    Ok(a) => a,
+                    Err(errors) => {
+                        // Every alloc of a group renders alike but for its index: one report.
+                        for e in errors {
+                            let line = e.line.map(|l| format!(":{l}")).unwrap_or_default();
+                            let text = format!(
+                                "{}{line}: {e}",
+                                berth_input::Shown(&file.to_string_lossy())
+                            );
+                            if !problems.contains(&text) {
+                                problems.push(text);
+                            }
+                        }
+                        continue;
+                    }
+                };
+                // What would make the runner refuse it (ids too long to be paths) is refused
+                // here, before anything is written.
+                AllocRunner::check(&alloc).map_err(|e| {
+                    ApiError::BadRequest(format!(
+                        "group {:?}: {e} (a task's id is `<alloc id>.<task name>`; shorten the names)",
+                        p.group
+                    ))
+                })?;
+                specs.push(alloc);
+            }
         }
         if !problems.is_empty() {
             return Err(ApiError::BadRequest(problems.join("\n")));
         }
+        self.place_devices(&spec.id, &mut specs).await?;
+        let placed: Vec<String> = specs.iter().map(|s| s.alloc_id.clone()).collect();
+        let release = |devices: &DeviceManager| {
+            for a in &placed {
+                devices.release(a);
+            }
+        };
         let rec = JobRecord {
             spec,
             stopped: false,
             allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
         };
-        self.save(&job_id, &rec)?;
-        let runners = AllocRunner::new_all(specs, self.deps.clone())
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        if let Err(e) = self.save(&job_id, &rec) {
+            release(&self.devices);
+            return Err(e);
+        }
+        // The devices chosen are persisted with the allocs, before any task starts.
+        let runners = match AllocRunner::new_all(specs, self.deps.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                release(&self.devices);
+                return Err(ApiError::Internal(e.to_string()));
+            }
+        };
         for runner in runners {
             self.add_plugin_hooks(&runner);
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
         Ok(self.status_of(&rec))
+    }
+
+    /// Chooses and takes the devices of every task of every alloc in `specs` (all or
+    /// nothing), and writes them into the specs. A request that cannot be met refuses the job
+    /// with every reason; nothing is taken then.
+    async fn place_devices(&self, job_id: &str, specs: &mut [AllocSpec]) -> Result<(), ApiError> {
+        let mut at = Vec::new();
+        for spec in specs.iter() {
+            for task in &spec.group.tasks {
+                if task.devices.is_empty() {
+                    continue;
+                }
+                let mut place = format!("group {}", spec.group.name);
+                if spec.group.count > 1 {
+                    place.push_str(&format!(" (alloc {} of {})", spec.index, spec.group.count));
+                }
+                place.push_str(&format!(", task {}", task.name));
+                at.push((spec.alloc_id.clone(), task.name.clone(), place));
+            }
+        }
+        if at.is_empty() {
+            return Ok(());
+        }
+        let requests: Vec<TaskRequests<'_>> = at
+            .iter()
+            .map(|(alloc_id, task, place)| {
+                let spec = specs.iter().find(|s| &s.alloc_id == alloc_id);
+                let requests = spec
+                    .and_then(|s| s.group.task(task))
+                    .map_or(&[][..], |t| t.devices.as_slice());
+                TaskRequests {
+                    alloc_id,
+                    task,
+                    at: place,
+                    requests,
+                }
+            })
+            .collect();
+        let mut chosen = self.devices.place(&requests).await.map_err(|reasons| {
+            ApiError::BadRequest(format!(
+                "job {job_id:?} cannot be placed: {}",
+                reasons.join("; ")
+            ))
+        })?;
+        for spec in specs.iter_mut() {
+            for task in spec
+                .group
+                .tasks
+                .iter()
+                .map(|t| t.name.clone())
+                .collect::<Vec<_>>()
+            {
+                if let Some(a) = chosen.remove(&(spec.alloc_id.clone(), task.clone())) {
+                    spec.devices.insert(task, a);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// `DELETE /v1/job/{id}`: stops every alloc of the job (tasks stop, then volumes are

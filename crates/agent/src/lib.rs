@@ -1,9 +1,10 @@
 //! The berth agent: a persisted registry of CSI plugins, fed by the config, a kubelet-style
-//! registration directory and the API; one health loop per plugin instance; and the view the
-//! HTTP API serves.
+//! registration directory and the API; one health loop per plugin instance; device plugins
+//! and the device manager; jobs; and the view the HTTP API serves.
 
 pub mod agent;
 pub mod config;
+pub mod devices;
 pub mod events;
 pub mod jobs;
 pub mod manager;

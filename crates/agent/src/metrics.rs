@@ -1,4 +1,6 @@
-//! Prometheus metrics: plugin health, probe latency, CSI RPCs by method and code.
+//! Prometheus metrics: plugin health, probe latency, CSI RPCs by method and code; device
+//! plugins' state, device health, holders and latest statistics (read from the device manager
+//! at each scrape).
 
 use std::{sync::Arc, time::Duration};
 
@@ -45,7 +47,17 @@ impl Default for Metrics {
 impl Metrics {
     /// Empty metrics.
     pub fn new() -> Self {
+        Self::with_devices(None)
+    }
+
+    /// Empty metrics, with the devices of `devices` exported at every scrape.
+    pub fn with_devices(devices: Option<Arc<berth_devices::manager::DeviceManager>>) -> Self {
         let mut registry = Registry::with_prefix("berth");
+        if let Some(manager) = devices {
+            registry.register_collector(Box::new(crate::devices::metrics::DeviceCollector::new(
+                manager,
+            )));
+        }
         let healthy = Family::<InstanceLabels, Gauge>::default();
         let probe_seconds = Family::<PluginLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([

@@ -247,7 +247,7 @@ pub struct NodePlugin {
 }
 
 /// `GET /v1/node`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStatus {
     /// berth's id for this node (stable across restarts).
     pub id: String,
@@ -273,6 +273,15 @@ pub struct NodeStatus {
     /// What a job reads as `meta.<key>`.
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
+    /// Nomad's computed class: a hash of what makes nodes interchangeable for placement
+    /// (datacenter, class, attributes and meta but `unique.*` ones, device groups' vendor,
+    /// type, name and attributes). Stable across restarts and device health changes.
+    #[serde(default)]
+    pub computed_class: String,
+    /// Device plugins and device groups, with each instance's health, locality, holder and
+    /// latest statistics.
+    #[serde(default)]
+    pub devices: berth_devices::view::DevicesView,
 }
 
 /// What happened.
@@ -301,6 +310,35 @@ pub enum EventKind {
     VolumeReleased,
     /// A step of a claim or release failed; it is retried.
     VolumeStepFailed,
+    /// A device plugin instance is up.
+    DevicePluginReady,
+    /// A device plugin instance failed, exited or stopped answering; it is retried.
+    DevicePluginDown,
+    /// A device plugin is gone, with its devices.
+    DevicePluginRemoved,
+    /// A device plugin's device list changed.
+    DevicesChanged,
+    /// A device instance turned healthy.
+    DeviceHealthy,
+    /// A device instance turned unhealthy.
+    DeviceUnhealthy,
+    /// A device plugin sent invalid entries; they were dropped.
+    DeviceFingerprintInvalid,
+}
+
+impl From<berth_devices::view::DeviceEventKind> for EventKind {
+    fn from(k: berth_devices::view::DeviceEventKind) -> Self {
+        use berth_devices::view::DeviceEventKind as D;
+        match k {
+            D::PluginReady => Self::DevicePluginReady,
+            D::PluginDown => Self::DevicePluginDown,
+            D::PluginRemoved => Self::DevicePluginRemoved,
+            D::DevicesChanged => Self::DevicesChanged,
+            D::DeviceHealthy => Self::DeviceHealthy,
+            D::DeviceUnhealthy => Self::DeviceUnhealthy,
+            D::FingerprintInvalid => Self::DeviceFingerprintInvalid,
+        }
+    }
 }
 
 /// One line of `GET /v1/events` (newline-delimited JSON).
@@ -322,6 +360,9 @@ pub struct Event {
     /// The alloc, for claim events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alloc_id: Option<String>,
+    /// The device (`vendor/type/name/id`), for device events about one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<String>,
     /// Why, in words.
     pub reason: String,
 }
@@ -417,6 +458,7 @@ mod tests {
             instance: None,
             volume_id: None,
             alloc_id: None,
+            device: None,
             reason: "probe ok".into(),
         });
         let text = serde_json::to_string(&event).unwrap();

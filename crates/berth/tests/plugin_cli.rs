@@ -386,6 +386,7 @@ async fn node_status_shows_the_node_and_its_csi_plugins() {
     let table: Vec<Vec<&str>> = cells(&out)
         .into_iter()
         .skip_while(|row| row.first() != Some(&"PLUGIN"))
+        .take_while(|row| !row.is_empty())
         .collect();
     assert_eq!(
         table,
@@ -398,6 +399,7 @@ async fn node_status_shows_the_node_and_its_csi_plugins() {
         ],
         "{out}"
     );
+    assert!(out.contains("no device plugins"), "{out}");
 
     let out = stdout(&berth(&["--address", &agent.tcp, "node", "status", "--json"]).await);
     let node: NodeStatus = serde_json::from_str(&out).expect("a NodeStatus");

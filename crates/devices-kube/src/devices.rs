@@ -1,8 +1,10 @@
 //! A `ListAndWatch` message as berth's device model: one group per resource, one instance per
-//! device. What the plugin sends is data: devices that cannot be named safely are dropped
-//! (and said so in a log line), health text is escaped and cut.
+//! device. What the plugin sends is data: ids are passed on as they are, so that the device
+//! manager checks them and reports what it drops (empty, duplicate, too long, unprintable)
+//! where operators see it; the number of devices and NUMA nodes kept is bounded here, and
+//! health text is escaped and cut.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 
 use berth_devices::{
     attribute::Attribute,
@@ -16,9 +18,6 @@ use crate::{
     validate::ResourceName,
 };
 
-/// Longest device id kept; longer ones are dropped.
-pub(crate) const MAX_DEVICE_ID: usize = 256;
-
 /// Most devices kept from one message; the rest are dropped.
 pub(crate) const MAX_DEVICES: usize = 16_384;
 
@@ -29,14 +28,13 @@ const MAX_NUMA_NODES: usize = 64;
 pub const NUMA_ATTRIBUTE: &str = "numa_nodes";
 
 /// The group `resource`'s plugin reports in `msg`: vendor = the resource's domain, type and
-/// name = the part after `/`. Instances keep the plugin's order; a device with an empty, too
-/// long or unprintable id, or one seen before in the message, is dropped.
+/// name = the part after `/`. Instances keep the plugin's order and their ids as sent (the
+/// manager validates them); devices beyond [`MAX_DEVICES`] are dropped.
 pub(crate) fn group(
     plugin: &PluginId,
     resource: &ResourceName,
     msg: ListAndWatchResponse,
 ) -> DeviceGroup {
-    let mut seen = HashSet::new();
     let mut dropped: Vec<String> = Vec::new();
     let mut instances = Vec::new();
     let mut numa_all = BTreeSet::new();
@@ -48,14 +46,6 @@ pub(crate) fn group(
                 total - i
             ));
             break;
-        }
-        if let Err(why) = check_id(&device.id) {
-            dropped.push(format!("device #{i} {}: {why}", escape_cut(&device.id, 64)));
-            continue;
-        }
-        if !seen.insert(device.id.clone()) {
-            dropped.push(format!("device #{i} {}: listed twice", device.id));
-            continue;
         }
         let numa: BTreeSet<i64> = device
             .topology
@@ -105,23 +95,6 @@ pub(crate) fn group(
     }
 }
 
-/// Whether a device id can be kept and printed as it is.
-fn check_id(id: &str) -> Result<(), String> {
-    if id.is_empty() {
-        return Err("empty id".into());
-    }
-    if id.len() > MAX_DEVICE_ID {
-        return Err(format!(
-            "id of {} bytes, more than {MAX_DEVICE_ID}",
-            id.len()
-        ));
-    }
-    if id.chars().any(berth_sys::is_unprintable) {
-        return Err("id holds control characters".into());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,7 +125,7 @@ mod tests {
                     device("", "Healthy", &[]),
                     device("w-0", "Healthy", &[]),
                     device("bad\u{1b}", "Healthy", &[]),
-                    device(&"x".repeat(MAX_DEVICE_ID + 1), "Healthy", &[]),
+                    device(&"x".repeat(300), "Healthy", &[]),
                 ],
             },
         );
@@ -160,8 +133,10 @@ mod tests {
             (g.vendor.as_str(), g.device_type.as_str(), g.name.as_str()),
             ("example.com", "widget", "widget")
         );
+        // Ids go to the manager as sent: it drops and reports the bad ones.
         let ids: Vec<&str> = g.instances.iter().map(|i| i.id.as_str()).collect();
-        assert_eq!(ids, ["w-0", "w-1", "w-2"]);
+        assert_eq!(ids.len(), 7);
+        assert_eq!(&ids[..5], ["w-0", "w-1", "w-2", "", "w-0"]);
         assert!(g.instances[0].healthy);
         assert!(!g.instances[1].healthy);
         assert_eq!(g.instances[1].health_description, "Unhealthy");

@@ -109,6 +109,12 @@ pub struct DevicesView {
     pub plugins: Vec<PluginView>,
     /// Every device group, by vendor/type/name.
     pub groups: Vec<GroupView>,
+    /// The CDI devices the spec directories define (qualified names), when asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdi_devices: Vec<String>,
+    /// The CDI spec files refused, each with its file, line and field, when asked for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cdi_errors: Vec<String>,
 }
 
 /// What a [`DeviceEvent`] is about.

@@ -49,6 +49,8 @@ impl Table {
     pub const JOBS: Table = Table("jobs");
     /// Allocs on this node (the alloc runners' records), keyed by alloc id.
     pub const ALLOCS: Table = Table("allocs");
+    /// The last device list of each device plugin, keyed `<protocol>:<plugin name>`.
+    pub const DEVICES: Table = Table("devices");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)

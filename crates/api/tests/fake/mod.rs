@@ -88,6 +88,7 @@ impl FakeAgent {
                 instance: Some("i1".into()),
                 volume_id: None,
                 alloc_id: None,
+                device: None,
                 reason,
             })
             .expect("a subscriber");

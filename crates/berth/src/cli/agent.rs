@@ -29,9 +29,11 @@ pub struct AgentArgs {
     /// temporary dir).
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Development mode: a fresh temporary data dir and a berth-hostpath CSI plugin run by the
-    /// agent, so one command gives a working node. Tasks find berth's own binaries first on
-    /// their PATH, and every job is stopped (its volumes released) before the agent exits.
+    /// Development mode: a fresh temporary data dir, a berth-hostpath CSI plugin run by the
+    /// agent, and the example Nomad device plugin (berth-nomad-device, when built) with two
+    /// demo devices, so one command gives a working node. Tasks find berth's own binaries
+    /// first on their PATH, and every job is stopped (its volumes released) before the agent
+    /// exits.
     #[arg(long)]
     dev: bool,
 }
@@ -80,6 +82,9 @@ pub async fn run(args: AgentArgs, mut config: Config) -> anyhow::Result<()> {
     }
     if args.dev && !config.plugins.iter().any(|p| p.id == "hostpath") {
         config.plugins.push(dev_hostpath(&data_dir)?);
+    }
+    if args.dev && config.devices.plugin_dir.is_none() && config.devices.nomad_plugins.is_empty() {
+        dev_devices(&mut config, &data_dir)?;
     }
     let mut opts = AgentOptions::from_config(config, data_dir.clone());
     if args.dev {
@@ -212,4 +217,51 @@ fn dev_hostpath(data_dir: &std::path::Path) -> anyhow::Result<PluginDecl> {
             env: Default::default(),
         },
     })
+}
+
+/// The example Nomad device plugin `--dev` runs, when `berth-nomad-device` was built next to
+/// `berth`: `<data_dir>/dev-plugins` holds a link to it, and its devices are the files of
+/// `<data_dir>/dev-devices` (`dev0` and `dev1` to start with; add or chmod 0777 files there
+/// to see devices come, go and turn unhealthy).
+fn dev_devices(config: &mut Config, data_dir: &std::path::Path) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the berth binary")?;
+    let binary = exe.with_file_name("berth-nomad-device");
+    if !binary.is_file() {
+        tracing::info!(
+            expected = %binary.display(),
+            "--dev: berth-nomad-device is not built; no device plugin runs"
+        );
+        return Ok(());
+    }
+    let plugins = data_dir.join("dev-plugins");
+    let devices = data_dir.join("dev-devices");
+    for dir in [data_dir, &plugins, &devices] {
+        berth_sys::create_private_dir(dir)
+            .with_context(|| format!("cannot make {}", dir.display()))?;
+    }
+    let link = plugins.join("berth-nomad-device");
+    if !link.exists() {
+        std::os::unix::fs::symlink(&binary, &link)
+            .with_context(|| format!("cannot link {}", link.display()))?;
+    }
+    for name in ["dev0", "dev1"] {
+        let file = devices.join(name);
+        if !file.exists() {
+            std::fs::write(&file, format!("demo device {name}\n"))
+                .with_context(|| format!("cannot write {}", file.display()))?;
+        }
+    }
+    config.devices.plugin_dir = Some(plugins);
+    config
+        .devices
+        .nomad_plugins
+        .push(berth_agent::config::NomadPluginDecl {
+            name: "berth-nomad-device".into(),
+            args: Vec::new(),
+            config: serde_json::json!({
+                "dir": devices.display().to_string(),
+                "list_period": "1s",
+            }),
+        });
+    Ok(())
 }

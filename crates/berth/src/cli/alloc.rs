@@ -100,6 +100,8 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
         )?;
     }
 
+    print_devices(a)?;
+
     say!()?;
     if a.volumes.is_empty() {
         say!("no volumes")?;
@@ -161,6 +163,49 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
         say!("({} older event(s) dropped)", a.events_dropped)?;
     }
     Ok(())
+}
+
+/// Each task's devices: what it holds, what it gets for them, their latest statistics.
+fn print_devices(a: &AllocStatus) -> anyhow::Result<()> {
+    let mut rows = Vec::new();
+    for (task, t) in &a.tasks {
+        for d in &t.devices {
+            let stats: Vec<String> = d.stats.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+            rows.push(vec![
+                task.clone(),
+                d.request.clone(),
+                d.devices.join(", "),
+                list_or_dash(&d.env),
+                list_or_dash(&d.mounts),
+                list_or_dash(&d.device_nodes),
+                list_or_dash(&stats),
+            ]);
+        }
+    }
+    if rows.is_empty() {
+        return Ok(());
+    }
+    say!()?;
+    output::table(
+        &[
+            "TASK",
+            "DEVICE",
+            "INSTANCES",
+            "ENV",
+            "MOUNTS",
+            "DEVICE NODES",
+            "STATS",
+        ],
+        &rows,
+    )
+}
+
+fn list_or_dash(items: &[String]) -> String {
+    if items.is_empty() {
+        "-".into()
+    } else {
+        items.join("; ")
+    }
 }
 
 /// An enum's word as the API spells it (`run`, `volume_claimed`).

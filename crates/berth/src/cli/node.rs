@@ -1,6 +1,7 @@
 //! `berth node …`: this node as the agent sees it.
 
 use berth_api::NodeStatus;
+use berth_devices::view::DevicesView;
 use clap::{Args, Subcommand};
 
 use crate::say;
@@ -20,7 +21,7 @@ pub struct NodeArgs {
 
 #[derive(Debug, Subcommand)]
 enum NodeCommand {
-    /// The node's ids and what its CSI node plugins report.
+    /// The node's ids, computed class, what its CSI node plugins report, and its devices.
     Status {
         /// Print the API's JSON document instead.
         #[arg(long)]
@@ -44,8 +45,25 @@ pub async fn run(address: &api_client::AgentAddress, args: NodeArgs) -> anyhow::
 }
 
 fn print_node(node: &NodeStatus) -> anyhow::Result<()> {
-    output::fields(&[("id", node.id.clone()), ("hostname", node.hostname.clone())])?;
+    output::fields(&[
+        ("id", node.id.clone()),
+        ("hostname", node.hostname.clone()),
+        (
+            "computed class",
+            if node.computed_class.is_empty() {
+                "-".into()
+            } else {
+                node.computed_class.clone()
+            },
+        ),
+    ])?;
     say!()?;
+    print_csi(node)?;
+    say!()?;
+    print_devices(&node.devices)
+}
+
+fn print_csi(node: &NodeStatus) -> anyhow::Result<()> {
     if node.csi_plugins.is_empty() {
         say!("no CSI node plugins")?;
         return Ok(());
@@ -73,4 +91,131 @@ fn print_node(node: &NodeStatus) -> anyhow::Result<()> {
         ],
         &rows,
     )
+}
+
+/// Device plugins, then one row per device instance (its group's attributes on the group's
+/// first row).
+fn print_devices(devices: &DevicesView) -> anyhow::Result<()> {
+    if devices.plugins.is_empty() {
+        say!("no device plugins")?;
+        say!()?;
+        return print_cdi(devices);
+    }
+    let rows: Vec<Vec<String>> = devices
+        .plugins
+        .iter()
+        .map(|p| {
+            vec![
+                p.id.to_string(),
+                p.state.as_str().into(),
+                if p.detail.is_empty() {
+                    "-".into()
+                } else {
+                    p.detail.clone()
+                },
+                p.reason.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    output::table(&["DEVICE PLUGIN", "STATE", "DETAIL", "LAST ERROR"], &rows)?;
+    let invalid: Vec<String> = devices
+        .plugins
+        .iter()
+        .flat_map(|p| p.invalid.iter().map(move |i| format!("{}: {i}", p.id)))
+        .collect();
+    for line in invalid {
+        say!("invalid entry dropped: {line}")?;
+    }
+    say!()?;
+    print_cdi(devices)?;
+    if devices.groups.is_empty() {
+        say!("no devices")?;
+        return Ok(());
+    }
+    let mut rows = Vec::new();
+    for g in &devices.groups {
+        let attrs: Vec<String> = g
+            .attributes
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let name = format!("{}/{}/{}", g.vendor, g.device_type, g.name);
+        if g.instances.is_empty() {
+            rows.push(vec![
+                name.clone(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+                attrs.join(", "),
+            ]);
+        }
+        for (i, inst) in g.instances.iter().enumerate() {
+            let mut health = health_word(inst.healthy).to_string();
+            if !inst.health_description.is_empty() {
+                health = format!("{health}: {}", inst.health_description);
+            }
+            let locality = inst.locality.as_ref().map_or_else(
+                || "-".into(),
+                |l| {
+                    let mut parts = Vec::new();
+                    if !l.pci_bus_id.is_empty() {
+                        parts.push(format!("pci {}", l.pci_bus_id));
+                    }
+                    if !l.numa_nodes.is_empty() {
+                        let nodes: Vec<String> =
+                            l.numa_nodes.iter().map(ToString::to_string).collect();
+                        parts.push(format!("numa {}", nodes.join(",")));
+                    }
+                    parts.join("; ")
+                },
+            );
+            let stats = inst
+                .stats
+                .as_ref()
+                .and_then(|s| s.summary.as_ref())
+                .map_or_else(|| "-".into(), ToString::to_string);
+            rows.push(vec![
+                if i == 0 { name.clone() } else { String::new() },
+                inst.id.clone(),
+                health,
+                locality,
+                inst.reserved_by.clone().unwrap_or_else(|| "-".into()),
+                stats,
+                if i == 0 {
+                    attrs.join(", ")
+                } else {
+                    String::new()
+                },
+            ]);
+        }
+    }
+    output::table(
+        &[
+            "DEVICE",
+            "INSTANCE",
+            "HEALTH",
+            "LOCALITY",
+            "ALLOC",
+            "STATS",
+            "ATTRIBUTES",
+        ],
+        &rows,
+    )
+}
+
+/// CDI devices the spec directories define, and the spec files refused.
+fn print_cdi(devices: &DevicesView) -> anyhow::Result<()> {
+    if devices.cdi_devices.is_empty() && devices.cdi_errors.is_empty() {
+        return Ok(());
+    }
+    if !devices.cdi_devices.is_empty() {
+        say!("CDI devices: {}", devices.cdi_devices.join(", "))?;
+    }
+    for e in &devices.cdi_errors {
+        say!("CDI spec refused: {e}")?;
+    }
+    say!()?;
+    Ok(())
 }

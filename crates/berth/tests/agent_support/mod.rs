@@ -2,6 +2,7 @@
 //! Runs `berth agent` as a real process for tests, in its own private mount namespace, and
 //! kills it (and reaps it) when the handle is dropped.
 
+pub mod devices;
 pub mod jobs;
 
 use std::{
@@ -258,11 +259,19 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
-        // The plugins it ran outlive a kill -9 on purpose (the next agent stops them): stop them.
-        if let Ok(dir) = std::fs::read_dir(self.data_dir.join("logs")) {
-            for e in dir.flatten() {
-                if e.path().extension().is_some_and(|x| x == "pid")
-                    && let Some(pid) = std::fs::read_to_string(e.path())
+        // The plugins it ran outlive a kill -9 on purpose (the next agent stops them): stop them
+        // (CSI plugins' pid files are in logs/, device plugins' under devices/).
+        let mut dirs = vec![self.data_dir.join("logs")];
+        while let Some(dir) = dirs.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let path = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|x| x == "pid")
+                    && let Some(pid) = std::fs::read_to_string(&path)
                         .ok()
                         .and_then(|t| t.trim().parse::<i32>().ok())
                 {
@@ -271,6 +280,9 @@ impl Drop for AgentProcess {
                         nix::sys::signal::Signal::SIGKILL,
                     );
                 }
+            }
+            if dir == self.data_dir.join("logs") {
+                dirs.push(self.data_dir.join("devices"));
             }
         }
         // Job tasks outlive the agent on purpose too: kill every process that runs in one of

@@ -313,7 +313,26 @@ impl DeviceManager {
                 &b.plugin,
             ))
         });
-        DevicesView { plugins, groups }
+        DevicesView {
+            plugins,
+            groups,
+            cdi_devices: Vec::new(),
+            cdi_errors: Vec::new(),
+        }
+    }
+
+    /// [`view`](Self::view) with the CDI devices and the refused CDI spec files, read from the
+    /// spec directories now.
+    pub fn view_with_cdi(&self) -> DevicesView {
+        let mut view = self.view();
+        let registry = crate::cdi::CdiRegistry::load(&self.config.cdi_dirs);
+        view.cdi_devices = registry
+            .devices()
+            .into_iter()
+            .map(|(name, _)| name.to_string())
+            .collect();
+        view.cdi_errors = registry.errors().iter().map(ToString::to_string).collect();
+        view
     }
 
     /// The device groups of every plugin (restored and down ones included): what the node's
