@@ -155,6 +155,26 @@ async fn a_nomad_plugin_fingerprints_and_its_devices_reach_the_task() {
     assert_eq!(read(&out.join("mock/nodes")), "dev0 8\n");
     let task = &alloc.tasks["main"];
     assert_eq!(task.devices[0].devices, ["berth/file/mock/dev0"]);
+
+    // The CLI shows the same.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .args(args)
+            .env("BERTH_ADDR", format!("unix://{}", agent.socket().display()))
+            .output()
+            .expect("berth");
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).expect("utf-8")
+    };
+    let status = cli(&["node", "status"]);
+    assert!(status.contains("nomad:example-device  ready"), "{status}");
+    assert!(status.contains("berth/file/mock  dev0"), "{status}");
+    assert!(status.contains("memory=4 GiB"), "{status}");
+    assert!(status.contains("computed class  v1:"), "{status}");
+    let status = cli(&["alloc", "status", &alloc.alloc_id]);
+    assert!(status.contains("berth/file/mock/dev0"), "{status}");
+    assert!(status.contains("BERTH_DEVICE_IDS=dev0"), "{status}");
+    assert!(status.contains("devices_reserved"), "{status}");
     assert!(
         task.devices[0].stats.contains_key("berth/file/mock/dev0"),
         "the latest stats are shown: {:?}",
@@ -245,6 +265,23 @@ async fn health_changes_and_a_crash_are_followed() {
     run_job(&agent.client(), two)
         .await
         .expect("placed once the plugin is back");
+
+    // An invalid device list: what is wrong is reported, and never given.
+    plugin.fault("invalid");
+    let node = wait_node(&agent, "the invalid entries reported", |n| {
+        !n.devices.plugins[0].invalid.is_empty()
+    })
+    .await;
+    let invalid = node.devices.plugins[0].invalid.join("\n");
+    assert!(invalid.contains("empty vendor"), "{invalid}");
+    assert!(
+        node.devices
+            .groups
+            .iter()
+            .all(|g| !g.vendor.is_empty() && g.instances.iter().all(|i| !i.id.is_empty())),
+        "{:?}",
+        node.devices.groups
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,6 +344,14 @@ async fn after_a_kill_9_of_the_agent_a_restarted_task_gets_the_same_devices() {
     );
 
     // The plugin will not come back for a while: its binary is replaced by one that fails.
+    let plugin_pid: i32 = read(
+        &agent
+            .data_dir
+            .join("devices/nomad/example-device/plugin.pid"),
+    )
+    .trim()
+    .parse()
+    .expect("the plugin's pid");
     let binary = plugin.dir.path().join("plugins/example-device");
     std::fs::remove_file(&binary).unwrap();
     std::fs::write(&binary, "#!/bin/sh\necho broken >&2\nexit 1\n").unwrap();
@@ -319,6 +364,10 @@ async fn after_a_kill_9_of_the_agent_a_restarted_task_gets_the_same_devices() {
     })
     .await;
     assert_eq!(healthy(&node, MOCK), 0, "{:?}", node.devices);
+    assert!(
+        !agent_support::alive(plugin_pid),
+        "the plugin the killed agent left running was stopped"
+    );
     // Its process is killed: the restart policy starts it again, with the same devices,
     // env, mounts and device nodes, though the plugin is down (the answer was persisted).
     nix::sys::signal::killpg(

@@ -35,11 +35,12 @@ use berth_testkit::{HostpathPlugin, bin_path, eventually};
 const README_TIMEOUT: Duration = Duration::from_secs(100);
 
 /// Sections that must keep at least one marked block (so markers cannot vanish unnoticed).
-const COVERED_SECTIONS: [&str; 4] = [
+const COVERED_SECTIONS: [&str; 5] = [
     "Running the agent",
     "Talking to a plugin: `berth csi`",
     "Volumes",
     "Jobs",
+    "Devices",
 ];
 
 /// What a marker asks for.

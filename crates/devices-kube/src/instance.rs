@@ -250,7 +250,10 @@ impl Instance {
             PluginEvent::Ready {
                 detail: format!(
                     "socket {}, {}",
-                    self.reg.socket.display(),
+                    self.reg.socket.file_name().map_or_else(
+                        || self.reg.socket.display().to_string(),
+                        |n| n.to_string_lossy().into_owned()
+                    ),
                     options_text(&options)
                 ),
             },

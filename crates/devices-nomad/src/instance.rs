@@ -337,16 +337,10 @@ impl NomadPlugin {
         reporter.event(
             generation,
             PluginEvent::Ready {
-                detail: format!(
-                    "{} {} (nomad device plugin, pid {}, {})",
-                    info.name,
-                    info.version,
-                    process.pid(),
-                    process.address()
-                ),
+                detail: format!("{} {}, pid {}", info.name, info.version, process.pid()),
             },
         );
-        tracing::info!(plugin = %name, pid = process.pid(), version = %info.version, "device plugin ready");
+        tracing::info!(plugin = %name, pid = process.pid(), version = %info.version, address = %process.address(), "device plugin ready");
 
         let followed = tokio::select! {
             reason = self.follow_fingerprints(&client, reporter, generation) => Ended::Fingerprint(reason),

@@ -181,7 +181,7 @@ fn typed_attributes_and_required() {
     );
     assert_eq!(
         apply_err(&s, json!({"count": 1, "on": "yes"})),
-        "plugin \"p\".config.on: a bool is required; \"yes\" is not true or false"
+        "plugin \"p\".config.on: a bool is required; the string given is not true or false"
     );
     assert_eq!(
         apply_err(&s, json!({"count": 1, "obj": {"a": 1, "b": [], "c": 2}})),
@@ -292,7 +292,7 @@ fn nested_blocks() {
     );
     assert_eq!(
         with("vars", json!({"x": "one"})),
-        "plugin \"p\".config.vars.x: a number is required; \"one\" is not a number"
+        "plugin \"p\".config.vars.x: a number is required; the string given is not a number"
     );
 }
 
@@ -344,4 +344,29 @@ fn no_schema_takes_no_config() {
         apply("p", None, &json!({"a": 1})).unwrap_err().to_string(),
         "plugin \"p\".config: the plugin takes no configuration (its ConfigSchema is empty)"
     );
+}
+
+#[test]
+fn config_values_never_show_in_errors() {
+    // A plugin's config may hold credentials: whatever the user wrote where another type was
+    // expected, the error names the field, never the value.
+    const CANARY: &str = "s3cr3t-t0ken-4471";
+    let s = object(vec![
+        ("port", attr("port", "number", false)),
+        ("tls", attr("tls", "bool", false)),
+        ("hosts", attr("hosts", "list(number)", false)),
+        ("labels", attr("labels", "map(bool)", false)),
+    ]);
+    for config in [
+        json!({"port": CANARY}),
+        json!({"tls": CANARY}),
+        json!({"hosts": [1, CANARY]}),
+        json!({"labels": {"a": CANARY}}),
+        json!({"port": [CANARY]}),
+        json!({"port": {"x": CANARY}}),
+    ] {
+        let e = apply_err(&s, config.clone());
+        assert!(!e.contains(CANARY), "{config}: {e}");
+        assert!(e.starts_with("plugin \"p\".config."), "{config}: {e}");
+    }
 }
