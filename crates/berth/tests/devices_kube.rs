@@ -324,3 +324,35 @@ async fn an_invalid_device_list_and_bad_device_blocks_are_refused_clearly() {
         "no job stored"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allocate_is_called_once_and_pre_start_before_every_start() {
+    let s = setup(2, &["--pre-start"]).await;
+    wait_node(&s.agent, "2 healthy widgets", |n| healthy(n, WIDGET) == 2).await;
+    // A task that fails at once: started four times (three restarts), then the alloc fails.
+    let job = device_job(
+        "flaky",
+        "batch",
+        "out",
+        "        device \"example.com/widget\" {}",
+        "echo $WIDGET_IDS >> /data/flaky-starts; exit 1",
+    );
+    run_job(&s.agent.client(), job).await.expect("job run");
+    let alloc = wait_alloc(&s.agent, "flaky", |a| a.client_status.is_terminal()).await;
+    assert_eq!(alloc.client_status, ClientStatus::Failed, "{alloc:#?}");
+    assert_eq!(alloc.tasks["main"].restarts, 3);
+    assert_eq!(
+        read(&s.out.join("flaky-starts")),
+        "widget-0\nwidget-0\nwidget-0\nwidget-0\n",
+        "the same device at every start"
+    );
+    let calls = s.plugin.calls();
+    let count = |method: &str| {
+        calls
+            .lines()
+            .filter(|l| l.contains(&format!("\"{method}\"")))
+            .count()
+    };
+    assert_eq!(count("Allocate"), 1, "{calls}");
+    assert_eq!(count("PreStartContainer"), 4, "{calls}");
+}

@@ -311,8 +311,8 @@ impl DeviceManager {
         Ok(edits)
     }
 
-    /// Before every start of a task holding `assignments`: each plugin's pre-start call
-    /// (Kubernetes' `PreStartContainer`, where the plugin asked for it at registration).
+    /// Before every start of a task holding `assignments`: each Kubernetes plugin's pre-start
+    /// call (`PreStartContainer`, where the plugin asked for it at registration).
     /// A plugin that is not ready now is skipped with a note (the task keeps the devices it
     /// was given); a plugin that refuses fails the start.
     pub async fn pre_start(&self, assignments: &[DeviceAssignment]) -> Result<Vec<String>, String> {
@@ -321,6 +321,10 @@ impl DeviceManager {
             let AssignedSource::Plugin { plugin, .. } = &a.source else {
                 continue;
             };
+            // Only Kubernetes plugins have a pre-start call.
+            if plugin.protocol != crate::plugin::Protocol::Kubernetes {
+                continue;
+            }
             match self.ops(plugin) {
                 Ok(ops) => ops.pre_start(&a.ids).await.map_err(|e| e.to_string())?,
                 Err(why) => notes.push(format!(
