@@ -131,6 +131,21 @@ impl KubeOps {
         }
     }
 
+    /// The one container response of an answer to one container request.
+    fn single<T>(&self, call: &str, responses: Vec<T>) -> Result<T, PluginError> {
+        let n = responses.len();
+        responses
+            .into_iter()
+            .next()
+            .filter(|_| n == 1)
+            .ok_or_else(|| {
+                self.bad_answer(
+                    call,
+                    format!("{n} container responses for 1 container request"),
+                )
+            })
+    }
+
     fn bad_answer(&self, call: &str, reason: String) -> PluginError {
         PluginError::BadAnswer {
             plugin: self.plugin.clone(),
@@ -194,18 +209,7 @@ impl PluginOps for KubeOps {
                     c.allocate(request(msg, after)).await
                 })
                 .await?;
-            let n = resp.container_responses.len();
-            let Some(container) = resp
-                .container_responses
-                .into_iter()
-                .next()
-                .filter(|_| n == 1)
-            else {
-                return Err(self.bad_answer(
-                    CALL,
-                    format!("{n} container responses for 1 container request"),
-                ));
-            };
+            let container = self.single(CALL, resp.container_responses)?;
             container_edits(container).map_err(|reason| self.bad_answer(CALL, reason))
         })
     }
@@ -236,18 +240,7 @@ impl PluginOps for KubeOps {
                     c.get_preferred_allocation(request(msg, after)).await
                 })
                 .await?;
-            let n = resp.container_responses.len();
-            let Some(container) = resp
-                .container_responses
-                .into_iter()
-                .next()
-                .filter(|_| n == 1)
-            else {
-                return Err(self.bad_answer(
-                    CALL,
-                    format!("{n} container responses for 1 container request"),
-                ));
-            };
+            let container = self.single(CALL, resp.container_responses)?;
             let ids = container.device_i_ds;
             check_preferred(&ids, available, must_include, size)
                 .map_err(|reason| self.bad_answer(CALL, reason))?;
