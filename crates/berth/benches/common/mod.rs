@@ -1,8 +1,10 @@
 #![allow(dead_code)] // Each bench uses part of it.
-//! What the benches share: a real `berth agent` in its own mount namespace with a supervised
-//! `berth-hostpath`, CPU time from `/proc`, mount tables, and percentiles.
+//! What the benches share: a real `berth agent` in its own mount namespace (with a supervised
+//! `berth-hostpath`, or with any config), the workspace's binaries built for the bench, CPU
+//! time from `/proc`, mount tables, and percentiles.
 
 use std::{
+    collections::BTreeMap,
     future::Future,
     path::{Path, PathBuf},
     process::{Child, Command, ExitCode, Stdio},
@@ -21,6 +23,13 @@ pub const PLUGIN: &str = "hp";
 /// `berth-hostpath`, built first with the bench's own profile and target dir when cargo runs
 /// the bench (a no-op when it is up to date), so the plugin measured is the current one.
 pub fn hostpath_binary() -> PathBuf {
+    workspace_binary("berth-hostpath", "berth-hostpath")
+}
+
+/// The binary `bin` of the workspace package `package`, built first with the bench's own
+/// profile and target dir when cargo runs the bench (a no-op when it is up to date), so the
+/// program measured is the current one. Panics, saying how to build it, when it cannot be had.
+pub fn workspace_binary(package: &str, bin: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("the bench's own path");
     // target/<profile>/deps/<bench>-<hash>
     let profile_dir = exe.parent().and_then(Path::parent);
@@ -32,36 +41,27 @@ pub fn hostpath_binary() -> PathBuf {
         };
         let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
         let mut cmd = Command::new(cargo);
-        cmd.args([
-            "build",
-            "-q",
-            "-p",
-            "berth-hostpath",
-            "--bin",
-            "berth-hostpath",
-        ])
-        .args(["--profile", profile, "--manifest-path"])
-        .arg(&manifest);
+        cmd.args(["build", "-q", "-p", package, "--bin", bin])
+            .args(["--profile", profile, "--manifest-path"])
+            .arg(&manifest);
         if let Some(target_dir) = profile_dir.parent() {
             cmd.arg("--target-dir").arg(target_dir);
         }
         match cmd.status() {
             Ok(s) if s.success() => {}
             other => panic!(
-                "building berth-hostpath failed ({other:?}); build it yourself with \
-                 `cargo build --release -p berth-hostpath` and run the bench again"
+                "building {bin} failed ({other:?}); build it yourself with \
+                 `cargo build --release -p {package} --bin {bin}` and run the bench again"
             ),
         }
     }
-    let path = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|d| d.join("berth-hostpath"));
+    let path = exe.parent().and_then(Path::parent).map(|d| d.join(bin));
     match path {
         Some(p) if p.is_file() => p,
         _ => panic!(
-            "berth-hostpath not found next to {}: build it with \
-             `cargo build --release -p berth-hostpath`, or run the bench through `cargo bench`",
+            "{bin} not found next to {}: build it with \
+             `cargo build --release -p {package} --bin {bin}`, or run the bench through \
+             `cargo bench`",
             exe.display()
         ),
     }
@@ -97,9 +97,59 @@ pub fn mounts_under(pid: u32, dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// SIGKILLs every process (but this one) whose environment sets `var` to `dir` or to a path
+/// under it: the processes an agent marked as its own (plugins carry their slot's directory in
+/// `BERTH_PLUGIN_SLOT_DIR`, tasks their alloc dir in `BERTH_ALLOC_DIR`), which outlive a killed
+/// agent on purpose. Nothing is signalled by pid file, so a reused pid is never hit.
+pub fn kill_marked(var: &str, dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let exact = format!("{var}={}", dir.display()).into_bytes();
+    let mut under = exact.clone();
+    under.push(b'/');
+    let me = std::process::id();
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if env
+            .split(|b| *b == 0)
+            .any(|v| v == exact.as_slice() || v.starts_with(&under))
+            && let Ok(pid) = i32::try_from(pid)
+        {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// The pid in `pid_file` if that process runs a binary whose name starts with `exe_prefix`.
+fn pid_running(pid_file: &Path, exe_prefix: &str) -> Option<u32> {
+    let pid: u32 = std::fs::read_to_string(pid_file)
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
+    exe.file_name()?
+        .to_str()?
+        .starts_with(exe_prefix)
+        .then_some(pid)
+}
+
 /// A `berth agent` in its own private mount namespace, with its config and data dir in a
-/// temporary directory. Dropping it (also while panicking) kills the agent, then the plugin
-/// process group it supervises (which outlives a SIGKILLed agent on purpose), then removes the
+/// temporary directory. Dropping it (also while panicking) kills the agent, then the plugins
+/// it supervises (which outlive a SIGKILLed agent on purpose) and its tasks, then removes the
 /// directory.
 pub struct Agent {
     child: Child,
@@ -114,6 +164,31 @@ impl Agent {
     /// Starts the agent with a monolith `berth-hostpath` named [`PLUGIN`] (staging and
     /// attaching) and waits until that plugin is healthy.
     pub async fn start(hostpath: &Path) -> Agent {
+        let hostpath = hostpath.to_path_buf();
+        let mut agent = Agent::launch(move |tmp| {
+            format!(
+                "plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
+                 args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--log-level\", \"warn\", \
+                 \"--enable-stage\", \"--enable-attach\"]\n}}\n",
+                hostpath.display(),
+                tmp.join("hp").display()
+            )
+        })
+        .await;
+        agent
+            .wait_until(
+                &format!("plugin {PLUGIN} healthy"),
+                Duration::from_secs(30),
+                |client| async move { client.plugin(PLUGIN).await.is_ok_and(|p| p.health.healthy) },
+            )
+            .await;
+        agent
+    }
+
+    /// Starts the agent with the config `config` returns for the agent's temporary directory
+    /// (it may make files there first: the directory is private to this agent and removed
+    /// with it), and waits until its API answers.
+    pub async fn launch(config: impl FnOnce(&Path) -> String) -> Agent {
         let tmp = tempfile::Builder::new()
             .prefix("bv")
             .tempdir_in("/tmp")
@@ -121,15 +196,9 @@ impl Agent {
         let data_dir = tmp.path().join("data");
         let log = tmp.path().join("agent.log");
         let cfg = tmp.path().join("agent.hcl");
-        let config = format!(
-            "plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  command = \"{}\"\n  \
-             args = [\"--statedir\", \"{}\", \"--nodeid\", \"n1\", \"--log-level\", \"warn\", \
-             \"--enable-stage\", \"--enable-attach\"]\n}}\n",
-            hostpath.display(),
-            tmp.path().join("hp").display()
-        );
-        std::fs::write(&cfg, config).expect("config");
+        std::fs::write(&cfg, config(tmp.path())).expect("config");
         let out = std::fs::File::create(&log).expect("agent log");
+        // Spawned from the bench's main thread: `--pdeathsig` ties the agent to that thread.
         let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
             .args(["--log-level", "warn", "agent", "--config"])
             .arg(&cfg)
@@ -146,29 +215,52 @@ impl Agent {
             log,
             _tmp: tmp,
         };
-        let client = agent.client();
+        agent
+            .wait_until(
+                "the API answering",
+                Duration::from_secs(30),
+                |client| async move { client.node().await.is_ok() },
+            )
+            .await;
+        agent
+    }
+
+    /// Polls `check` with a client of the agent every 10 ms until it holds; panics with the
+    /// agent's log if the agent exits or `timeout` passes first.
+    pub async fn wait_until<F, Fut>(&mut self, what: &str, timeout: Duration, mut check: F)
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let client = self.client();
         let start = Instant::now();
         loop {
-            if let Ok(p) = client.plugin(PLUGIN).await
-                && p.health.healthy
-            {
-                break;
+            if check(client.clone()).await {
+                return;
             }
-            if let Ok(Some(status)) = agent.child.try_wait() {
-                panic!("berth agent exited ({status}):\n{}", agent.log_tail());
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "berth agent exited ({status}) before {what}:\n{}",
+                    self.log_tail()
+                );
             }
             assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "plugin {PLUGIN} not healthy within 30 s:\n{}",
-                agent.log_tail()
+                start.elapsed() < timeout,
+                "{what}: not within {timeout:?}:\n{}",
+                self.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        agent
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// The agent's temporary directory (config, log, data dir, and whatever the config
+    /// function made there).
+    pub fn tmp(&self) -> &Path {
+        self._tmp.path()
     }
 
     pub fn client(&self) -> Client {
@@ -181,13 +273,21 @@ impl Agent {
 
     /// The supervised plugin's pid (and process group), if it still runs berth-hostpath.
     pub fn plugin_pid(&self) -> Option<u32> {
-        let file = self.data_dir.join(format!("logs/plugin-{PLUGIN}.pid"));
-        let pid: u32 = std::fs::read_to_string(file).ok()?.trim().parse().ok()?;
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        exe.file_name()?
-            .to_str()?
-            .starts_with("berth-hostpath")
-            .then_some(pid)
+        pid_running(
+            &self.data_dir.join(format!("logs/plugin-{PLUGIN}.pid")),
+            "berth-hostpath",
+        )
+    }
+
+    /// The pid of the Nomad device plugin `name` the agent runs, if its binary's name starts
+    /// with `exe_prefix`.
+    pub fn device_plugin_pid(&self, name: &str, exe_prefix: &str) -> Option<u32> {
+        let file = self
+            .data_dir
+            .join("devices/nomad")
+            .join(name)
+            .join("plugin.pid");
+        pid_running(&file, exe_prefix)
     }
 
     pub fn log_tail(&self) -> String {
@@ -199,12 +299,16 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        // The agent first, so it cannot restart the plugin or a task.
+        // The agent first, so it cannot restart a plugin or a task.
         let _ = self.child.kill();
         let _ = self.child.wait();
         if let Some(pid) = self.plugin_pid().and_then(|p| i32::try_from(p).ok()) {
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
         }
+        // Every plugin it ran (CSI and device plugins) carries its slot's directory, under the
+        // data dir, in its environment.
+        let data_dir = std::fs::canonicalize(&self.data_dir).unwrap_or(self.data_dir.clone());
+        kill_marked(berth_sys::slot::DIR_VAR, &data_dir);
         // Tasks outlive a killed agent on purpose.
         berth_testkit::kill_tasks_under(&self.data_dir.join("allocs"));
         if std::thread::panicking() {
@@ -295,10 +399,15 @@ pub struct CpuMeter {
 impl CpuMeter {
     /// Starts counting for `agent` and the plugin it runs.
     pub fn start(agent: &Agent) -> CpuMeter {
+        CpuMeter::of(agent.pid(), agent.plugin_pid())
+    }
+
+    /// Starts counting for the process `agent` and, when given, the process `plugin`.
+    pub fn of(agent: u32, plugin: Option<u32>) -> CpuMeter {
         CpuMeter {
             tck: clk_tck(),
-            agent: (agent.pid(), cpu_ticks(agent.pid())),
-            plugin: agent.plugin_pid().map(|p| (p, cpu_ticks(p))),
+            agent: (agent, cpu_ticks(agent)),
+            plugin: plugin.map(|p| (p, cpu_ticks(p))),
         }
     }
 
@@ -306,6 +415,58 @@ impl CpuMeter {
     pub fn read(&self) -> (f64, Option<f64>) {
         let since = |(pid, t0): (u32, u64)| (cpu_ticks(pid) - t0) as f64 / self.tck;
         (since(self.agent), self.plugin.map(since))
+    }
+}
+
+/// Nanoseconds on a CPU of every live thread of `pid` (the first field of
+/// `/proc/<pid>/task/<tid>/schedstat`), by thread id.
+pub fn thread_run_ns(pid: u32) -> BTreeMap<u32, u64> {
+    let mut out = BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|n| n.parse().ok()) else {
+            continue;
+        };
+        if let Some(ns) = std::fs::read_to_string(t.path().join("schedstat"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        {
+            out.insert(tid, ns);
+        }
+    }
+    out
+}
+
+/// CPU time of one process from the moment it was made, to the nanosecond, from its
+/// threads' scheduler statistics (utime and stime only count whole clock ticks). Exact for
+/// the threads alive when read; what threads that exited meanwhile ran in the window is
+/// missing, and [`ThreadMeter::read`] says how many did.
+#[derive(Debug)]
+pub struct ThreadMeter {
+    pid: u32,
+    start: BTreeMap<u32, u64>,
+}
+
+impl ThreadMeter {
+    pub fn start(pid: u32) -> ThreadMeter {
+        ThreadMeter {
+            pid,
+            start: thread_run_ns(pid),
+        }
+    }
+
+    /// Seconds on a CPU since the start, and how many threads exited meanwhile (their share
+    /// is not counted: a lower bound then).
+    pub fn read(&self) -> (f64, usize) {
+        let now = thread_run_ns(self.pid);
+        let ns: u64 = now
+            .iter()
+            .map(|(tid, t)| t.saturating_sub(self.start.get(tid).copied().unwrap_or(0)))
+            .sum();
+        let exited = self.start.keys().filter(|t| !now.contains_key(t)).count();
+        (ns as f64 / 1e9, exited)
     }
 }
 
