@@ -339,7 +339,7 @@ impl Agent {
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
-        agent.devices.start(&device_opts, &tasks, &shutdown)?;
+        agent.devices.start(&device_opts, &tasks, &shutdown);
         agent.volumes.start();
         agent.jobs.recover().await;
 

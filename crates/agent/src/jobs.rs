@@ -221,13 +221,20 @@ impl Jobs {
         let mut live_plugins = std::collections::BTreeSet::new();
         for record in records.into_iter().filter(|r| !r.is_finished()) {
             let alloc_id = record.alloc_id.clone();
+            // Its devices stay taken even if it cannot be recovered: its tasks may still run.
+            let devices = record.devices.clone();
             match AllocRunner::recover(record, self.deps.clone()).await {
                 Ok(runner) => {
                     live_plugins.extend(self.add_plugin_hooks(&runner));
                     tracing::info!(alloc_id, "alloc recovered");
                     self.spawn_runner(runner);
                 }
-                Err(e) => tracing::error!(alloc_id, error = %e, "cannot recover the alloc"),
+                Err(e) => {
+                    for (task, assignments) in &devices {
+                        self.deps.devices.restore(&alloc_id, task, assignments);
+                    }
+                    tracing::error!(alloc_id, error = %e, devices_kept = !devices.is_empty(), "cannot recover the alloc; its devices stay taken");
+                }
             }
         }
         // Plugin tasks whose alloc ended while the agent was down are not plugins any more.
@@ -482,8 +489,20 @@ impl Jobs {
                     .collect();
                 alloc_id(&job_id, group, index, &tasks)
             },
-        )
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        );
+        let plans = match plans {
+            Ok(p) => p,
+            Err(e) => {
+                // Every reason at once: the devices' too.
+                let mut reasons: Vec<String> = e.refusals.iter().map(ToString::to_string).collect();
+                reasons.extend(self.device_reasons(&spec).await);
+                return Err(ApiError::BadRequest(format!(
+                    "job {:?} cannot be placed: {}",
+                    spec.id,
+                    reasons.join("; ")
+                )));
+            }
+        };
         let mut specs = Vec::new();
         let mut problems = Vec::new();
         // The rendering helpers hold non-Sync closures: dropped before the next await.
@@ -585,6 +604,34 @@ impl Jobs {
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
         Ok(self.status_of(&rec))
+    }
+
+    /// Why the devices `spec` asks for could not be placed now (nothing is taken): for a job
+    /// refused for other reasons.
+    async fn device_reasons(&self, spec: &JobSpec) -> Vec<String> {
+        let mut at = Vec::new();
+        for group in &spec.groups {
+            for index in 0..group.count {
+                for task in group.tasks.iter().filter(|t| !t.devices.is_empty()) {
+                    let mut place = format!("group {}", group.name);
+                    if group.count > 1 {
+                        place.push_str(&format!(" (alloc {index} of {})", group.count));
+                    }
+                    place.push_str(&format!(", task {}", task.name));
+                    at.push((format!("{}[{index}]", group.name), task, place));
+                }
+            }
+        }
+        let requests: Vec<TaskRequests<'_>> = at
+            .iter()
+            .map(|(alloc_id, task, place)| TaskRequests {
+                alloc_id,
+                task: &task.name,
+                at: place,
+                requests: &task.devices,
+            })
+            .collect();
+        self.devices.check(&requests).await
     }
 
     /// Chooses and takes the devices of every task of every alloc in `specs` (all or

@@ -56,10 +56,18 @@ pub(crate) fn apply(
     if caps.device_nodes {
         for d in &edits.device_nodes {
             let task_path = normalize(&d.task_path);
-            if config.devices.iter().any(|o| o.task_path == task_path) {
-                // Two devices of one task naming the same node (CDI edits shared by two
-                // devices): one bind is enough.
-                continue;
+            if let Some(other) = config.devices.iter().find(|o| o.task_path == task_path) {
+                if other.host_path == d.host_path {
+                    // Two devices of one task naming the same node (CDI edits shared by two
+                    // devices): one bind is enough.
+                    continue;
+                }
+                return Err(format!(
+                    "device nodes {} and {} are both given at {}",
+                    other.host_path.display(),
+                    d.host_path.display(),
+                    task_path.display()
+                ));
             }
             config.devices.push(TaskDevice {
                 host_path: d.host_path.clone(),
@@ -195,6 +203,18 @@ mod tests {
         assert!(
             notes[0].contains("1 mount(s) and 2 device node(s)"),
             "{notes:?}"
+        );
+    }
+
+    #[test]
+    fn two_device_nodes_at_one_path_are_refused() {
+        let mut c = config();
+        let mut e = edits();
+        e.device_nodes[1].host_path = "/dev/gpu1".into();
+        let err = apply(&mut c, &e, &caps(true), "exec").unwrap_err();
+        assert!(
+            err.contains("/dev/gpu0 and /dev/gpu1 are both given at /dev/gpu0"),
+            "{err}"
         );
     }
 

@@ -69,7 +69,8 @@ pub struct TaskDeviceSummary {
     pub request: String,
     /// The devices, as `vendor/type/name/id` (CDI: the qualified name).
     pub devices: Vec<String>,
-    /// Env the task gets from its devices (`KEY=value`); empty before its first start.
+    /// Names of the env variables the task gets from its devices (values are not shown);
+    /// empty before its first start.
     #[serde(default)]
     pub env: Vec<String>,
     /// Mounts it gets (`host → task`, `(ro)` when read-only).
@@ -121,7 +122,7 @@ fn device_summaries(
                 request: a.request.clone(),
                 devices: a.device_names(),
                 env: edits
-                    .map(|e| e.env.iter().map(|(k, v)| format!("{k}={v}")).collect())
+                    .map(|e| e.env.keys().cloned().collect())
                     .unwrap_or_default(),
                 mounts: edits
                     .map(|e| {

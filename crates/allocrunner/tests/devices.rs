@@ -129,7 +129,7 @@ async fn devices_are_reserved_once_reused_at_every_start_and_released_at_the_end
     let task = &status.tasks["train"];
     assert_eq!(task.devices.len(), 1);
     assert_eq!(task.devices[0].devices, ["nvidia/gpu/k80/gpu-0"]);
-    assert_eq!(task.devices[0].env, ["GPU=gpu-0"]);
+    assert_eq!(task.devices[0].env, ["GPU"], "names only");
     assert_eq!(task.devices[0].device_nodes, ["/dev/null → /dev/gpu0 (rw)"]);
     let events = kinds(&status, Some("train"));
     assert!(

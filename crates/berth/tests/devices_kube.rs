@@ -282,6 +282,20 @@ async fn an_invalid_device_list_and_bad_device_blocks_are_refused_clearly() {
         ),
         "{err}"
     );
+    // Refused for its volume too: every reason at once.
+    let both = device_job(
+        "both",
+        "batch",
+        "nope",
+        "        device \"xilinx/fpga\" {}",
+        "true",
+    );
+    let err = run_job(&client, both).await.unwrap_err().to_string();
+    assert!(err.contains("no volume \"nope\" is registered"), "{err}");
+    assert!(
+        err.contains("device \"xilinx/fpga\": no such device"),
+        "{err}"
+    );
     // A bad constraint: refused with its line and field before anything is placed.
     let bad = device_job(
         "bad",

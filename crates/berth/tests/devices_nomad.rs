@@ -173,7 +173,11 @@ async fn a_nomad_plugin_fingerprints_and_its_devices_reach_the_task() {
     assert!(status.contains("computed class  v1:"), "{status}");
     let status = cli(&["alloc", "status", &alloc.alloc_id]);
     assert!(status.contains("berth/file/mock/dev0"), "{status}");
-    assert!(status.contains("BERTH_DEVICE_IDS=dev0"), "{status}");
+    assert!(status.contains("BERTH_DEVICE_IDS"), "{status}");
+    assert!(
+        !status.contains("BERTH_DEVICE_IDS=dev0"),
+        "env values are not shown: {status}"
+    );
     assert!(status.contains("devices_reserved"), "{status}");
     assert!(
         task.devices[0].stats.contains_key("berth/file/mock/dev0"),
@@ -404,4 +408,81 @@ async fn after_a_kill_9_of_the_agent_a_restarted_task_gets_the_same_devices() {
     let node = wait_node(&agent, "the plugin back", |n| healthy(n, MOCK) == 2).await;
     let dev0 = group(&node, MOCK).unwrap().instances[0].clone();
     assert_eq!(dev0.reserved_by.as_deref(), Some(alloc.alloc_id.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_computed_class_is_stable_across_health_changes_and_restarts() {
+    let plugin = Plugin::new();
+    std::fs::write(plugin.devs().join("dev0"), b"a").unwrap();
+    std::fs::write(plugin.devs().join("dev1"), b"b").unwrap();
+    let mut agent = agent(&plugin).await;
+    let node = wait_node(&agent, "2 healthy mocks", |n| healthy(n, MOCK) == 2).await;
+    let class = node.computed_class.clone();
+    assert!(class.starts_with("v1:"), "{class}");
+
+    // Health and instances do not count.
+    std::fs::set_permissions(
+        plugin.devs().join("dev1"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let node = wait_node(&agent, "dev1 unhealthy", |n| healthy(n, MOCK) == 1).await;
+    assert_eq!(node.computed_class, class);
+    std::fs::write(plugin.devs().join("dev2"), b"c").unwrap();
+    let node = wait_node(&agent, "dev2", |n| {
+        group(n, MOCK).is_some_and(|g| g.instances.len() == 3)
+    })
+    .await;
+    assert_eq!(node.computed_class, class);
+
+    // A clean restart: the devices are known from the store at once, the class is the same.
+    agent.terminate().await;
+    agent.respawn();
+    agent.wait_ready().await;
+    let node = agent.client().node().await.unwrap();
+    assert_eq!(node.computed_class, class, "{:?}", node.devices);
+    assert!(group(&node, MOCK).is_some(), "{:?}", node.devices);
+    let node = wait_node(&agent, "the plugin back", |n| healthy(n, MOCK) == 2).await;
+    assert_eq!(node.computed_class, class);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_dropped_from_the_config_after_a_kill_9_is_stopped_and_forgotten() {
+    let plugin = Plugin::new();
+    std::fs::write(plugin.devs().join("dev0"), b"a").unwrap();
+    let mut agent = agent(&plugin).await;
+    wait_node(&agent, "dev0", |n| healthy(n, MOCK) == 1).await;
+    let pid: i32 = read(
+        &agent
+            .data_dir
+            .join("devices/nomad/example-device/plugin.pid"),
+    )
+    .trim()
+    .parse()
+    .expect("the plugin's pid");
+    agent.kill9();
+    assert!(
+        agent_support::alive(pid),
+        "the plugin outlives a killed agent"
+    );
+    // The next agent no longer has the plugin in its config.
+    std::fs::write(
+        &agent.config,
+        format!(
+            "{}{}devices {{\n  kubernetes = false\n}}\n",
+            hostpath_config("hostpath", &[]),
+            client_config("")
+        ),
+    )
+    .unwrap();
+    agent.respawn();
+    agent.wait_ready().await;
+    berth_testkit::assert_eventually!(
+        Duration::from_secs(20),
+        || async move { !agent_support::alive(pid) },
+        "the plugin left by the killed agent was stopped"
+    );
+    let node = agent.client().node().await.unwrap();
+    assert!(node.devices.plugins.is_empty(), "{:?}", node.devices);
+    assert!(node.devices.groups.is_empty(), "{:?}", node.devices);
 }

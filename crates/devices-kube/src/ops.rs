@@ -248,6 +248,10 @@ impl PluginOps for KubeOps {
         })
     }
 
+    fn pre_start_required(&self) -> bool {
+        self.options.pre_start_required
+    }
+
     /// `PreStartContainer` for `device_ids` when the plugin asked for it, with the pre-start
     /// deadline; nothing otherwise.
     fn pre_start<'a>(&'a self, device_ids: &'a [String]) -> BoxFuture<'a, Result<(), PluginError>> {

@@ -169,13 +169,18 @@ pub fn container_edits(
         return Ok(ContainerEdits::default());
     };
     let absolute = |what: &str, p: &str| {
-        if p.starts_with('/') && !p.contains('\0') {
-            Ok(PathBuf::from(p))
-        } else {
+        if !p.starts_with('/') || p.contains('\0') {
             Err(bad(format!(
                 "{what} {:?} is not an absolute path",
                 text::cut(p, 200)
             )))
+        } else if std::path::Path::new(p)
+            .components()
+            .any(|c| c == std::path::Component::ParentDir)
+        {
+            Err(bad(format!("{what} {:?} holds \"..\"", text::cut(p, 200))))
+        } else {
+            Ok(PathBuf::from(p))
         }
     };
     let mut edits = ContainerEdits::default();
@@ -375,6 +380,19 @@ mod tests {
             matches!(&err, PluginError::BadAnswer { reason, .. } if reason == "mount 0: task_path \"\" is not an absolute path"),
             "{err}"
         );
+        let err = container_edits(
+            &id,
+            res(
+                vec![],
+                vec![pb::DeviceSpec {
+                    task_path: "/dev/../etc/x".into(),
+                    host_path: "/dev/null".into(),
+                    permissions: "rw".into(),
+                }],
+            ),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("holds \"..\""), "{err}");
         let err = container_edits(
             &id,
             res(

@@ -38,7 +38,8 @@ pub const SOCKET_DIR: &str = "sock";
 const EXIT_GRACE: Duration = Duration::from_millis(300);
 
 /// How to run one Nomad device plugin. [`NomadPluginConfig::new`] gives the defaults.
-#[derive(Debug, Clone)]
+/// `Debug` shows the keys of `config`, never its values (they may be credentials).
+#[derive(Clone)]
 pub struct NomadPluginConfig {
     /// The plugin's name in the agent config (its binary's name in `plugin_dir`).
     pub name: String,
@@ -71,6 +72,29 @@ pub struct NomadPluginConfig {
     pub liveness_failures: u32,
     /// `PLUGIN_MIN_PORT` and `PLUGIN_MAX_PORT` (Nomad's client defaults: 14000 to 14512).
     pub ports: (u16, u16),
+}
+
+impl std::fmt::Debug for NomadPluginConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NomadPluginConfig")
+            .field("name", &self.name)
+            .field("command", &self.command)
+            .field("args", &self.args)
+            .field("env", &self.env.keys().collect::<Vec<_>>())
+            .field("config", &config_keys(&self.config))
+            .field("dir", &self.dir)
+            .field("stats_interval", &self.stats_interval)
+            .field("restart", &self.restart)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The top-level keys of a config block, for `Debug`: what was set, not to what.
+pub fn config_keys(config: &serde_json::Value) -> Vec<&str> {
+    config
+        .as_object()
+        .map(|m| m.keys().map(String::as_str).collect())
+        .unwrap_or_default()
 }
 
 impl NomadPluginConfig {
@@ -277,7 +301,10 @@ impl NomadPlugin {
     ) -> RunEnd {
         let name = &self.config.name;
         let started = Instant::now();
+        let secrets = text::config_secrets(&self.config.config);
         let mut down = |reason: String| {
+            // The plugin's own words (its output, its errors) may repeat its config.
+            let reason = text::scrub(&reason, &secrets);
             let wait = backoff.next(started.elapsed());
             tracing::warn!(plugin = %name, %reason, retry_in = %berth_sys::short_duration(wait), "device plugin down");
             reporter.report(PluginEvent::Down {
@@ -589,4 +616,25 @@ impl Reporter {
 /// Whether `path` is short enough to be `dir` of a [`NomadPluginConfig`].
 pub fn fits_socket_path(dir: &Path) -> bool {
     dir.join(SOCKET_DIR).as_os_str().len() + SOCKET_NAME_LEN <= MAX_SOCKET_PATH
+}
+
+#[cfg(test)]
+mod debug_tests {
+    use super::*;
+
+    #[test]
+    fn debug_never_shows_config_values() {
+        let mut c = NomadPluginConfig::new("p", "/bin/p", "/tmp/p");
+        c.config = serde_json::json!({"token": "s3cr3t-9931"});
+        c.env.insert("API_KEY".into(), "k3y-7723".into());
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("token") && shown.contains("API_KEY"),
+            "{shown}"
+        );
+        assert!(
+            !shown.contains("s3cr3t-9931") && !shown.contains("k3y-7723"),
+            "{shown}"
+        );
+    }
 }

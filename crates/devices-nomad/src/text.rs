@@ -1,6 +1,39 @@
 //! Text from a plugin (its output, its error messages) made safe to put in an error, an
 //! event or a log line: one line, no control characters, bounded.
 
+/// What the user's `config` block holds that could be a credential: its string values of at
+/// least 4 characters, but absolute paths (which diagnose most failures, and are no
+/// secret). Longest first, so a value inside another is not half replaced.
+pub(crate) fn config_secrets(config: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::String(s) if s.chars().count() >= 4 && !s.starts_with('/') => {
+                out.push(s.clone());
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+            serde_json::Value::Object(map) => map.values().for_each(|i| walk(i, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(config, &mut out);
+    out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    out.dedup();
+    out
+}
+
+/// `text` with every one of `secrets` replaced by `[REDACTED]`: what a plugin prints or
+/// answers may repeat a value of its config.
+pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
+    let mut out = text.to_string();
+    for s in secrets {
+        if out.contains(s.as_str()) {
+            out = out.replace(s.as_str(), "[REDACTED]");
+        }
+    }
+    out
+}
+
 /// How much of a plugin's message is kept.
 pub(crate) const MAX_MESSAGE: usize = 512;
 
@@ -49,6 +82,22 @@ pub(crate) fn status(status: &tonic::Status) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_values_are_scrubbed_but_paths() {
+        let secrets = config_secrets(&serde_json::json!({
+            "token": "s3cr3t-value", "dir": "/var/lib/x", "n": 1234, "on": true,
+            "nested": {"list": ["abc", "hunter2-long"]}
+        }));
+        assert_eq!(secrets, ["hunter2-long", "s3cr3t-value"]);
+        assert_eq!(
+            scrub(
+                "bad token s3cr3t-value in /var/lib/x (hunter2-long)",
+                &secrets
+            ),
+            "bad token [REDACTED] in /var/lib/x ([REDACTED])"
+        );
+    }
 
     #[test]
     fn escapes_and_cuts() {

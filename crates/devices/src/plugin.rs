@@ -108,8 +108,12 @@ pub enum PluginEvent {
         /// When the supervisor tries again.
         retry_in: Option<Duration>,
     },
-    /// The plugin is gone for good (the agent shuts down, or it is no longer configured): its
-    /// devices are removed from the node.
+    /// The plugin stopped for good in this agent's life (the agent shuts down): its devices
+    /// are removed from the live view. Its last device list stays stored, so the node's
+    /// devices and computed class are the same after a restart; the agent forgets stored
+    /// lists of plugins that do not come back ([`DeviceManager::forget_restored`]).
+    ///
+    /// [`DeviceManager::forget_restored`]: crate::manager::DeviceManager::forget_restored
     Removed {
         /// Why.
         reason: String,
@@ -193,6 +197,12 @@ pub trait PluginOps: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<Option<Vec<String>>, PluginError>> {
         let _ = (available, must_include, size);
         Box::pin(async { Ok(None) })
+    }
+
+    /// Whether [`pre_start`](Self::pre_start) does anything: the plugin asked for a call
+    /// before every start (Kubernetes' `pre_start_required`).
+    fn pre_start_required(&self) -> bool {
+        false
     }
 
     /// Called before every start of a task holding `device_ids`: Kubernetes'

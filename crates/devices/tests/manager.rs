@@ -533,6 +533,15 @@ async fn the_last_device_list_and_reservations_survive_a_restart() {
     let reqs = [request("gpu", 1, None)];
     let chosen = first.place(&[task("a1", &reqs)]).await.unwrap();
     let class_before = first.groups();
+    // A clean shutdown: the plugin is removed from the live view, its list stays stored.
+    first.event(
+        &plugin,
+        g,
+        PluginEvent::Removed {
+            reason: "the agent shuts down".into(),
+        },
+    );
+    assert!(first.groups().is_empty());
 
     // The next agent shows the last known devices (not usable until the plugin reports),
     // and gets the reservations back from the allocs.
@@ -623,4 +632,206 @@ async fn cdi_devices_named_in_a_job_resolve_from_the_spec_dirs() {
         .unwrap_err()
         .join("\n");
     assert!(err.contains("dev9"), "{err}");
+}
+
+#[tokio::test]
+async fn attribute_changes_are_events_and_unregistered_plugins_expire() {
+    let s = setup(vec![gpus("k80", 12, &[("g0", true)])], false);
+    s.events.take();
+    s.manager.event(
+        &s.plugin,
+        s.generation,
+        PluginEvent::Devices(vec![gpus("k80", 24, &[("g0", true)])]),
+    );
+    let events = s.events.take();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].kind, DeviceEventKind::DevicesChanged);
+
+    // A Kubernetes plugin whose socket went: it must register again, or go after the grace.
+    let kube = PluginId::kubernetes("example.com/widget");
+    let g = s.manager.attach(&kube, s.ops.clone());
+    s.manager.event(
+        &kube,
+        g,
+        PluginEvent::Ready {
+            detail: String::new(),
+        },
+    );
+    s.manager.event(
+        &kube,
+        g,
+        PluginEvent::Devices(vec![DeviceGroup {
+            vendor: "example.com".into(),
+            device_type: "widget".into(),
+            name: "widget".into(),
+            attributes: BTreeMap::new(),
+            instances: vec![instance("w0", true)],
+        }]),
+    );
+    s.manager.expire_unregistered(std::time::Duration::ZERO);
+    assert_eq!(s.manager.view().groups.len(), 2, "a ready plugin stays");
+    s.manager.event(
+        &kube,
+        g,
+        PluginEvent::Down {
+            reason: "its socket is gone".into(),
+            retry_in: None,
+        },
+    );
+    s.manager
+        .expire_unregistered(std::time::Duration::from_secs(3600));
+    assert_eq!(
+        s.manager.view().groups.len(),
+        2,
+        "within the grace it stays"
+    );
+    s.manager.expire_unregistered(std::time::Duration::ZERO);
+    let view = s.manager.view();
+    assert_eq!(view.groups.len(), 1, "{view:?}");
+    assert_eq!(view.plugins.len(), 1);
+    // Nomad plugins are the agent's to restart: never expired this way.
+    s.manager.event(
+        &s.plugin,
+        s.generation,
+        PluginEvent::Down {
+            reason: "exited".into(),
+            retry_in: None,
+        },
+    );
+    s.manager.expire_unregistered(std::time::Duration::ZERO);
+    assert_eq!(s.manager.view().plugins.len(), 1);
+}
+
+#[tokio::test]
+async fn statistics_and_invalid_reports_are_bounded() {
+    let s = setup(Vec::new(), false);
+    let many: Vec<DeviceGroup> = (0..40)
+        .map(|i| {
+            let mut g = gpus(&format!("m{i}"), 1, &[("", true)]);
+            g.vendor.clear();
+            g
+        })
+        .collect();
+    s.events.take();
+    s.manager
+        .event(&s.plugin, s.generation, PluginEvent::Devices(many));
+    let view = s.manager.view();
+    assert_eq!(view.plugins[0].invalid.len(), 17, "16 problems and a count");
+    assert!(view.plugins[0].invalid[16].contains("and 24 more"));
+
+    s.manager.event(
+        &s.plugin,
+        s.generation,
+        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]),
+    );
+    let mut huge = berth_devices::model::StatObject::default();
+    for i in 0..10_000 {
+        huge.attributes.insert(
+            format!("v{i}"),
+            berth_devices::model::StatValue {
+                string: Some("x".repeat(10_000)),
+                ..Default::default()
+            },
+        );
+    }
+    let stats = berth_devices::model::InstanceStats {
+        summary: None,
+        stats: Some(huge),
+        timestamp_ms: 1,
+    };
+    s.manager.event(
+        &s.plugin,
+        s.generation,
+        PluginEvent::Stats(vec![berth_devices::model::GroupStats {
+            group: gpus("k80", 12, &[]).id(),
+            instances: BTreeMap::from([("g0".to_string(), stats)]),
+        }]),
+    );
+    let view = s.manager.view();
+    let kept = view.groups[0].instances[0]
+        .stats
+        .clone()
+        .unwrap()
+        .stats
+        .unwrap();
+    assert_eq!(kept.attributes.len(), 256);
+    assert!(
+        kept.attributes
+            .values()
+            .all(|v| v.string.as_ref().unwrap().len() == 256)
+    );
+}
+
+/// A plugin whose preferred allocation waits until released (to change the world meanwhile).
+#[derive(Debug)]
+struct SlowOps {
+    asked: tokio::sync::Notify,
+    answer: tokio::sync::Notify,
+}
+
+impl PluginOps for SlowOps {
+    fn reserve<'a>(
+        &'a self,
+        _: &'a [String],
+    ) -> BoxFuture<'a, Result<ContainerEdits, PluginError>> {
+        Box::pin(async { Ok(ContainerEdits::default()) })
+    }
+
+    fn preferred<'a>(
+        &'a self,
+        available: &'a [String],
+        _: &'a [String],
+        size: usize,
+    ) -> BoxFuture<'a, Result<Option<Vec<String>>, PluginError>> {
+        Box::pin(async move {
+            self.asked.notify_one();
+            self.answer.notified().await;
+            Ok(Some(available[..size].to_vec()))
+        })
+    }
+}
+
+#[tokio::test]
+async fn what_changed_while_a_plugin_was_asked_is_not_taken() {
+    let manager = Arc::new(DeviceManager::new(
+        ManagerConfig::default(),
+        Arc::new(Events::default()),
+        Arc::new(NoRecords),
+    ));
+    let plugin = PluginId::kubernetes("example.com/gpu");
+    let ops = Arc::new(SlowOps {
+        asked: tokio::sync::Notify::new(),
+        answer: tokio::sync::Notify::new(),
+    });
+    let g = manager.attach(&plugin, ops.clone());
+    manager.event(
+        &plugin,
+        g,
+        PluginEvent::Ready {
+            detail: String::new(),
+        },
+    );
+    manager.event(
+        &plugin,
+        g,
+        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]),
+    );
+    let placing = {
+        let manager = Arc::clone(&manager);
+        tokio::spawn(async move {
+            let reqs = [request("gpu", 1, None)];
+            manager.place(&[task("a1", &reqs)]).await
+        })
+    };
+    ops.asked.notified().await;
+    // While the plugin is asked, the device turns unhealthy.
+    manager.event(
+        &plugin,
+        g,
+        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", false)])]),
+    );
+    ops.answer.notify_one();
+    let err = placing.await.unwrap().unwrap_err().join("\n");
+    assert!(err.contains("changed while this job was placed"), "{err}");
+    assert!(manager.holders().is_empty());
 }

@@ -18,8 +18,8 @@ pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 pub const DEFAULT_KUBELET_DIR: &str = "device-plugins";
 
 /// A Nomad device plugin the agent launches: `plugin "<name>" { args, config { … } }`, the
-/// binary `<plugin_dir>/<name>`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// binary `<plugin_dir>/<name>`. `Debug` shows the keys of `config`, never its values.
+#[derive(Clone, PartialEq, Eq)]
 pub struct NomadPluginDecl {
     /// The block's label: the binary's file name in `plugin_dir`.
     pub name: String,
@@ -28,6 +28,19 @@ pub struct NomadPluginDecl {
     /// The `config` block as data (an object; empty when absent). The plugin's schema is
     /// applied to it when the plugin runs.
     pub config: serde_json::Value,
+}
+
+impl std::fmt::Debug for NomadPluginDecl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NomadPluginDecl")
+            .field("name", &self.name)
+            .field("args", &self.args)
+            .field(
+                "config",
+                &berth_devices_nomad::instance::config_keys(&self.config),
+            )
+            .finish()
+    }
 }
 
 /// The device settings.

@@ -93,6 +93,17 @@ impl DeviceRecords for StoreRecords {
 #[derive(Debug)]
 pub struct Devices {
     manager: Arc<DeviceManager>,
+    /// What [`start`](Self::start) runs, checked by [`new`](Self::new).
+    prepared: std::sync::Mutex<Option<Prepared>>,
+}
+
+/// The plugins and services checked at [`Devices::new`], run by [`Devices::start`].
+#[derive(Debug)]
+struct Prepared {
+    /// The declared Nomad plugins.
+    nomad: Vec<NomadPlugin>,
+    /// The Kubernetes registration service's config, when enabled.
+    kube: Option<KubeConfig>,
 }
 
 /// What starting the device side needs.
@@ -104,22 +115,35 @@ pub struct DevicesOptions {
     pub data_dir: PathBuf,
     /// Backoff of plugin restarts (Nomad plugins) and re-dials (Kubernetes plugins).
     pub restart: RestartPolicy,
-    /// How long restored Kubernetes plugins have to register again.
+    /// How long Kubernetes plugins that must register again (known from before a restart,
+    /// or whose socket went) have before their devices are forgotten.
     pub kube_grace: Duration,
 }
 
 impl Devices {
     /// Makes the device manager (with each plugin's last device list from the store) and
-    /// checks the declared Nomad plugins (a plugin block whose binary is missing stops the
-    /// agent). Nothing runs before [`start`](Self::start).
+    /// checks everything [`start`](Self::start) runs: each declared Nomad plugin (its binary
+    /// in `plugin_dir`, its settings) and the Kubernetes registration service's directory. A
+    /// problem stops the agent before anything runs.
     pub fn new(
         opts: &DevicesOptions,
         events: Arc<EventBus>,
         store: Arc<Store>,
     ) -> Result<Self, AgentError> {
+        let mut nomad = Vec::new();
         for decl in &opts.config.nomad_plugins {
-            binary(&opts.config, decl)?;
+            let command = binary(&opts.config, decl)?;
+            nomad.push(nomad_plugin(opts, decl, command)?);
         }
+        let kube = if opts.config.kubernetes {
+            let mut kube = KubeConfig::new(opts.config.kubelet_dir(&opts.data_dir));
+            kube.restart = opts.restart;
+            // Checks the config (timings, the socket path's length) and touches nothing.
+            KubeDevices::new(kube.clone()).map_err(|e| AgentError::Devices(e.to_string()))?;
+            Some(kube)
+        } else {
+            None
+        };
         let manager = Arc::new(DeviceManager::new(
             ManagerConfig {
                 cdi_dirs: opts.config.cdi_spec_dirs.clone(),
@@ -127,7 +151,10 @@ impl Devices {
             Arc::new(BusObserver(events)),
             Arc::new(StoreRecords(store)),
         ));
-        Ok(Self { manager })
+        Ok(Self {
+            manager,
+            prepared: std::sync::Mutex::new(Some(Prepared { nomad, kube })),
+        })
     }
 
     /// The device manager.
@@ -135,24 +162,26 @@ impl Devices {
         &self.manager
     }
 
-    /// Starts the declared Nomad plugins, the other device plugins found in `plugin_dir`,
-    /// and the Kubernetes registration service; every task stops with `shutdown`. A restored
-    /// Nomad plugin no longer in the config or in `plugin_dir` is forgotten at once; a
-    /// restored Kubernetes plugin after [`DevicesOptions::kube_grace`] unless it registered
-    /// again.
-    pub fn start(
-        &self,
-        opts: &DevicesOptions,
-        tasks: &TaskTracker,
-        shutdown: &CancellationToken,
-    ) -> Result<(), AgentError> {
+    /// Starts (once) the declared Nomad plugins, the other device plugins found in
+    /// `plugin_dir`, and the Kubernetes registration service (restarted with backoff if it
+    /// fails); every task stops with `shutdown`. Processes left running by a killed agent for
+    /// Nomad plugins that are no longer configured are stopped. A restored Nomad plugin no
+    /// longer in the config or in `plugin_dir` is forgotten at once; a Kubernetes plugin that
+    /// must register again, after [`DevicesOptions::kube_grace`] unless it did.
+    pub fn start(&self, opts: &DevicesOptions, tasks: &TaskTracker, shutdown: &CancellationToken) {
+        let Some(prepared) = self
+            .prepared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
         let cfg = &opts.config;
         let sink: Arc<dyn PluginSink> = self.manager.clone();
         let mut launched = BTreeSet::new();
-        for decl in &cfg.nomad_plugins {
-            let command = binary(cfg, decl)?;
-            let plugin = nomad_plugin(opts, decl, command)?;
-            launched.insert(decl.name.clone());
+        for plugin in prepared.nomad {
+            launched.insert(plugin.id().name.clone());
             tasks.spawn(plugin.run(Arc::clone(&sink), shutdown.clone()));
         }
         let others = cfg
@@ -167,6 +196,11 @@ impl Devices {
             .collect();
         self.manager
             .forget_restored(|id| id.protocol != Protocol::Nomad || known.contains(&id.name));
+        tasks.spawn(stop_leftovers(
+            opts.data_dir.clone(),
+            known,
+            opts.restart.stop_grace,
+        ));
         if !others.is_empty() {
             let opts = opts.clone();
             let sink = Arc::clone(&sink);
@@ -186,34 +220,109 @@ impl Devices {
                 }
             });
         }
-        if cfg.kubernetes {
-            let dir = cfg.kubelet_dir(&opts.data_dir);
-            let mut kube = KubeConfig::new(&dir);
-            kube.restart = opts.restart;
-            let server = KubeDevices::new(kube).map_err(|e| AgentError::Devices(e.to_string()))?;
-            let token = shutdown.clone();
-            let sink = Arc::clone(&sink);
-            tasks.spawn(async move {
-                if let Err(e) = server.run(sink, token).await {
-                    tracing::error!(error = %e, "the Kubernetes device plugin registration service stopped");
-                }
-            });
-            let manager = Arc::clone(&self.manager);
-            let grace = opts.kube_grace;
-            let token = shutdown.clone();
-            tasks.spawn(async move {
-                tokio::select! {
-                    () = tokio::time::sleep(grace) => {
-                        manager.forget_restored(|id| id.protocol != Protocol::Kubernetes);
+        match prepared.kube {
+            Some(kube) => {
+                tasks.spawn(serve_registration(
+                    kube,
+                    Arc::clone(&sink),
+                    opts.restart,
+                    shutdown.clone(),
+                ));
+                let manager = Arc::clone(&self.manager);
+                let grace = opts.kube_grace;
+                let token = shutdown.clone();
+                // Checked a few times per grace period, so a plugin goes at most a tenth of
+                // it late.
+                let every = (grace / 10).max(Duration::from_millis(100));
+                tasks.spawn(async move {
+                    loop {
+                        tokio::select! {
+                            () = tokio::time::sleep(every) => manager.expire_unregistered(grace),
+                            () = token.cancelled() => return,
+                        }
                     }
-                    () = token.cancelled() => {}
-                }
-            });
-        } else {
-            self.manager
-                .forget_restored(|id| id.protocol != Protocol::Kubernetes);
+                });
+            }
+            None => self
+                .manager
+                .forget_restored(|id| id.protocol != Protocol::Kubernetes),
         }
-        Ok(())
+    }
+}
+
+/// Serves kubelet's registration service until `shutdown`; when it fails (its socket taken,
+/// its directory replaced), says why and starts it again after the restart policy's backoff.
+async fn serve_registration(
+    kube: KubeConfig,
+    sink: Arc<dyn PluginSink>,
+    policy: RestartPolicy,
+    shutdown: CancellationToken,
+) {
+    let mut wait: Option<Duration> = None;
+    loop {
+        let started = tokio::time::Instant::now();
+        let result = match KubeDevices::new(kube.clone()) {
+            Ok(server) => server.run(Arc::clone(&sink), shutdown.clone()).await,
+            Err(e) => Err(e),
+        };
+        if shutdown.is_cancelled() {
+            return;
+        }
+        let next = policy.next_wait(wait, started.elapsed());
+        wait = Some(next);
+        match result {
+            Ok(()) => tracing::warn!(
+                retry_in = %berth_sys::short_duration(next),
+                "the Kubernetes device plugin registration service stopped; starting it again"
+            ),
+            Err(e) => tracing::error!(
+                error = %e,
+                retry_in = %berth_sys::short_duration(next),
+                "the Kubernetes device plugin registration service failed; starting it again"
+            ),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(next) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+/// Stops what a killed agent left running in the slots of Nomad plugins not run now (no
+/// longer configured or in `plugin_dir`), and of probes of binaries no longer there.
+async fn stop_leftovers(data_dir: PathBuf, known: BTreeSet<String>, grace: Duration) {
+    for (kind, log) in [
+        ("nomad", berth_devices_nomad::instance::LOG_FILE),
+        ("inspect", berth_devices_nomad::inspect::INSPECT_LOG),
+    ] {
+        let Ok(entries) = std::fs::read_dir(data_dir.join("devices").join(kind)) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            if known.contains(&name) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let id = if kind == "nomad" {
+                PluginId::nomad(name.clone()).to_string()
+            } else {
+                format!("nomad-inspect:{name}")
+            };
+            let mut slot = berth_sys::slot::PluginSlot::new(&id, &e.path().join(log));
+            match slot.claim(grace).await {
+                Ok(()) => {
+                    let stuck = slot.release(grace).await;
+                    if !stuck.is_empty() {
+                        tracing::error!(plugin = %name, pids = ?stuck, "processes of a plugin no longer run survive SIGKILL");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(plugin = %name, error = %e, "cannot stop what is left of a plugin no longer run")
+                }
+            }
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use std::{
 
 use tokio::sync::watch;
 
-pub use placement::{Chosen, TaskRequests};
+pub use placement::{Chosen, PRE_START_WAIT, TaskRequests};
 pub use validate::{MAX_GROUPS, MAX_INSTANCES, MAX_NAME_BYTES, validate};
 
 use crate::{
@@ -91,6 +91,8 @@ struct Plugin {
     invalid: Vec<String>,
     groups: Vec<DeviceGroup>,
     stats: BTreeMap<(DeviceGroupId, String), InstanceStats>,
+    /// Down, and not tried again by its supervisor: it must register again (Kubernetes).
+    awaiting_registration: bool,
 }
 
 impl Plugin {
@@ -107,6 +109,7 @@ impl Plugin {
             invalid: Vec::new(),
             groups: Vec::new(),
             stats: BTreeMap::new(),
+            awaiting_registration: false,
         }
     }
 
@@ -230,7 +233,6 @@ impl DeviceManager {
                 .collect();
             for id in gone {
                 st.plugins.remove(&id);
-                self.records.remove(&id);
                 events.push(DeviceEvent {
                     kind: DeviceEventKind::PluginRemoved,
                     plugin: id,
@@ -238,6 +240,9 @@ impl DeviceManager {
                     message: "known from before the agent restarted, and not back: its devices are removed".into(),
                 });
             }
+        }
+        for e in &events {
+            self.records.remove(&e.plugin);
         }
         if !events.is_empty() {
             self.changed(events);
@@ -419,8 +424,16 @@ impl DeviceManager {
         }
     }
 
+    /// The ops of `plugin`'s latest instance, ready or not (`None` when it never attached in
+    /// this agent's life).
+    pub(crate) fn last_ops(&self, plugin: &PluginId) -> Option<Arc<dyn PluginOps>> {
+        self.lock().plugins.get(plugin).and_then(|p| p.ops.clone())
+    }
+
     fn apply(&self, id: &PluginId, generation: Generation, event: PluginEvent) {
         let mut events = Vec::new();
+        // Written after the lock is released: a store commit waits for the disk.
+        let mut save: Option<Vec<DeviceGroup>> = None;
         {
             let mut st = self.lock();
             let Some(p) = st.plugins.get_mut(id) else {
@@ -439,6 +452,7 @@ impl DeviceManager {
             match event {
                 PluginEvent::Ready { detail } => {
                     p.set_state(PluginState::Ready);
+                    p.awaiting_registration = false;
                     p.reason = None;
                     p.detail.clone_from(&detail);
                     events.push(event_of(
@@ -448,7 +462,12 @@ impl DeviceManager {
                     ));
                 }
                 PluginEvent::Devices(groups) => {
-                    let (groups, problems) = validate(groups);
+                    let (groups, mut problems) = validate(groups);
+                    if problems.len() > MAX_PROBLEMS {
+                        let more = problems.len() - MAX_PROBLEMS;
+                        problems.truncate(MAX_PROBLEMS);
+                        problems.push(format!("… and {more} more"));
+                    }
                     if !problems.is_empty() {
                         events.push(event_of(
                             DeviceEventKind::FingerprintInvalid,
@@ -483,7 +502,7 @@ impl DeviceManager {
                         ));
                     }
                     if p.groups != groups {
-                        self.records.save(id, &groups);
+                        save = Some(groups.clone());
                     }
                     // Statistics of instances that are gone go with them.
                     let live: BTreeSet<(DeviceGroupId, String)> = groups
@@ -500,7 +519,7 @@ impl DeviceManager {
                         };
                         for (iid, s) in gs.instances {
                             if group.instances.iter().any(|i| i.id == iid) {
-                                p.stats.insert((gs.group.clone(), iid), s);
+                                p.stats.insert((gs.group.clone(), iid), bounded_stats(s));
                             }
                         }
                     }
@@ -509,6 +528,7 @@ impl DeviceManager {
                 }
                 PluginEvent::Down { reason, retry_in } => {
                     p.set_state(PluginState::Down);
+                    p.awaiting_registration = retry_in.is_none();
                     let message = match retry_in {
                         Some(d) => format!(
                             "down: {reason}; trying again in {}",
@@ -521,8 +541,8 @@ impl DeviceManager {
                     events.push(event_of(DeviceEventKind::PluginDown, None, message));
                 }
                 PluginEvent::Removed { reason } => {
+                    // Its stored list stays: see `PluginEvent::Removed`.
                     st.plugins.remove(id);
-                    self.records.remove(id);
                     events.push(event_of(
                         DeviceEventKind::PluginRemoved,
                         None,
@@ -531,15 +551,122 @@ impl DeviceManager {
                 }
             }
         }
+        if let Some(groups) = save {
+            self.records.save(id, &groups);
+        }
         self.changed(events);
+    }
+
+    /// Forgets the Kubernetes plugins that must register again and have not for `grace`:
+    /// those down without a retry (their socket is gone) and those known only from before the
+    /// agent restarted. Their devices go (kubelet drops a stopped endpoint's resource after a
+    /// grace period too); reservations stay with their allocs.
+    pub fn expire_unregistered(&self, grace: std::time::Duration) {
+        let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+        let now = now_ms();
+        let mut events = Vec::new();
+        {
+            let mut st = self.lock();
+            let gone: Vec<PluginId> = st
+                .plugins
+                .iter()
+                .filter(|(id, p)| {
+                    id.protocol == crate::plugin::Protocol::Kubernetes
+                        && (p.state == PluginState::Restored
+                            || (p.state == PluginState::Down && p.awaiting_registration))
+                        && now.saturating_sub(p.since_ms) >= grace_ms
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in gone {
+                st.plugins.remove(&id);
+                events.push(DeviceEvent {
+                    kind: DeviceEventKind::PluginRemoved,
+                    plugin: id,
+                    device: None,
+                    message: format!(
+                        "did not register again within {}: its devices are removed",
+                        berth_sys::short_duration(grace)
+                    ),
+                });
+            }
+        }
+        for e in &events {
+            self.records.remove(&e.plugin);
+        }
+        if !events.is_empty() {
+            self.changed(events);
+        }
     }
 }
 
-/// The groups' names and instance ids (what a "devices changed" event is about).
-fn shape(groups: &[DeviceGroup]) -> Vec<(DeviceGroupId, Vec<&str>)> {
-    let mut s: Vec<(DeviceGroupId, Vec<&str>)> = groups
+/// Most problems of one device list reported.
+const MAX_PROBLEMS: usize = 16;
+/// Most values and nested objects kept of one instance's statistics.
+const MAX_STAT_ENTRIES: usize = 256;
+/// Deepest nesting kept of one instance's statistics.
+const MAX_STAT_DEPTH: usize = 8;
+
+/// `s` cut to [`MAX_STAT_ENTRIES`] entries over at most [`MAX_STAT_DEPTH`] levels, strings
+/// cut to 256 bytes: a plugin's statistics are data, and held for every instance.
+fn bounded_stats(mut s: InstanceStats) -> InstanceStats {
+    fn cut(v: &mut crate::model::StatValue) {
+        for text in [&mut v.unit, &mut v.desc]
+            .into_iter()
+            .chain(v.string.as_mut())
+        {
+            if text.len() > 256 {
+                let mut at = 256;
+                while !text.is_char_boundary(at) {
+                    at -= 1;
+                }
+                text.truncate(at);
+            }
+        }
+    }
+    fn walk(o: &mut crate::model::StatObject, depth: usize, budget: &mut usize) {
+        o.attributes.retain(|_, _| {
+            let keep = *budget > 0;
+            *budget = budget.saturating_sub(1);
+            keep
+        });
+        o.attributes.values_mut().for_each(cut);
+        if depth >= MAX_STAT_DEPTH {
+            o.nested.clear();
+            return;
+        }
+        o.nested.retain(|_, _| {
+            let keep = *budget > 0;
+            *budget = budget.saturating_sub(1);
+            keep
+        });
+        for n in o.nested.values_mut() {
+            walk(n, depth + 1, budget);
+        }
+    }
+    if let Some(v) = s.summary.as_mut() {
+        cut(v);
+    }
+    if let Some(o) = s.stats.as_mut() {
+        let mut budget = MAX_STAT_ENTRIES;
+        walk(o, 1, &mut budget);
+    }
+    s
+}
+
+/// The groups' names, attributes and instance ids (what a "devices changed" event is about).
+fn shape(groups: &[DeviceGroup]) -> Vec<(DeviceGroupId, String, Vec<&str>)> {
+    let mut s: Vec<(DeviceGroupId, String, Vec<&str>)> = groups
         .iter()
-        .map(|g| (g.id(), g.instances.iter().map(|i| i.id.as_str()).collect()))
+        .map(|g| {
+            // Attributes compare by their JSON form (they hold floats).
+            let attrs = serde_json::to_string(&g.attributes).unwrap_or_default();
+            (
+                g.id(),
+                attrs,
+                g.instances.iter().map(|i| i.id.as_str()).collect(),
+            )
+        })
         .collect();
     s.sort();
     s

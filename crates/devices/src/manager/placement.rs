@@ -53,6 +53,50 @@ impl DeviceManager {
             return Ok(Chosen::new());
         }
         let _placing = self.placing.lock().await;
+        let chosen = self.plan(tasks, true).await?;
+        let mut st = self.lock();
+        // A plugin's answer may have been awaited (its preferred allocation): what was chosen
+        // must still be there, healthy and free, or nothing is taken.
+        let changed: Vec<String> = chosen
+            .values()
+            .flatten()
+            .flat_map(|a| a.keys())
+            .filter_map(|key| still_free(&st, &key).err())
+            .collect();
+        if !changed.is_empty() {
+            return Err(changed);
+        }
+        for ((alloc_id, task), assignments) in &chosen {
+            for key in assignments.iter().flat_map(DeviceAssignment::keys) {
+                st.reservations.insert(
+                    key,
+                    Holder {
+                        alloc_id: alloc_id.clone(),
+                        task: task.clone(),
+                    },
+                );
+            }
+        }
+        drop(st);
+        self.changed(Vec::new());
+        Ok(chosen)
+    }
+
+    /// Every reason the requests of `tasks` could not be placed now, taking nothing: for a
+    /// job refused for other reasons (its volumes, its drivers), so that all of them are said
+    /// at once.
+    pub async fn check(&self, tasks: &[TaskRequests<'_>]) -> Vec<String> {
+        if tasks.iter().all(|t| t.requests.is_empty()) {
+            return Vec::new();
+        }
+        let _placing = self.placing.lock().await;
+        self.plan(tasks, false).await.err().unwrap_or_default()
+    }
+
+    /// Chooses devices for every request of `tasks` (all or nothing) without taking them;
+    /// `ask` lets it ask plugins for their preferred allocation. Legal only while holding
+    /// `placing`.
+    async fn plan(&self, tasks: &[TaskRequests<'_>], ask: bool) -> Result<Chosen, Vec<String>> {
         let (candidates, held, not_ready) = self.candidates();
         let needs_cdi = tasks
             .iter()
@@ -70,7 +114,7 @@ impl DeviceManager {
                         cdi_choice(req, name, registry.as_ref(), &held, &taken)
                     }
                     DeviceTarget::Plugin(_) => {
-                        self.plugin_choice(req, &candidates, &held, &taken, &not_ready)
+                        self.plugin_choice(req, &candidates, &held, &taken, &not_ready, ask)
                             .await
                     }
                 };
@@ -86,24 +130,11 @@ impl DeviceManager {
                 }
             }
         }
-        if !reasons.is_empty() {
-            return Err(reasons);
+        if reasons.is_empty() {
+            Ok(chosen)
+        } else {
+            Err(reasons)
         }
-        let mut st = self.lock();
-        for ((alloc_id, task), assignments) in &chosen {
-            for key in assignments.iter().flat_map(DeviceAssignment::keys) {
-                st.reservations.insert(
-                    key,
-                    Holder {
-                        alloc_id: alloc_id.clone(),
-                        task: task.clone(),
-                    },
-                );
-            }
-        }
-        drop(st);
-        self.changed(Vec::new());
-        Ok(chosen)
     }
 
     /// Every group of every plugin, the devices held and by whom, and the plugins not ready.
@@ -142,6 +173,7 @@ impl DeviceManager {
         held: &BTreeMap<DeviceKey, String>,
         taken: &BTreeSet<DeviceKey>,
         not_ready: &[String],
+        ask: bool,
     ) -> Result<DeviceAssignment, Vec<String>> {
         let count = usize::try_from(req.count).unwrap_or(usize::MAX);
         let mut reasons = Vec::new();
@@ -240,7 +272,11 @@ impl DeviceManager {
         });
         let (_, mut free, c) = feasible.swap_remove(0);
         free.sort();
-        let ids = self.preferred(c, &free, count).await;
+        let ids = if ask {
+            self.preferred(c, &free, count).await
+        } else {
+            free.iter().take(count).cloned().collect()
+        };
         Ok(DeviceAssignment {
             request: req.name.clone(),
             source: AssignedSource::Plugin {
@@ -312,9 +348,13 @@ impl DeviceManager {
     }
 
     /// Before every start of a task holding `assignments`: each Kubernetes plugin's pre-start
-    /// call (`PreStartContainer`, where the plugin asked for it at registration).
-    /// A plugin that is not ready now is skipped with a note (the task keeps the devices it
-    /// was given); a plugin that refuses fails the start.
+    /// call (`PreStartContainer`, where the plugin asked for it at registration). A plugin
+    /// that asked for it but is not ready now (it registers again after an agent restart, say)
+    /// is waited for, at most [`PRE_START_WAIT`]; if it does not come back the start fails
+    /// (the restart policy tries again), as kubelet's would. A plugin known only from before
+    /// the agent restarted, which did not say whether it needs the call, is waited for the
+    /// same time, then skipped with a note (the task keeps the devices it was given). A
+    /// plugin that refuses fails the start.
     pub async fn pre_start(&self, assignments: &[DeviceAssignment]) -> Result<Vec<String>, String> {
         let mut notes = Vec::new();
         for a in assignments {
@@ -325,15 +365,81 @@ impl DeviceManager {
             if plugin.protocol != crate::plugin::Protocol::Kubernetes {
                 continue;
             }
-            match self.ops(plugin) {
+            let required = self.last_ops(plugin).map(|o| o.pre_start_required());
+            if required == Some(false) {
+                continue;
+            }
+            match self.ready_ops(plugin, PRE_START_WAIT).await {
                 Ok(ops) => ops.pre_start(&a.ids).await.map_err(|e| e.to_string())?,
+                Err(why) if required == Some(true) => {
+                    return Err(format!(
+                        "{why}; it must prepare {} before the task starts (PreStartContainer)",
+                        a.device_names().join(", ")
+                    ));
+                }
                 Err(why) => notes.push(format!(
-                    "{why}: its pre-start call for {} is skipped; the task keeps its devices",
+                    "{why}: whether it needs a pre-start call for {} is not known; the task starts with the devices it was given",
                     a.device_names().join(", ")
                 )),
             }
         }
         Ok(notes)
+    }
+
+    /// The ops of `plugin` once it is ready, waiting at most `wait`.
+    async fn ready_ops(
+        &self,
+        plugin: &PluginId,
+        wait: std::time::Duration,
+    ) -> Result<std::sync::Arc<dyn PluginOps>, String> {
+        let mut changes = self.subscribe();
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let why = match self.ops(plugin) {
+                Ok(ops) => return Ok(ops),
+                Err(why) => why,
+            };
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => {
+                    return Err(format!(
+                        "{why} (waited {})",
+                        berth_sys::short_duration(wait)
+                    ));
+                }
+            }
+        }
+    }
+}
+
+/// How long a task's start waits for a Kubernetes plugin that must pre-start its devices.
+pub const PRE_START_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `Ok` when the device of `key` is still held by nobody and, for a plugin's, still listed
+/// and healthy with its plugin ready; else why not.
+fn still_free(st: &super::State, key: &DeviceKey) -> Result<(), String> {
+    if let Some(h) = st.reservations.get(key) {
+        return Err(format!(
+            "{} was taken by alloc {} while this job was placed; run it again",
+            key.id, h.alloc_id
+        ));
+    }
+    let AssignedSource::Plugin { plugin, group } = &key.source else {
+        return Ok(());
+    };
+    let ok = st.plugins.get(plugin).is_some_and(|p| {
+        p.unusable_reason().is_none()
+            && p.groups.iter().any(|g| {
+                g.id() == *group && g.instances.iter().any(|i| i.id == key.id && i.healthy)
+            })
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{group}/{}: its health or its plugin changed while this job was placed; run it again",
+            key.id
+        ))
     }
 }
 

@@ -92,6 +92,12 @@ impl Registrar {
                         registered_with = kubelet;
                         last_failure.clear();
                     }
+                    Err(Failure::Refused(msg)) if !listener.is_current() => {
+                        // A new agent removed the plugin's socket (as kubelet does at start)
+                        // between the check above and the call: serve again, then register.
+                        log.record(&json!({"call": "Register", "ok": false, "error": msg}));
+                        tracing::info!(error = %msg, "refused while the socket was being replaced; registering again");
+                    }
                     Err(Failure::Refused(msg)) => {
                         log.record(&json!({"call": "Register", "ok": false, "error": msg}));
                         anyhow::bail!("the agent refused the registration: {msg}");
