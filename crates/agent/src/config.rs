@@ -13,7 +13,7 @@ use std::{
 };
 
 use berth_api::PluginType;
-use berth_input::{Quoted, Shown, Syntax};
+use berth_input::{Quoted, Shown, Syntax, serde_message};
 use serde::Deserialize;
 
 mod devices;
@@ -566,38 +566,6 @@ fn duration(s: &str) -> Result<Duration, String> {
 
 fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// serde's message without the value it quotes (`invalid type: string "…", expected a map`
-/// becomes `invalid type: string, expected a map`), with the key it names escaped and cut, on
-/// one line. Anything else is escaped and cut whole.
-fn serde_message(msg: &str) -> String {
-    for prefix in ["invalid type: ", "invalid value: "] {
-        if let Some(rest) = msg.strip_prefix(prefix) {
-            // The expectation is berth's own text; the value comes before it.
-            let (unexpected, expected) = rest
-                .rfind(", expected ")
-                .map_or((rest, ""), |at| rest.split_at(at));
-            let kind = unexpected
-                .split(['`', '"'])
-                .next()
-                .unwrap_or_default()
-                .trim();
-            return one_line(&format!("{prefix}{}{expected}", Shown(kind)));
-        }
-    }
-    for prefix in ["unknown field `", "unknown variant `"] {
-        if let Some(rest) = msg.strip_prefix(prefix) {
-            let end = ["`, expected", "`, there are no"]
-                .iter()
-                .filter_map(|m| rest.rfind(m))
-                .max()
-                .unwrap_or(rest.len());
-            let (key, tail) = rest.split_at(end);
-            return format!("{prefix}{}{}", Shown(key), one_line(tail));
-        }
-    }
-    Shown(&one_line(msg)).to_string()
 }
 
 /// `Err((line, label))` for the second `plugin "<label>"` block with a label already seen.

@@ -18,11 +18,6 @@ pub mod supervisor;
 pub mod volumes;
 pub mod watch;
 
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub use berth_sys::now_ms;
 
 pub use agent::{Agent, AgentError, AgentOptions, Running};

@@ -81,8 +81,6 @@ mod task_runner;
 mod upstream;
 mod volume_host;
 
-use std::{future::Future, pin::Pin};
-
 pub use alloc_runner::AllocRunner;
 pub use config::{AllocDeps, Backoff, RunnerConfig};
 pub use device_host::{DeviceCall, DeviceHost, FakeDeviceHost, NoDevices};
@@ -100,5 +98,6 @@ pub use upstream::{NoUpstream, UpstreamError, UpstreamWatcher};
 pub use volume_host::{FakeVolumeHost, VolumeCall, VolumeHost, VolumeHostError, VolumeUse};
 
 /// The future returned by the async methods of this crate's traits: boxed so the traits are
-/// dyn-compatible, `Send` so it runs on any runtime thread.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+/// dyn-compatible, `Send` so it runs on any runtime thread (the same type as the device
+/// traits').
+pub use berth_devices::BoxFuture;

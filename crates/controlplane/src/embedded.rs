@@ -221,11 +221,7 @@ fn publishes(access: &ControllerAccess) -> bool {
     matches!(access, ControllerAccess::Healthy(h) if h.capabilities.has(ControllerCapability::PublishUnpublishVolume))
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+use berth_sys::now_ms;
 
 impl<C: Controllers> Embedded<C> {
     /// A control plane over the store's catalog.

@@ -37,9 +37,4 @@ use std::{future::Future, pin::Pin};
 /// dyn-compatible, `Send` so it runs on any runtime thread.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Milliseconds since the epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
+pub use berth_sys::now_ms;

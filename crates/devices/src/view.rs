@@ -102,6 +102,17 @@ pub struct GroupView {
     pub instances: Vec<InstanceView>,
 }
 
+impl GroupView {
+    /// The group's `vendor/type/name`.
+    pub fn id(&self) -> crate::model::DeviceGroupId {
+        crate::model::DeviceGroupId {
+            vendor: self.vendor.clone(),
+            device_type: self.device_type.clone(),
+            name: self.name.clone(),
+        }
+    }
+}
+
 /// The node's devices.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct DevicesView {

@@ -54,12 +54,83 @@ fn escape(f: &mut fmt::Formatter<'_>, c: char, quotes: bool) -> fmt::Result {
     }
 }
 
+/// `value` as [`Shown`] writes it, cut to its first `max_chars` characters (`…` after a cut)
+/// instead of [`MAX_SHOWN_CHARS`]: for longer text a plugin or a process sends (an error
+/// message, a health description).
+pub fn shown_within(value: &str, max_chars: usize) -> String {
+    struct Within<'a>(&'a str, usize);
+    impl fmt::Display for Within<'_> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            write_cut_at(f, self.0, false, self.1)
+        }
+    }
+    Within(value, max_chars).to_string()
+}
+
+/// serde's message about user input without the value it quotes: `invalid type: string
+/// "…", expected a map` becomes `invalid type: string, expected a map` (a value of the wrong
+/// type may be a credential); the key of `unknown field`, `unknown variant`, `duplicate field`
+/// and `missing field` is kept, escaped and cut; a Rust type name (`expected struct X`) reads
+/// `expected an object`. One line; anything else is shown whole, escaped and cut.
+pub fn serde_message(msg: &str) -> String {
+    fn one_line(s: &str) -> String {
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    }
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            // The expectation is berth's own text; the value comes before it.
+            let (unexpected, expected) = rest
+                .rfind(", expected ")
+                .map_or((rest, ""), |at| rest.split_at(at));
+            let kind = unexpected
+                .split(['`', '"'])
+                .next()
+                .unwrap_or_default()
+                .trim();
+            let expected = if expected.starts_with(", expected struct ") {
+                ", expected an object"
+            } else {
+                expected
+            };
+            return one_line(&format!("{prefix}{}{expected}", Shown(kind)));
+        }
+    }
+    for prefix in [
+        "unknown field `",
+        "unknown variant `",
+        "duplicate field `",
+        "missing field `",
+    ] {
+        if let Some(rest) = msg.strip_prefix(prefix) {
+            let end = ["`, expected", "`, there are no"]
+                .iter()
+                .filter_map(|m| rest.rfind(m))
+                .max()
+                .or_else(|| rest.rfind('`'))
+                .unwrap_or(rest.len());
+            let (key, tail) = rest.split_at(end);
+            // What follows the key (the fields expected) is berth's own text.
+            return format!("{prefix}{}{}", Shown(key), one_line(tail));
+        }
+    }
+    Shown(&one_line(msg)).to_string()
+}
+
 fn write_cut(f: &mut fmt::Formatter<'_>, value: &str, quotes: bool) -> fmt::Result {
+    write_cut_at(f, value, quotes, MAX_SHOWN_CHARS)
+}
+
+fn write_cut_at(
+    f: &mut fmt::Formatter<'_>,
+    value: &str,
+    quotes: bool,
+    max_chars: usize,
+) -> fmt::Result {
     let mut chars = value.chars();
     if quotes {
         f.write_char('"')?;
     }
-    for c in chars.by_ref().take(MAX_SHOWN_CHARS) {
+    for c in chars.by_ref().take(max_chars) {
         escape(f, c, quotes)?;
     }
     if quotes {
@@ -111,6 +182,29 @@ mod tests {
         let shown = quoted_list(many.iter().map(String::as_str));
         assert!(shown.ends_with("\"k7\" and 99992 more"), "{shown}");
         assert_eq!(quoted_list(std::iter::empty()), "");
+    }
+
+    #[test]
+    fn longer_text_is_cut_where_asked_and_serde_values_never_show() {
+        assert_eq!(shown_within("a\nb\u{202e}c", 100), "a\\nb\\u{202e}c");
+        assert_eq!(shown_within("abcdef", 3), "abc…");
+        assert_eq!(shown_within(&"x".repeat(1000), 512).chars().count(), 513);
+        assert_eq!(
+            serde_message("invalid type: string \"s3cret\", expected a map"),
+            "invalid type: string, expected a map"
+        );
+        assert_eq!(
+            serde_message("invalid type: map, expected struct CdiSpec"),
+            "invalid type: map, expected an object"
+        );
+        assert_eq!(
+            serde_message("unknown field `bogus`, expected one of `a`, `b`"),
+            "unknown field `bogus`, expected one of `a`, `b`"
+        );
+        assert_eq!(
+            serde_message("missing field `kind`"),
+            "missing field `kind`"
+        );
     }
 
     #[test]

@@ -57,6 +57,13 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// Milliseconds since the epoch, now (0 before 1970, `u64::MAX` far in the future).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ pub mod procs;
 mod rlimit;
 pub mod slot;
 
-pub use duration::short_duration;
+pub use duration::{now_ms, short_duration};
 pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
     fs_stats, hostname, write_atomic,

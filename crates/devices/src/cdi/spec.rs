@@ -15,7 +15,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use berth_input::{Shown, Syntax, TextError};
+use berth_input::{Shown, Syntax, TextError, serde_message};
 use serde::{Deserialize, Deserializer};
 use serde_path_to_error::Segment;
 
@@ -578,37 +578,6 @@ fn parse_yaml(text: &str) -> Result<RawSpec, ParseFailure> {
         }
         failure(e.path(), inner.location().map(|l| l.line()), &message)
     })
-}
-
-/// A parser's message, made safe to show: a value of the wrong type is not repeated (a
-/// spec's env may hold a credential), only its kind; a field name from the file is escaped;
-/// anything else is escaped and cut.
-fn serde_message(msg: &str) -> String {
-    for prefix in ["invalid type: ", "invalid value: "] {
-        if let Some(rest) = msg.strip_prefix(prefix) {
-            let (got, expected) = rest
-                .rfind(", expected ")
-                .map_or((rest, ""), |at| rest.split_at(at));
-            let kind = got.split(['`', '"']).next().unwrap_or_default().trim();
-            // Berth's type names mean nothing in a spec file.
-            let expected = if expected.starts_with(", expected struct ") {
-                ", expected an object"
-            } else {
-                expected
-            };
-            return format!("{prefix}{}{}", Shown(kind), Shown(expected));
-        }
-    }
-    for prefix in ["unknown field `", "duplicate field `", "missing field `"] {
-        if let Some(rest) = msg.strip_prefix(prefix) {
-            let end = rest.rfind("`, expected").or_else(|| rest.rfind('`'));
-            let (key, tail) = rest.split_at(end.unwrap_or(rest.len()));
-            // The list of expected fields is berth's own text: shown whole.
-            let tail: String = tail.chars().filter(|c| !c.is_control()).collect();
-            return format!("{prefix}{}{tail}", Shown(key));
-        }
-    }
-    Shown(msg).to_string()
 }
 
 #[cfg(test)]
