@@ -23,7 +23,7 @@ use crate::{
         Config, DEFAULT_RESCAN_INTERVAL, DevicesConfig, HealthConfig, NodeConfig, PluginDecl,
         PluginRun,
     },
-    devices::{AgentDeviceHost, Devices, DevicesOptions, KUBE_RESTORE_GRACE},
+    devices::{Devices, DevicesOptions, KUBE_RESTORE_GRACE},
     events::EventBus,
     jobs::Jobs,
     manager::Manager,
@@ -61,8 +61,6 @@ pub struct AgentOptions {
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
     /// Device plugins and device settings.
     pub devices: DevicesConfig,
-    /// How long a Kubernetes device plugin known from before a restart has to register again.
-    pub kube_restore_grace: Duration,
 }
 
 impl AgentOptions {
@@ -81,7 +79,6 @@ impl AgentOptions {
             node: config.node,
             chroot_env: config.chroot_env,
             devices: config.devices,
-            kube_restore_grace: KUBE_RESTORE_GRACE,
         }
     }
 
@@ -204,8 +201,9 @@ impl Running {
 }
 
 impl Agent {
-    /// Starts the agent: by the time this returns the registry is loaded from the store and the
-    /// API is listening, so the first API answer already lists every persisted plugin. Every
+    /// Starts the agent: by the time this returns the registry is loaded from the store, the
+    /// drivers have fingerprinted once and the API is listening, so the first API answer
+    /// already lists every persisted plugin and the node's driver attributes. Every
     /// part stops when `shutdown` is cancelled; [`Running::wait`] waits for that.
     pub async fn start(
         opts: AgentOptions,
@@ -247,13 +245,11 @@ impl Agent {
             config: opts.devices.clone(),
             data_dir: data_dir.clone(),
             restart: opts.restart,
-            kube_grace: opts.kube_restore_grace,
+            kube_grace: KUBE_RESTORE_GRACE,
         };
-        let devices = Arc::new(Devices::new(
-            &device_opts,
-            Arc::clone(&events),
-            Arc::clone(&store),
-        )?);
+        let (devices, device_plugins) =
+            Devices::new(&device_opts, Arc::clone(&events), Arc::clone(&store))?;
+        let devices = Arc::new(devices);
         let metrics = Arc::new(Metrics::with_devices(Some(Arc::clone(devices.manager()))));
         let registry = Arc::new(Registry::load(Arc::clone(&store), Arc::clone(&events))?);
         tracing::info!(plugins = registry.list().len(), data_dir = %data_dir.display(), "registry loaded");
@@ -315,7 +311,6 @@ impl Agent {
             Arc::clone(&store),
             drivers,
             Arc::clone(devices.manager()),
-            Arc::new(AgentDeviceHost::new(Arc::clone(devices.manager()))),
             Arc::clone(&registry),
             Arc::clone(&manager),
             Arc::clone(&volumes),
@@ -339,7 +334,9 @@ impl Agent {
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
-        agent.devices.start(&device_opts, &tasks, &shutdown);
+        agent
+            .devices
+            .start(device_plugins, &device_opts, &tasks, &shutdown);
         agent.volumes.start();
         agent.jobs.recover().await;
 
@@ -359,6 +356,8 @@ impl Agent {
             }
         });
 
+        // The node's attributes (and so its computed class) are whole in the first answer.
+        agent.jobs.drivers_ready().await;
         let router = berth_api::server::router(Arc::clone(&agent));
         tasks.spawn(listeners.serve(router, shutdown.clone()));
         tracing::info!(api = %api_socket.display(), node_id = %agent.node_id, "agent started");

@@ -18,10 +18,7 @@ use serde::Deserialize;
 
 mod devices;
 
-pub use devices::{
-    DEFAULT_CDI_SPEC_DIRS, DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig,
-    NomadPluginDecl,
-};
+pub use devices::{DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig, NomadPluginDecl};
 
 /// Default interval between health probes.
 pub const DEFAULT_HEALTH_INTERVAL: Duration = Duration::from_secs(30);

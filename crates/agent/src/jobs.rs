@@ -10,7 +10,7 @@ use std::{
 };
 
 use berth_allocrunner::{
-    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, DeviceHost, NodeVars, RenderEnv,
+    AllocDeps, AllocRunner, AllocSpec, AllocStatus, AllocStore, NodeVars, RenderEnv,
     StateAllocStore, VolumeHost, VolumeHostError, VolumeUse, render_alloc,
 };
 use berth_api::{
@@ -160,7 +160,6 @@ impl Jobs {
         store: Arc<Store>,
         drivers: DriverManager,
         devices: Arc<DeviceManager>,
-        device_host: Arc<dyn DeviceHost>,
         registry: Arc<Registry>,
         manager: Arc<Manager>,
         volumes: Arc<Volumes>,
@@ -180,7 +179,7 @@ impl Jobs {
             Arc::clone(&allocs),
             data_dir.join("allocs"),
         );
-        deps.devices = device_host;
+        deps.devices = Arc::new(crate::devices::AgentDeviceHost::new(Arc::clone(&devices)));
         let plugins = PluginTasks {
             registry: Arc::clone(&registry),
             events,
@@ -352,17 +351,21 @@ impl Jobs {
             .unwrap_or_else(|p| p.into_inner())
             .get(alloc_id)
             .cloned();
-        let mut status = match runner {
-            Some(r) => r.status(),
-            None => AllocStatus::from_record(&self.allocs.get(alloc_id).ok().flatten()?),
-        };
-        self.add_device_stats(&mut status);
-        Some(status)
+        match runner {
+            Some(r) => Some(r.status()),
+            None => Some(AllocStatus::from_record(
+                &self.allocs.get(alloc_id).ok().flatten()?,
+            )),
+        }
     }
 
-    /// Fills in the latest statistic of every device the alloc's tasks hold.
-    fn add_device_stats(&self, status: &mut AllocStatus) {
-        if status.tasks.values().all(|t| t.devices.is_empty()) {
+    /// Fills in the latest statistic of every device the allocs' tasks hold (the device
+    /// view is read once, and only when one of them holds devices).
+    fn add_device_stats(&self, statuses: &mut [AllocStatus]) {
+        if statuses
+            .iter()
+            .all(|s| s.tasks.values().all(|t| t.devices.is_empty()))
+        {
             return;
         }
         let view = self.devices.view();
@@ -370,14 +373,11 @@ impl Jobs {
         for g in &view.groups {
             for i in &g.instances {
                 if let Some(summary) = i.stats.as_ref().and_then(|s| s.summary.as_ref()) {
-                    latest.insert(
-                        format!("{}/{}/{}/{}", g.vendor, g.device_type, g.name, i.id),
-                        summary.to_string(),
-                    );
+                    latest.insert(format!("{}/{}", g.id(), i.id), summary.to_string());
                 }
             }
         }
-        for task in status.tasks.values_mut() {
+        for task in statuses.iter_mut().flat_map(|s| s.tasks.values_mut()) {
             for d in &mut task.devices {
                 for name in &d.devices {
                     if let Some(s) = latest.get(name) {
@@ -389,15 +389,17 @@ impl Jobs {
     }
 
     fn status_of(&self, rec: &JobRecord) -> JobStatus {
+        let mut allocs: Vec<AllocStatus> = rec
+            .allocs
+            .iter()
+            .filter_map(|a| self.alloc_status(a))
+            .collect();
+        self.add_device_stats(&mut allocs);
         JobStatus {
             id: rec.spec.id.clone(),
             job_type: rec.spec.job_type.as_str().to_string(),
             stopped: rec.stopped,
-            allocs: rec
-                .allocs
-                .iter()
-                .filter_map(|a| self.alloc_status(a))
-                .collect(),
+            allocs,
         }
     }
 
@@ -417,6 +419,12 @@ impl Jobs {
             }
         }
         node
+    }
+
+    /// Waits until every driver has fingerprinted once (each fingerprint is bounded by the
+    /// drivers' timeout) or the agent shuts down.
+    pub async fn drivers_ready(&self) {
+        self.drivers.ready().await;
     }
 
     /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs. The
@@ -609,84 +617,41 @@ impl Jobs {
     /// Why the devices `spec` asks for could not be placed now (nothing is taken): for a job
     /// refused for other reasons.
     async fn device_reasons(&self, spec: &JobSpec) -> Vec<String> {
-        let mut at = Vec::new();
-        for group in &spec.groups {
-            for index in 0..group.count {
-                for task in group.tasks.iter().filter(|t| !t.devices.is_empty()) {
-                    let mut place = format!("group {}", group.name);
-                    if group.count > 1 {
-                        place.push_str(&format!(" (alloc {index} of {})", group.count));
-                    }
-                    place.push_str(&format!(", task {}", task.name));
-                    at.push((format!("{}[{index}]", group.name), task, place));
-                }
-            }
-        }
-        let requests: Vec<TaskRequests<'_>> = at
+        let allocs: Vec<(String, &berth_job::GroupSpec, u32)> = spec
+            .groups
             .iter()
-            .map(|(alloc_id, task, place)| TaskRequests {
-                alloc_id,
-                task: &task.name,
-                at: place,
-                requests: &task.devices,
-            })
+            .flat_map(|g| (0..g.count).map(move |i| (format!("{}[{i}]", g.name), g, i)))
             .collect();
-        self.devices.check(&requests).await
+        let places = device_places(allocs.iter().map(|(id, g, i)| (id.as_str(), *g, *i)));
+        self.devices.check(&task_requests(&places)).await
     }
 
     /// Chooses and takes the devices of every task of every alloc in `specs` (all or
     /// nothing), and writes them into the specs. A request that cannot be met refuses the job
     /// with every reason; nothing is taken then.
     async fn place_devices(&self, job_id: &str, specs: &mut [AllocSpec]) -> Result<(), ApiError> {
-        let mut at = Vec::new();
-        for spec in specs.iter() {
-            for task in &spec.group.tasks {
-                if task.devices.is_empty() {
-                    continue;
-                }
-                let mut place = format!("group {}", spec.group.name);
-                if spec.group.count > 1 {
-                    place.push_str(&format!(" (alloc {} of {})", spec.index, spec.group.count));
-                }
-                place.push_str(&format!(", task {}", task.name));
-                at.push((spec.alloc_id.clone(), task.name.clone(), place));
+        let chosen = {
+            let places = device_places(
+                specs
+                    .iter()
+                    .map(|s| (s.alloc_id.as_str(), &s.group, s.index)),
+            );
+            if places.is_empty() {
+                return Ok(());
             }
-        }
-        if at.is_empty() {
-            return Ok(());
-        }
-        let requests: Vec<TaskRequests<'_>> = at
-            .iter()
-            .map(|(alloc_id, task, place)| {
-                let spec = specs.iter().find(|s| &s.alloc_id == alloc_id);
-                let requests = spec
-                    .and_then(|s| s.group.task(task))
-                    .map_or(&[][..], |t| t.devices.as_slice());
-                TaskRequests {
-                    alloc_id,
-                    task,
-                    at: place,
-                    requests,
-                }
-            })
-            .collect();
-        let mut chosen = self.devices.place(&requests).await.map_err(|reasons| {
-            ApiError::BadRequest(format!(
-                "job {job_id:?} cannot be placed: {}",
-                reasons.join("; ")
-            ))
-        })?;
-        for spec in specs.iter_mut() {
-            for task in spec
-                .group
-                .tasks
-                .iter()
-                .map(|t| t.name.clone())
-                .collect::<Vec<_>>()
-            {
-                if let Some(a) = chosen.remove(&(spec.alloc_id.clone(), task.clone())) {
-                    spec.devices.insert(task, a);
-                }
+            self.devices
+                .place(&task_requests(&places))
+                .await
+                .map_err(|reasons| {
+                    ApiError::BadRequest(format!(
+                        "job {job_id:?} cannot be placed: {}",
+                        reasons.join("; ")
+                    ))
+                })?
+        };
+        for ((alloc_id, task), assignments) in chosen {
+            if let Some(spec) = specs.iter_mut().find(|s| s.alloc_id == alloc_id) {
+                spec.devices.insert(task, assignments);
             }
         }
         Ok(())
@@ -785,11 +750,48 @@ impl Jobs {
         Ok(JobList { jobs })
     }
 
-    /// `GET /v1/alloc/{id}`.
+    /// `GET /v1/alloc/{id}`: with the latest statistic of every device its tasks hold.
     pub fn alloc(&self, id: &str) -> Result<AllocStatus, ApiError> {
-        self.alloc_status(id)
-            .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))
+        let mut status = self
+            .alloc_status(id)
+            .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))?;
+        self.add_device_stats(std::slice::from_mut(&mut status));
+        Ok(status)
     }
+}
+
+/// Where each task with `device` blocks stands, for placement reasons: `(alloc id, task,
+/// "group g (alloc i of n), task t")`, for allocs given as `(alloc id, group, index)`.
+fn device_places<'a>(
+    allocs: impl Iterator<Item = (&'a str, &'a berth_job::GroupSpec, u32)>,
+) -> Vec<(&'a str, &'a berth_job::TaskSpec, String)> {
+    let mut out = Vec::new();
+    for (alloc_id, group, index) in allocs {
+        for task in group.tasks.iter().filter(|t| !t.devices.is_empty()) {
+            let mut place = format!("group {}", group.name);
+            if group.count > 1 {
+                place.push_str(&format!(" (alloc {index} of {})", group.count));
+            }
+            place.push_str(&format!(", task {}", task.name));
+            out.push((alloc_id, task, place));
+        }
+    }
+    out
+}
+
+/// The device manager's view of [`device_places`].
+fn task_requests<'a>(
+    places: &'a [(&'a str, &'a berth_job::TaskSpec, String)],
+) -> Vec<TaskRequests<'a>> {
+    places
+        .iter()
+        .map(|(alloc_id, task, place)| TaskRequests {
+            alloc_id,
+            task: &task.name,
+            at: place,
+            requests: &task.devices,
+        })
+        .collect()
 }
 
 #[cfg(test)]

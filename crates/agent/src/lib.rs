@@ -10,8 +10,6 @@ pub mod jobs;
 pub mod manager;
 pub mod metrics;
 mod node_attrs;
-/// The slot of a plugin the agent runs (moved to `berth_sys::slot`).
-pub use berth_sys::slot as plugin_slot;
 pub mod plugin_tasks;
 pub mod registry;
 pub mod supervisor;

@@ -52,7 +52,7 @@ impl Supervisor {
         }
         let crash = CrashHook::from_env();
         let mut slot = PluginSlot::new(&self.id, &self.log);
-        let mut wait = self.policy.initial;
+        let mut last_wait: Option<std::time::Duration> = None;
         while !shutdown.is_cancelled() {
             let start = tokio::select! {
                 r = self.start(&mut slot, &crash) => r,
@@ -62,10 +62,11 @@ impl Supervisor {
                 Ok(c) => c,
                 Err(reason) => {
                     events.emit(EventKind::PluginProcessExited, &self.id, None, reason);
+                    let wait = self.policy.next_wait(last_wait, std::time::Duration::ZERO);
+                    last_wait = Some(wait);
                     if !sleep_or_shutdown(wait, &shutdown).await {
                         break;
                     }
-                    wait = (wait * 2).min(self.policy.max);
                     continue;
                 }
             };
@@ -87,9 +88,8 @@ impl Supervisor {
             crash.at(EXITED);
             slot.forget();
             let ran = started.elapsed();
-            if ran >= self.policy.reset_after {
-                wait = self.policy.initial;
-            }
+            let wait = self.policy.next_wait(last_wait, ran);
+            last_wait = Some(wait);
             let how = match status {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("cannot wait for it: {e}"),
@@ -107,7 +107,6 @@ impl Supervisor {
             if !sleep_or_shutdown(wait, &shutdown).await {
                 break;
             }
-            wait = (wait * 2).min(self.policy.max);
         }
         let stuck = slot.release(self.policy.stop_grace).await;
         if !stuck.is_empty() {

@@ -78,9 +78,7 @@ use berth_devices_kube::{
     proto::v1beta1::{Empty, device_plugin_client::DevicePluginClient},
 };
 use berth_devices_nomad::{NomadClient, NomadPlugin, NomadPluginConfig, PluginAddress};
-use common::{
-    Agent, CpuMeter, ThreadMeter, kill_marked, ms, poll_until, row, stats, workspace_binary,
-};
+use common::{Agent, CpuMeter, Options, ThreadMeter, ms, poll_until, row, stats, workspace_binary};
 use tokio_util::sync::CancellationToken;
 
 const USAGE: &str = "\
@@ -119,41 +117,17 @@ struct Opts {
 }
 
 fn parse_args() -> Result<Opts, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let mut o = if quick {
-        Opts {
-            samples: 10,
-            warmup: 1,
-            cpu_seconds: 10,
-        }
+    let args = Options::parse(&["--samples", "--warmup", "--cpu-seconds"])?;
+    let (samples, warmup, cpu_seconds) = if args.quick {
+        (10, 1, 10)
     } else {
-        Opts {
-            samples: 100,
-            warmup: 5,
-            cpu_seconds: 60,
-        }
+        (100, 5, 60)
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            // `cargo bench` passes --bench to every bench binary.
-            "--quick" | "--bench" => continue,
-            "-h" | "--help" => return Err(String::new()),
-            "--samples" | "--warmup" | "--cpu-seconds" => {}
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-        let n: u64 = v
-            .parse()
-            .map_err(|_| format!("{a}: {v:?} is not a whole number"))?;
-        let count = || usize::try_from(n).map_err(|_| format!("{a}: {v} is too large"));
-        match a.as_str() {
-            "--samples" => o.samples = count()?,
-            "--warmup" => o.warmup = count()?,
-            _ => o.cpu_seconds = n,
-        }
-    }
+    let o = Opts {
+        samples: args.count("--samples", samples)?,
+        warmup: args.count("--warmup", warmup)?,
+        cpu_seconds: args.value("--cpu-seconds", cpu_seconds),
+    };
     if o.samples == 0 || o.cpu_seconds == 0 {
         return Err("--samples and --cpu-seconds must be at least 1".into());
     }
@@ -275,7 +249,7 @@ struct Sweep(PathBuf);
 
 impl Drop for Sweep {
     fn drop(&mut self) {
-        kill_marked(berth_sys::slot::DIR_VAR, &self.0);
+        berth_testkit::kill_marked(berth_sys::slot::DIR_VAR, &self.0);
     }
 }
 
@@ -288,7 +262,7 @@ fn create_device(devs: &Path, id: &str) {
 fn instance<'a>(view: &'a DevicesView, group: &str, id: &str) -> Option<&'a InstanceView> {
     view.groups
         .iter()
-        .filter(|g| format!("{}/{}/{}", g.vendor, g.device_type, g.name) == group)
+        .filter(|g| g.id().to_string() == group)
         .flat_map(|g| &g.instances)
         .find(|i| i.id == id)
 }
@@ -296,7 +270,7 @@ fn instance<'a>(view: &'a DevicesView, group: &str, id: &str) -> Option<&'a Inst
 fn instances<'a>(view: &'a DevicesView, group: &str) -> Vec<&'a InstanceView> {
     view.groups
         .iter()
-        .filter(|g| format!("{}/{}/{}", g.vendor, g.device_type, g.name) == group)
+        .filter(|g| g.id().to_string() == group)
         .flat_map(|g| &g.instances)
         .collect()
 }
@@ -332,10 +306,8 @@ fn summary(view: &DevicesView) -> String {
             .count();
         let ids: Vec<&str> = g.instances.iter().take(8).map(|i| i.id.as_str()).collect();
         out.push(format!(
-            "group {}/{}/{}: {} instances, {healthy} healthy, {held} held ({}…)",
-            g.vendor,
-            g.device_type,
-            g.name,
+            "group {}: {} instances, {healthy} healthy, {held} held ({}…)",
+            g.id(),
             g.instances.len(),
             ids.join(",")
         ));
@@ -438,8 +410,6 @@ struct DeviceAgent {
     _kube: Option<Spawned>,
     agent: Agent,
     devs: PathBuf,
-    /// The Kubernetes plugin's state dir (its call log).
-    kube_state: PathBuf,
 }
 
 impl DeviceAgent {
@@ -488,12 +458,11 @@ impl DeviceAgent {
         .await;
         let tmp = agent.tmp().to_path_buf();
         let devs = tmp.join("devs");
-        let kube_state = tmp.join("kstate");
         let kube = (proto == Proto::Kube).then(|| {
             Spawned::kube(
                 &bins.kube,
                 &tmp.join("dp"),
-                &kube_state,
+                &tmp.join("kstate"),
                 &[
                     OsStr::new("--dir"),
                     devs.as_os_str(),
@@ -507,7 +476,6 @@ impl DeviceAgent {
             _kube: kube,
             agent,
             devs,
-            kube_state,
         };
         let plugin = da.plugin_id();
         let n = devices.len();
@@ -646,41 +614,7 @@ async fn bench_fingerprint(opts: Opts, da: &DeviceAgent) -> Fingerprint {
     fp
 }
 
-/// What the plugin's call log says about its `ListAndWatch` sends.
-fn send_note(calls: &str) -> String {
-    let send = calls
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .find(|v| v["call"] == "ListAndWatch" && v["event"] == "send");
-    let Some(send) = send else {
-        return "no ListAndWatch send in berth-kube-device's call log".into();
-    };
-    let keys: Vec<&str> = send
-        .as_object()
-        .map(|m| m.keys().map(String::as_str).collect())
-        .unwrap_or_default();
-    let known = ["call", "event", "devices", "ok", "error"];
-    let other: Vec<&str> = keys
-        .iter()
-        .copied()
-        .filter(|k| !known.contains(k))
-        .collect();
-    if other.is_empty() {
-        format!(
-            "send → placed not measured: berth-kube-device's call log does not timestamp its \
-             ListAndWatch sends (a send line has only {})",
-            keys.join(", ")
-        )
-    } else {
-        format!(
-            "send → placed not measured: the call log's send lines have fields this bench does \
-             not read ({}); teach it to",
-            other.join(", ")
-        )
-    }
-}
-
-fn report_fingerprint(opts: Opts, results: &[(Proto, Fingerprint, String)]) {
+fn report_fingerprint(opts: Opts, results: &[(Proto, Fingerprint)]) {
     println!(
         "\n1. Fingerprint → schedulable, through the agent (plugins list every {FAST_LIST}; \
          polls every {} ms; n={} per kind, {} warm-up, interleaved)",
@@ -692,7 +626,7 @@ fn report_fingerprint(opts: Opts, results: &[(Proto, Fingerprint, String)]) {
         "  {:<40} {:>8} {:>8} {:>8} {:>8}",
         "ms", "median", "p90", "p99", "max"
     );
-    for (proto, fp, note) in results {
+    for (proto, fp) in results {
         let p = proto.label();
         let placed = row(&format!("{p}: new device → job placed"), &fp.placed);
         let healthy = row(&format!("{p}: new device → healthy (node)"), &fp.healthy);
@@ -709,9 +643,6 @@ fn report_fingerprint(opts: Opts, results: &[(Proto, Fingerprint, String)]) {
             refused.p50,
             refused.max
         );
-        if *proto == Proto::Kube {
-            println!("  {p}: {note}");
-        }
     }
 }
 
@@ -940,7 +871,7 @@ async fn reserve_samples(
                     let assignments = chosen.into_values().next().expect("the task's devices");
                     let t0 = Instant::now();
                     let edits = manager
-                        .reserve(&assignments)
+                        .reserve(&alloc, &assignments)
                         .await
                         .unwrap_or_else(|e| panic!("{} reserve: {e}", proto.name()));
                     let t = t0.elapsed();
@@ -1222,15 +1153,7 @@ async fn run(opts: Opts) -> Vec<String> {
     let mut e2e = Vec::new();
     for proto in Proto::ALL {
         let da = DeviceAgent::start(proto, &bins, FAST_LIST, "1s", &[E2E_DEVICE.to_string()]).await;
-        let fp = bench_fingerprint(opts, &da).await;
-        let note = if proto == Proto::Kube {
-            send_note(
-                &std::fs::read_to_string(da.kube_state.join("calls.jsonl")).unwrap_or_default(),
-            )
-        } else {
-            String::new()
-        };
-        fingerprints.push((proto, fp, note));
+        fingerprints.push((proto, bench_fingerprint(opts, &da).await));
         let (with, without, f) = bench_e2e(opts, &da).await;
         failures.extend(f);
         e2e.push((proto, with, without));

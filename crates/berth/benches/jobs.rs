@@ -32,7 +32,8 @@ use berth_api::{
     volumes::{SpecFormat, VolumeSpecRequest},
 };
 use common::{
-    Agent, CpuMeter, PLUGIN, hostpath_binary, mounts_under, ms, poll_until, print_cpu, row, stats,
+    Agent, CpuMeter, Options, PLUGIN, hostpath_binary, mounts_under, ms, poll_until, print_cpu,
+    row, stats,
 };
 
 const USAGE: &str = "\
@@ -53,37 +54,17 @@ struct Opts {
 }
 
 fn parse_args() -> Result<Opts, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let mut o = if quick {
-        Opts {
-            samples: 10,
-            warmup: 1,
-            allocs: 10,
-        }
+    let args = Options::parse(&["--samples", "--warmup", "--allocs"])?;
+    let (samples, warmup, allocs) = if args.quick {
+        (10, 1, 10)
     } else {
-        Opts {
-            samples: 100,
-            warmup: 5,
-            allocs: 50,
-        }
+        (100, 5, 50)
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let slot = match a.as_str() {
-            "--samples" => &mut o.samples,
-            "--warmup" => &mut o.warmup,
-            "--allocs" => &mut o.allocs,
-            // `cargo bench` passes --bench to every bench binary.
-            "--quick" | "--bench" => continue,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        };
-        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-        *slot = v
-            .parse()
-            .map_err(|_| format!("{a}: {v:?} is not a count"))?;
-    }
+    let o = Opts {
+        samples: args.count("--samples", samples)?,
+        warmup: args.count("--warmup", warmup)?,
+        allocs: args.count("--allocs", allocs)?,
+    };
     if o.samples == 0 || o.allocs == 0 {
         return Err("--samples and --allocs must be at least 1".into());
     }

@@ -8,7 +8,7 @@ use std::{path::Path, time::Duration};
 
 use agent_support::{
     AgentProcess, client_config,
-    devices::{device_job, mknod_char, wait_node},
+    devices::{device_job, wait_node},
     hostpath_config,
     jobs::{create_volume, run_job, wait_alloc},
 };
@@ -34,7 +34,7 @@ async fn a_cdi_device_reaches_the_task_and_a_malformed_spec_changes_nothing() {
         .await;
     let tmp = agent.tmp.path();
     let node = tmp.join("nodes/example0");
-    mknod_char(&node, 1, 9);
+    berth_testkit::mknod_char(&node, 1, 9);
     let libs = tmp.join("example-libs");
     std::fs::create_dir_all(&libs).unwrap();
     std::fs::write(libs.join("libexample.so"), b"not really a library").unwrap();

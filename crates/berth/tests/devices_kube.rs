@@ -9,7 +9,7 @@ use std::{path::Path, time::Duration};
 
 use agent_support::{
     AgentProcess, client_config,
-    devices::{KubePlugin, device_job, group, healthy, mknod_char, sleeper_job, wait_node},
+    devices::{KubePlugin, device_job, group, healthy, sleeper_job, wait_node},
     hostpath_config,
     jobs::{create_volume, run_job, wait_alloc},
 };
@@ -26,8 +26,10 @@ fn config() -> String {
 }
 
 struct Setup {
-    agent: AgentProcess,
+    // Fields drop in order: the plugin (its state dir and socket are in the agent's temporary
+    // dir) stops before the agent's dir is removed.
     plugin: KubePlugin,
+    agent: AgentProcess,
     /// The volume's directory on the host (what the task wrote).
     out: std::path::PathBuf,
 }
@@ -41,7 +43,7 @@ async fn setup(count: usize, extra: &[&str]) -> Setup {
         .await;
     let tmp = agent.tmp.path().to_path_buf();
     let node = tmp.join("nodes/urandom");
-    mknod_char(&node, 1, 9);
+    berth_testkit::mknod_char(&node, 1, 9);
     let count = count.to_string();
     let mut args = vec![
         "--count",

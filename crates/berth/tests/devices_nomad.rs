@@ -1,8 +1,8 @@
 //! A Nomad device plugin (the example one, files as devices) launched by a real agent from its
 //! `plugin_dir`: its devices show healthy in `node status` with their statistics, a job's exec
 //! task gets their env, mounts and device nodes, health changes and crashes are followed, an
-//! empty device list delays nothing, and a task restarted after a kill -9 of the agent gets
-//! the same devices.
+//! empty device list delays nothing (and a device added to it is usable once listed), and a
+//! task restarted after a kill -9 of the agent gets the same devices.
 
 mod agent_support;
 
@@ -14,22 +14,35 @@ use std::{
 
 use agent_support::{
     AgentProcess, client_config,
-    devices::{device_job, group, healthy, mknod_char, wait_node},
+    devices::{device_job, group, healthy, wait_node, wait_node_before},
     hostpath_config,
-    jobs::{create_volume, run_job, wait_alloc},
+    jobs::{create_volume, run_job, wait_alloc, wait_alloc_before},
 };
 use berth_api::{EventKind, EventLine, jobs::ClientStatus};
 use tempfile::TempDir;
 
 const MOCK: &str = "berth/file/mock";
 
-/// The plugin's binary (in a plugin_dir of its own) and its device directory.
+/// How soon after the agent answers a plugin's first (immediate) list and a job without
+/// devices must show: well below the hour-long list period of the test that uses it.
+const PROMPTLY: Duration = Duration::from_secs(5);
+
+/// The plugin's binary (in a plugin_dir of its own), its device directory, and how often it
+/// lists that directory.
 struct Plugin {
     dir: TempDir,
+    list_period: &'static str,
 }
 
 impl Plugin {
+    /// A plugin that lists its devices every 100 ms.
     fn new() -> Self {
+        Self::listing_every("100ms")
+    }
+
+    /// A plugin that lists its devices every `list_period` (a Go duration); its first list is
+    /// sent at once.
+    fn listing_every(list_period: &'static str) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("bn")
             .tempdir_in("/tmp")
@@ -41,7 +54,7 @@ impl Plugin {
         )
         .unwrap();
         std::fs::create_dir(dir.path().join("devs")).unwrap();
-        Self { dir }
+        Self { dir, list_period }
     }
 
     fn devs(&self) -> PathBuf {
@@ -53,9 +66,10 @@ impl Plugin {
     }
 
     /// The agent config: berth-hostpath, the example plugin (devices = files in `devs`, one
-    /// attribute, a fast list period), stats every 200 ms.
+    /// attribute, its list period), stats every 200 ms.
     fn config(&self) -> String {
         let d = self.dir.path().display();
+        let list_period = self.list_period;
         format!(
             r#"{}{}
 plugin_dir = "{d}/plugins"
@@ -63,7 +77,7 @@ plugin_dir = "{d}/plugins"
 plugin "example-device" {{
   config {{
     dir         = "{d}/devs"
-    list_period = "100ms"
+    list_period = "{list_period}"
     fault_file  = "{d}/faults"
     attributes  = {{
       memory = "4 GiB"
@@ -107,7 +121,7 @@ fn script(job: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nomad_plugin_fingerprints_and_its_devices_reach_the_task() {
     let plugin = Plugin::new();
-    mknod_char(&plugin.devs().join("dev0"), 1, 9);
+    berth_testkit::mknod_char(&plugin.devs().join("dev0"), 1, 9);
     std::fs::write(plugin.devs().join("dev1"), b"plain file").unwrap();
     let agent = agent(&plugin).await;
     let node = wait_node(&agent, "2 healthy mocks with stats", |n| {
@@ -290,21 +304,34 @@ async fn health_changes_and_a_crash_are_followed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_device_list_delays_nothing() {
-    let plugin = Plugin::new();
-    let agent = agent(&plugin).await;
+    // The plugin lists its directory once an hour: within the bound, only its first list, sent
+    // at once, can be seen.
+    let plugin = Plugin::listing_every("1h");
+    let agent = AgentProcess::start_in_namespace(&plugin.config()).await;
+    let deadline = tokio::time::Instant::now() + PROMPTLY;
     // A job without devices runs at once, whatever the device plugins are doing.
     let plain = agent_support::devices::sleeper_job("plain", 1, "");
     run_job(&agent.client(), plain).await.expect("placed");
-    wait_alloc(&agent, "plain", |a| a.tasks["main"].pid.is_some()).await;
-    // The plugin answers with no devices: shown at once, not after a wait.
-    let node = wait_node(&agent, "the plugin ready with no devices", |n| {
-        n.devices
-            .plugins
-            .iter()
-            .any(|p| p.state.as_str() == "ready" && p.fingerprinted)
+    wait_alloc_before(&agent, "plain", deadline, |a| {
+        a.client_status == ClientStatus::Running
+            && a.tasks.get("main").is_some_and(|t| t.pid.is_some())
     })
     .await;
-    assert!(node.devices.groups.is_empty());
+    // The plugin answers with no devices: shown at once, not after a list period.
+    let node = wait_node_before(
+        &agent,
+        "the plugin ready and fingerprinted with no devices",
+        deadline,
+        |n| {
+            n.devices.plugins.iter().any(|p| {
+                p.id.to_string() == "nomad:example-device"
+                    && p.state.as_str() == "ready"
+                    && p.fingerprinted
+            })
+        },
+    )
+    .await;
+    assert!(node.devices.groups.is_empty(), "{:?}", node.devices);
     let wants = agent_support::devices::sleeper_job("wants", 1, "        device \"file\" {}");
     let err = run_job(&agent.client(), wants)
         .await
@@ -314,16 +341,41 @@ async fn an_empty_device_list_delays_nothing() {
         err.contains("no such device on this node (it has no devices)"),
         "{err}"
     );
-    // A device appears: usable as soon as the plugin lists it.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_device_that_appears_in_an_empty_list_is_usable_once_listed() {
+    let plugin = Plugin::new();
+    let agent = agent(&plugin).await;
+    wait_node(&agent, "the plugin ready with no devices", |n| {
+        n.devices
+            .plugins
+            .iter()
+            .any(|p| p.state.as_str() == "ready" && p.fingerprinted)
+            && n.devices.groups.is_empty()
+    })
+    .await;
     std::fs::write(plugin.devs().join("dev0"), b"x").unwrap();
     wait_node(&agent, "dev0", |n| healthy(n, MOCK) == 1).await;
+    let wants = agent_support::devices::sleeper_job("wants", 1, "        device \"file\" {}");
+    run_job(&agent.client(), wants)
+        .await
+        .expect("placed once the device is listed");
+    let alloc = wait_alloc(&agent, "wants", |a| {
+        a.tasks.get("main").is_some_and(|t| t.pid.is_some())
+    })
+    .await;
+    assert_eq!(
+        alloc.tasks["main"].devices[0].devices,
+        ["berth/file/mock/dev0"]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_kill_9_of_the_agent_a_restarted_task_gets_the_same_devices() {
     let plugin = Plugin::new();
-    mknod_char(&plugin.devs().join("dev0"), 1, 9);
-    mknod_char(&plugin.devs().join("dev1"), 1, 9);
+    berth_testkit::mknod_char(&plugin.devs().join("dev0"), 1, 9);
+    berth_testkit::mknod_char(&plugin.devs().join("dev1"), 1, 9);
     let mut agent = agent(&plugin).await;
     wait_node(&agent, "2 healthy mocks", |n| healthy(n, MOCK) == 2).await;
     let external = create_volume(&agent.client(), "hostpath", "out").await;
@@ -387,7 +439,11 @@ async fn after_a_kill_9_of_the_agent_a_restarted_task_gets_the_same_devices() {
         Duration::from_secs(20),
         || {
             let p = out.join("keep/nodes");
-            async move { std::fs::read_to_string(p).is_ok_and(|t| t.lines().count() == 2) }
+            // Two whole lines: the second one may still be being written.
+            async move {
+                std::fs::read_to_string(p)
+                    .is_ok_and(|t| t.ends_with('\n') && t.lines().count() == 2)
+            }
         },
         "the restarted task wrote what it sees"
     );
@@ -440,7 +496,11 @@ async fn the_computed_class_is_stable_across_health_changes_and_restarts() {
     agent.respawn();
     agent.wait_ready().await;
     let node = agent.client().node().await.unwrap();
-    assert_eq!(node.computed_class, class, "{:?}", node.devices);
+    assert_eq!(
+        node.computed_class, class,
+        "{:?}\nattributes: {:?}",
+        node.devices, node.attributes
+    );
     assert!(group(&node, MOCK).is_some(), "{:?}", node.devices);
     let node = wait_node(&agent, "the plugin back", |n| healthy(n, MOCK) == 2).await;
     assert_eq!(node.computed_class, class);

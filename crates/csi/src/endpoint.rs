@@ -8,8 +8,7 @@ use std::{
     sync::Arc,
 };
 
-/// The longest socket path the kernel takes (`sun_path` is 108 bytes, NUL included).
-pub const MAX_SOCKET_PATH: usize = 107;
+pub use berth_sys::MAX_SOCKET_PATH;
 
 /// Why an endpoint is unusable. Names the path or value it is about.
 #[derive(Debug, Clone, thiserror::Error)]

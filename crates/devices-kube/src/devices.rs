@@ -1,25 +1,20 @@
 //! A `ListAndWatch` message as berth's device model: one group per resource, one instance per
-//! device. What the plugin sends is data: ids are passed on as they are, so that the device
-//! manager checks them and reports what it drops (empty, duplicate, too long, unprintable)
-//! where operators see it; the number of devices and NUMA nodes kept is bounded here, and
-//! health text is escaped and cut.
+//! device. What the plugin sends is data, passed on as it is (as Nomad's conversion does), so
+//! that the device manager checks it, bounds it and reports what it drops (empty, duplicate,
+//! too long or unprintable ids; too many devices; overlong health text) where operators see
+//! it. Only the NUMA nodes of one device, which the manager does not look at, are bounded here.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use berth_devices::{
     attribute::Attribute,
     model::{DeviceGroup, DeviceInstance, Locality},
-    plugin::PluginId,
 };
 
 use crate::{
     proto::{HEALTHY, v1beta1::ListAndWatchResponse},
-    text::{MAX_HEALTH, escape_cut},
     validate::ResourceName,
 };
-
-/// Most devices kept from one message; the rest are dropped.
-pub(crate) const MAX_DEVICES: usize = 16_384;
 
 /// Most NUMA nodes kept per device.
 const MAX_NUMA_NODES: usize = 64;
@@ -28,25 +23,13 @@ const MAX_NUMA_NODES: usize = 64;
 pub const NUMA_ATTRIBUTE: &str = "numa_nodes";
 
 /// The group `resource`'s plugin reports in `msg`: vendor = the resource's domain, type and
-/// name = the part after `/`. Instances keep the plugin's order and their ids as sent (the
-/// manager validates them); devices beyond [`MAX_DEVICES`] are dropped.
-pub(crate) fn group(
-    plugin: &PluginId,
-    resource: &ResourceName,
-    msg: ListAndWatchResponse,
-) -> DeviceGroup {
-    let mut dropped: Vec<String> = Vec::new();
-    let mut instances = Vec::new();
+/// name = the part after `/`. Instances keep the plugin's order, their ids as sent and, when
+/// unhealthy, the plugin's health string as their health description (the manager validates
+/// and bounds both).
+pub(crate) fn group(resource: &ResourceName, msg: ListAndWatchResponse) -> DeviceGroup {
+    let mut instances = Vec::with_capacity(msg.devices.len());
     let mut numa_all = BTreeSet::new();
-    let total = msg.devices.len();
-    for (i, device) in msg.devices.into_iter().enumerate() {
-        if i >= MAX_DEVICES {
-            dropped.push(format!(
-                "{} devices beyond the first {MAX_DEVICES}",
-                total - i
-            ));
-            break;
-        }
+    for device in msg.devices {
         let numa: BTreeSet<i64> = device
             .topology
             .iter()
@@ -63,20 +46,13 @@ pub(crate) fn group(
             } else if device.health.is_empty() {
                 "no health reported".into()
             } else {
-                escape_cut(&device.health, MAX_HEALTH)
+                device.health
             },
             locality: (!numa.is_empty()).then(|| Locality {
                 pci_bus_id: String::new(),
                 numa_nodes: numa.into_iter().collect(),
             }),
         });
-    }
-    if !dropped.is_empty() {
-        tracing::warn!(
-            plugin = %plugin,
-            dropped = %dropped.join("; "),
-            "ignoring devices the plugin listed that cannot be used"
-        );
     }
     let mut attributes = BTreeMap::new();
     if !numa_all.is_empty() {
@@ -113,9 +89,7 @@ mod tests {
     #[test]
     fn maps_resource_health_and_topology() {
         let resource = ResourceName::parse("example.com/widget").expect("valid");
-        let plugin = PluginId::kubernetes(resource.as_str());
         let g = group(
-            &plugin,
             &resource,
             ListAndWatchResponse {
                 devices: vec![
@@ -140,7 +114,8 @@ mod tests {
         assert!(g.instances[0].healthy);
         assert!(!g.instances[1].healthy);
         assert_eq!(g.instances[1].health_description, "Unhealthy");
-        assert_eq!(g.instances[2].health_description, "melting\\n");
+        // Health text too, as sent: the manager bounds it.
+        assert_eq!(g.instances[2].health_description, "melting\n");
         assert_eq!(
             g.instances[1]
                 .locality
@@ -156,18 +131,13 @@ mod tests {
     fn no_topology_no_attribute() {
         let resource = ResourceName::parse("example.com/widget").expect("valid");
         let g = group(
-            &PluginId::kubernetes(resource.as_str()),
             &resource,
             ListAndWatchResponse {
                 devices: vec![device("w-0", "Healthy", &[])],
             },
         );
         assert!(g.attributes.is_empty());
-        let empty = group(
-            &PluginId::kubernetes(resource.as_str()),
-            &resource,
-            ListAndWatchResponse::default(),
-        );
+        let empty = group(&resource, ListAndWatchResponse::default());
         assert!(empty.instances.is_empty());
     }
 }

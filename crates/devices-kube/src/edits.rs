@@ -1,53 +1,48 @@
 //! A plugin's `ContainerAllocateResponse` as berth's [`ContainerEdits`]: env, mounts, device
-//! nodes and CDI device names, each checked. Annotations have no place in a berth task and are
-//! ignored.
-
-use std::path::{Component, Path, PathBuf};
+//! nodes and CDI device names, checked as every plugin's edits are
+//! ([`ContainerEdits::check`]), and CDI names parsed. Annotations have no place in a berth task
+//! and are ignored.
 
 use berth_devices::{
     cdi::QualifiedName,
     model::{ContainerEdits, DeviceMount, DeviceNode},
 };
-use berth_input::Quoted;
 
 use crate::proto::v1beta1::ContainerAllocateResponse;
 
 /// The permissions of a device node the plugin gives none for.
 pub const DEFAULT_PERMISSIONS: &str = "rwm";
 
-/// The edits `resp` asks for, or what is wrong with it (the first problem found).
+/// The edits `resp` asks for, or what is wrong with it (the first problem found; mounts and
+/// device nodes named in berth's words, `mount 0: task_path …` for `mounts[0].container_path`).
 pub(crate) fn container_edits(resp: ContainerAllocateResponse) -> Result<ContainerEdits, String> {
-    let mut edits = ContainerEdits::default();
-    for (key, value) in resp.envs {
-        if key.is_empty() || key.contains(['=', '\0']) {
-            return Err(format!(
-                "env name {} must be non-empty without '=' or NUL",
-                Quoted(&key)
-            ));
-        }
-        if value.contains('\0') {
-            return Err(format!("env {} has a NUL byte in its value", Quoted(&key)));
-        }
-        edits.env.insert(key, value);
-    }
-    for (i, m) in resp.mounts.into_iter().enumerate() {
-        edits.mounts.push(DeviceMount {
-            host_path: host_path(&m.host_path).map_err(|e| format!("mounts[{i}].host_path {e}"))?,
-            task_path: task_path(&m.container_path)
-                .map_err(|e| format!("mounts[{i}].container_path {e}"))?,
-            read_only: m.read_only,
-        });
-    }
-    for (i, d) in resp.devices.into_iter().enumerate() {
-        edits.device_nodes.push(DeviceNode {
-            host_path: host_path(&d.host_path)
-                .map_err(|e| format!("devices[{i}].host_path {e}"))?,
-            task_path: task_path(&d.container_path)
-                .map_err(|e| format!("devices[{i}].container_path {e}"))?,
-            permissions: permissions(&d.permissions)
-                .map_err(|e| format!("devices[{i}].permissions {e}"))?,
-        });
-    }
+    let mut edits = ContainerEdits {
+        env: resp.envs.into_iter().collect(),
+        mounts: resp
+            .mounts
+            .into_iter()
+            .map(|m| DeviceMount {
+                host_path: m.host_path.into(),
+                task_path: m.container_path.into(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        device_nodes: resp
+            .devices
+            .into_iter()
+            .map(|d| DeviceNode {
+                host_path: d.host_path.into(),
+                task_path: d.container_path.into(),
+                permissions: if d.permissions.is_empty() {
+                    DEFAULT_PERMISSIONS.to_string()
+                } else {
+                    d.permissions
+                },
+            })
+            .collect(),
+        cdi_devices: Vec::new(),
+    };
+    edits.check()?;
     for (i, c) in resp.cdi_devices.into_iter().enumerate() {
         QualifiedName::parse(&c.name).map_err(|e| format!("cdi_devices[{i}].name {e}"))?;
         if !edits.cdi_devices.contains(&c.name) {
@@ -61,50 +56,6 @@ pub(crate) fn container_edits(resp: ContainerAllocateResponse) -> Result<Contain
         );
     }
     Ok(edits)
-}
-
-/// An absolute host path without NUL.
-fn host_path(p: &str) -> Result<PathBuf, String> {
-    if p.is_empty() {
-        return Err("is empty".into());
-    }
-    if p.contains('\0') {
-        return Err(format!("{} has a NUL byte", Quoted(p)));
-    }
-    if !p.starts_with('/') {
-        return Err(format!("{} is not absolute", Quoted(p)));
-    }
-    Ok(PathBuf::from(p))
-}
-
-/// An absolute path in the task that stays inside it: no `..`.
-fn task_path(p: &str) -> Result<PathBuf, String> {
-    let path = host_path(p)?;
-    if Path::new(p).components().any(|c| c == Component::ParentDir) {
-        return Err(format!("{} must not hold '..'", Quoted(p)));
-    }
-    Ok(path)
-}
-
-/// Cgroup device permissions: one or more of `r`, `w`, `m`, each once; empty means `rwm`.
-fn permissions(p: &str) -> Result<String, String> {
-    if p.is_empty() {
-        return Ok(DEFAULT_PERMISSIONS.to_string());
-    }
-    let mut seen = [false; 3];
-    for c in p.chars() {
-        let slot = match c {
-            'r' => 0,
-            'w' => 1,
-            'm' => 2,
-            _ => return Err(format!("{} may only hold r, w and m", Quoted(p))),
-        };
-        if seen[slot] {
-            return Err(format!("{} repeats {c:?}", Quoted(p)));
-        }
-        seen[slot] = true;
-    }
-    Ok(p.to_string())
 }
 
 #[cfg(test)]
@@ -147,7 +98,7 @@ mod tests {
             }]
         );
         assert_eq!(e.device_nodes[0].permissions, "rwm");
-        assert_eq!(e.device_nodes[0].task_path, Path::new("/dev/w0"));
+        assert_eq!(e.device_nodes[0].task_path, std::path::Path::new("/dev/w0"));
         assert_eq!(e.cdi_devices, ["example.com/widget=w0"]);
     }
 
@@ -159,29 +110,37 @@ mod tests {
         let cases: Vec<(Change, &str)> = vec![
             (
                 |r| r.mounts[0].container_path = "w/0".into(),
-                "mounts[0].container_path \"w/0\" is not absolute",
+                "mount 0: task_path \"w/0\" is not an absolute path",
             ),
             (
                 |r| r.mounts[0].host_path = String::new(),
-                "mounts[0].host_path is empty",
+                "mount 0: host_path \"\" is not an absolute path",
             ),
             (
                 |r| r.mounts[0].container_path = "/w/../../etc".into(),
-                "must not hold '..'",
+                "mount 0: task_path \"/w/../../etc\" holds \"..\"",
+            ),
+            // Kubernetes plugins are held to what Nomad's are: no `..` on the host side either.
+            (
+                |r| r.mounts[0].host_path = "/var/w/../../etc".into(),
+                "mount 0: host_path \"/var/w/../../etc\" holds \"..\"",
             ),
             (
                 |r| r.devices[0].host_path = "null".into(),
-                "devices[0].host_path \"null\" is not absolute",
+                "device 0: host_path \"null\" is not an absolute path",
             ),
             (
                 |r| r.devices[0].container_path = String::new(),
-                "devices[0].container_path is empty",
+                "device 0: task_path \"\" is not an absolute path",
             ),
             (
                 |r| r.devices[0].permissions = "rx".into(),
-                "may only hold r, w and m",
+                "device 0: permissions \"rx\" may only hold r, w and m",
             ),
-            (|r| r.devices[0].permissions = "rr".into(), "repeats"),
+            (
+                |r| r.devices[0].permissions = "rr".into(),
+                "device 0: permissions \"rr\" may only hold r, w and m, each at most once",
+            ),
             (
                 |r| r.cdi_devices[0].name = "nonsense".into(),
                 "cdi_devices[0].name",

@@ -2,7 +2,7 @@
 
 use std::{io, path::PathBuf};
 
-use crate::validate::MAX_SOCKET_PATH;
+use berth_sys::MAX_SOCKET_PATH;
 
 /// Why [`KubeDevices`](crate::KubeDevices) cannot be made or cannot run. Once it serves,
 /// nothing a plugin does stops it: per-plugin failures become events and log lines.

@@ -11,20 +11,22 @@ use std::{
     time::Duration,
 };
 
-use berth_devices::plugin::{Generation, PluginEvent, PluginId, PluginSink};
+use berth_devices::{
+    grpc::{is_deadline, status_line},
+    plugin::{Generation, PluginEvent, PluginId, PluginSink},
+};
 use berth_sys::{short_duration, slot::RestartPolicy};
 use tokio::{
     sync::mpsc,
     time::{Instant, MissedTickBehavior},
 };
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status};
+use tonic::Request;
 
 use crate::{
     devices,
-    ops::{Client, Conn, Deadlines, KubeOps, is_deadline},
+    ops::{Client, Conn, Deadlines, KubeOps, request},
     proto::v1beta1::{DevicePluginOptions, Empty},
-    text::{MAX_MESSAGE, escape_cut},
     validate::Registration,
 };
 
@@ -177,34 +179,29 @@ impl Instance {
         let mut client = Client::new(berth_devices::grpc::unix_channel(&self.reg.socket));
         let answer = tokio::select! {
             () = self.stop.cancelled() => return Outcome::Stopped,
-            r = tokio::time::timeout(call, client.get_device_plugin_options(request(call))) => r,
+            r = tokio::time::timeout(
+                call,
+                client.get_device_plugin_options(request(Empty {}, call)),
+            ) => r,
         };
         let options = match answer {
-            Ok(Err(status)) if is_deadline(&status) => {
-                return failed(
-                    format!(
-                        "did not answer GetDevicePluginOptions within {}",
-                        short_duration(call)
-                    ),
-                    Duration::ZERO,
-                );
-            }
-            Err(_) => {
-                return failed(
-                    format!(
-                        "did not answer GetDevicePluginOptions within {}",
-                        short_duration(call)
-                    ),
-                    Duration::ZERO,
-                );
-            }
-            Ok(Err(status)) => {
-                return failed(
-                    format!("GetDevicePluginOptions failed: {}", status_text(&status)),
-                    Duration::ZERO,
-                );
-            }
             Ok(Ok(resp)) => resp.into_inner(),
+            Ok(Err(status)) if !is_deadline(&status) => {
+                return failed(
+                    format!("GetDevicePluginOptions failed: {}", status_line(&status)),
+                    Duration::ZERO,
+                );
+            }
+            // The deadline passed, whoever noticed first (tonic or the timeout around it).
+            Ok(Err(_)) | Err(_) => {
+                return failed(
+                    format!(
+                        "did not answer GetDevicePluginOptions within {}",
+                        short_duration(call)
+                    ),
+                    Duration::ZERO,
+                );
+            }
         };
         if let Some(registered) = self.reg.options
             && registered != options
@@ -273,7 +270,7 @@ impl Instance {
             }
             Ok(Err(status)) => {
                 return failed(
-                    format!("ListAndWatch failed: {}", status_text(&status)),
+                    format!("ListAndWatch failed: {}", status_line(&status)),
                     ran(),
                 );
             }
@@ -289,7 +286,7 @@ impl Instance {
                 () = self.stop.cancelled() => return Outcome::Stopped,
                 msg = stream.message() => match msg {
                     Ok(Some(list)) => {
-                        let group = devices::group(&self.plugin, &self.reg.resource, list);
+                        let group = devices::group(&self.reg.resource, list);
                         tracing::debug!(
                             plugin = %self.plugin,
                             devices = group.instances.len(),
@@ -301,7 +298,7 @@ impl Instance {
                     Ok(None) => return failed("ListAndWatch ended".into(), ran()),
                     Err(status) => {
                         return failed(
-                            format!("ListAndWatch failed: {}", status_text(&status)),
+                            format!("ListAndWatch failed: {}", status_line(&status)),
                             ran(),
                         );
                     }
@@ -312,7 +309,7 @@ impl Instance {
                         () = self.stop.cancelled() => return Outcome::Stopped,
                         r = tokio::time::timeout(
                             limit,
-                            client.get_device_plugin_options(request(limit)),
+                            client.get_device_plugin_options(request(Empty {}, limit)),
                         ) => r,
                     };
                     match probe {
@@ -321,7 +318,7 @@ impl Instance {
                             return failed(
                                 format!(
                                     "liveness check failed: GetDevicePluginOptions: {}",
-                                    status_text(&status)
+                                    status_line(&status)
                                 ),
                                 ran(),
                             );
@@ -375,24 +372,8 @@ impl Drop for CloseOnDrop {
     }
 }
 
-/// `GetDevicePluginOptions` with a deadline the plugin sees too.
-fn request(after: Duration) -> Request<Empty> {
-    let mut r = Request::new(Empty {});
-    r.set_timeout(after);
-    r
-}
-
 fn is_socket(path: &Path) -> bool {
     std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket())
-}
-
-/// A status as one line: its code and its message, escaped and cut.
-pub(crate) fn status_text(status: &Status) -> String {
-    format!(
-        "{:?}: {}",
-        status.code(),
-        escape_cut(status.message(), MAX_MESSAGE)
-    )
 }
 
 pub(crate) fn options_text(o: &DevicePluginOptions) -> String {

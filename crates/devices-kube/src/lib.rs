@@ -38,7 +38,6 @@ mod instance;
 mod ops;
 pub mod proto;
 mod registration;
-mod text;
 mod validate;
 
 pub use devices::NUMA_ATTRIBUTE;

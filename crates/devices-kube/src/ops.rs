@@ -4,13 +4,13 @@
 use std::{collections::HashSet, future::Future, sync::Mutex, time::Duration};
 
 use berth_devices::{
-    BoxFuture,
+    BoxFuture, grpc,
     model::ContainerEdits,
     plugin::{PluginError, PluginId, PluginOps},
 };
 use berth_input::Quoted;
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Request, Response, Status, transport::Channel};
+use tonic::{Request, Response, Status, transport::Channel};
 
 use crate::{
     edits::container_edits,
@@ -19,7 +19,6 @@ use crate::{
         DevicePluginOptions, PreStartContainerRequest, PreferredAllocationRequest,
         device_plugin_client::DevicePluginClient,
     },
-    text::{MAX_MESSAGE, escape_cut},
 };
 
 /// The client of one plugin.
@@ -111,7 +110,7 @@ impl KubeOps {
             r = tokio::time::timeout(after, f(client)) => match r {
                 Err(_) => Err(self.timeout(name, after)),
                 Ok(Ok(resp)) => Ok(resp.into_inner()),
-                Ok(Err(status)) => Err(self.status_error(name, after, &status)),
+                Ok(Err(status)) => Err(grpc::plugin_error(&self.plugin, name, after, &status)),
             }
         }
     }
@@ -153,37 +152,10 @@ impl KubeOps {
             reason,
         }
     }
-
-    fn status_error(&self, call: &str, after: Duration, status: &Status) -> PluginError {
-        if is_deadline(status) {
-            return self.timeout(call, after);
-        }
-        match status.code() {
-            Code::Unavailable | Code::Cancelled => {
-                self.unavailable(&escape_cut(status.message(), MAX_MESSAGE))
-            }
-            _ => PluginError::Refused {
-                plugin: self.plugin.clone(),
-                call: call.to_string(),
-                message: escape_cut(status.message(), MAX_MESSAGE),
-            },
-        }
-    }
-}
-
-/// Whether `status` says a deadline passed: the plugin's `DeadlineExceeded`, or tonic's own
-/// enforcement of the request's deadline (`Cancelled` with [`tonic::TimeoutExpired`]'s text;
-/// tonic drops the error itself).
-pub(crate) fn is_deadline(status: &Status) -> bool {
-    match status.code() {
-        Code::DeadlineExceeded => true,
-        Code::Cancelled => status.message() == tonic::TimeoutExpired(()).to_string(),
-        _ => false,
-    }
 }
 
 /// A request carrying its deadline, so the plugin knows it too.
-fn request<T>(msg: T, after: Duration) -> Request<T> {
+pub(crate) fn request<T>(msg: T, after: Duration) -> Request<T> {
     let mut r = Request::new(msg);
     r.set_timeout(after);
     r
@@ -310,16 +282,6 @@ mod tests {
 
     fn ids(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| (*s).to_string()).collect()
-    }
-
-    #[test]
-    fn deadlines_are_recognised_whoever_enforced_them() {
-        assert!(is_deadline(&Status::deadline_exceeded("too slow")));
-        assert!(is_deadline(&Status::cancelled(
-            tonic::TimeoutExpired(()).to_string()
-        )));
-        assert!(!is_deadline(&Status::cancelled("the caller went away")));
-        assert!(!is_deadline(&Status::unavailable("Timeout expired")));
     }
 
     #[test]

@@ -145,8 +145,9 @@ impl KubeDevices {
     /// and register again, as they do when kubelet restarts), then serves `Registration`.
     ///
     /// Every valid `Register` is answered at once, then followed in a task of its own (see
-    /// the crate documentation); an invalid one gets `InvalidArgument` naming the field and
-    /// changes nothing. A second `Register` of a resource replaces the first: the old
+    /// the crate documentation); an invalid one gets `InvalidArgument` naming the field, and
+    /// one whose endpoint socket does not exist (yet) `Unavailable` (a plugin retries that);
+    /// neither changes anything. A second `Register` of a resource replaces the first: the old
     /// instance is stopped before the new one attaches.
     ///
     /// At shutdown: stops serving, stops every instance and waits for them, removes
@@ -261,6 +262,13 @@ impl RegistrationRpc for RegistrationService {
         let req = request.into_inner();
         let reg = match check_register(&self.dir, &req) {
             Ok(reg) => reg,
+            Err(e) if e.is_transient() => {
+                tracing::info!(
+                    field = e.field(),
+                    "a device plugin registered before its socket exists; it may try again: {e}"
+                );
+                return Err(Status::unavailable(e.to_string()));
+            }
             Err(e) => {
                 tracing::warn!(
                     field = e.field(),

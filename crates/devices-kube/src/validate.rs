@@ -11,8 +11,7 @@ use berth_input::Quoted;
 
 use crate::proto::{KUBELET_SOCKET, SUPPORTED_VERSIONS, v1beta1::RegisterRequest};
 
-/// The longest socket path the kernel takes (`sun_path` is 108 bytes, NUL included).
-pub const MAX_SOCKET_PATH: usize = 107;
+pub use berth_sys::MAX_SOCKET_PATH;
 
 /// Longest domain of a resource name: with the quota prefix `requests.` the whole must still be
 /// a DNS-1123 subdomain (253 bytes).
@@ -22,7 +21,9 @@ const MAX_DOMAIN: usize = 253 - "requests.".len();
 const MAX_NAME: usize = 63;
 
 /// Why a `Register` is refused. Each names the request field it is about and quotes its value
-/// (escaped and cut); the message is what the plugin gets back (`InvalidArgument`).
+/// (escaped and cut); the message is what the plugin gets back: `InvalidArgument` for bad
+/// input, `Unavailable` for an endpoint socket that does not exist yet
+/// ([`is_transient`](Self::is_transient)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegisterError {
     /// `version` is not one this agent speaks.
@@ -47,6 +48,20 @@ pub enum RegisterError {
         /// What is wrong.
         reason: String,
     },
+    /// Nothing is at `endpoint` (yet): the plugin registered before it served, or its socket
+    /// was removed meanwhile (an agent starting removes every socket in the directory). Worth
+    /// another try once the plugin serves.
+    #[error(
+        "endpoint {}: socket {} does not exist (a plugin serves before it registers)",
+        Quoted(endpoint),
+        socket.display()
+    )]
+    SocketMissing {
+        /// The endpoint sent.
+        endpoint: String,
+        /// `<dir>/<endpoint>`.
+        socket: PathBuf,
+    },
 }
 
 impl RegisterError {
@@ -55,8 +70,14 @@ impl RegisterError {
         match self {
             Self::Version { .. } => "version",
             Self::ResourceName { .. } => "resource_name",
-            Self::Endpoint { .. } => "endpoint",
+            Self::Endpoint { .. } | Self::SocketMissing { .. } => "endpoint",
         }
+    }
+
+    /// Whether the same `Register` may succeed later without changing anything: the endpoint's
+    /// socket is missing. Every other error is bad input.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Self::SocketMissing { .. })
     }
 }
 
@@ -246,10 +267,10 @@ fn check_endpoint(dir: &Path, endpoint: &str) -> Result<PathBuf, RegisterError> 
     match std::fs::symlink_metadata(&socket) {
         Ok(m) if m.file_type().is_socket() => Ok(socket),
         Ok(_) => Err(fail(format!("{} is not a unix socket", socket.display()))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(fail(format!(
-            "socket {} does not exist (a plugin serves before it registers)",
-            socket.display()
-        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(RegisterError::SocketMissing {
+            endpoint: endpoint.to_string(),
+            socket,
+        }),
         Err(e) => Err(fail(format!("cannot inspect {}: {e}", socket.display()))),
     }
 }
@@ -335,6 +356,7 @@ mod tests {
         ] {
             let e = check_endpoint(dir.path(), endpoint).expect_err(endpoint);
             assert_eq!(e.field(), "endpoint");
+            assert_eq!(e.is_transient(), endpoint == "missing.sock", "{e}");
             assert!(e.to_string().starts_with("endpoint \""), "{e}");
             assert!(e.to_string().contains(part), "{endpoint:?}: {e}");
         }

@@ -154,29 +154,60 @@ async fn a_hung_plugin_is_caught_by_the_liveness_check() {
 #[tokio::test]
 async fn a_stopped_plugin_is_down_until_it_registers_again() {
     let dirs = Dirs::new();
-    let (agent, mut plugin, _) = agent_and_plugin(&dirs, &["--count", "2"], 2).await;
+    let (agent, mut plugin, g1) = agent_and_plugin(&dirs, &["--count", "2"], 2).await;
+    // Another plugin, whose liveness checks (one every 300 ms) show time passing.
+    let gadget = PluginId::kubernetes("example.com/gadget");
+    let clock = Plugin::spawn(
+        &dirs.kubelet(),
+        &dirs.state("s2"),
+        &["--resource", "example.com/gadget", "--count", "1"],
+    );
+    agent
+        .sink
+        .wait_devices(&gadget, 0, "the gadget's devices", healthy(1))
+        .await;
     let since = agent.sink.len();
     assert!(plugin.stop().await.success());
-    let (_, reason, retry_in) = agent
+    let (g, reason, retry_in) = agent
         .sink
         .wait_down(&widget(), since, "Down without retry", |_, r| r.is_none())
         .await;
+    assert_eq!(g, g1);
     assert_eq!(retry_in, None);
     assert!(reason.contains("is gone"), "{reason}");
     assert!(reason.contains("register again"), "{reason}");
 
-    // Nothing more happens until it comes back.
-    let since = agent.sink.len();
+    // Nothing more happens until it comes back: no re-dial, no event, while the other plugin
+    // is checked four more times (longer than the longest re-dial backoff, 500 ms).
+    let quiet = agent.sink.len();
+    let checks = clock.calls_named("GetDevicePluginOptions").len();
+    berth_testkit::assert_eventually!(
+        WAIT,
+        || async { clock.calls_named("GetDevicePluginOptions").len() >= checks + 4 },
+        "four liveness checks of the other plugin"
+    );
+    let events = agent.sink.events(&widget(), quiet);
+    assert!(events.is_empty(), "{events:?}");
+    assert_eq!(agent.sink.attaches(&widget()), [g1]);
+
     let _plugin = Plugin::spawn(&dirs.kubelet(), &dirs.state("s"), &["--count", "2"]);
-    agent
+    let (g2, _) = agent
         .sink
         .wait_devices(
             &widget(),
-            since,
+            quiet,
             "devices after registering again",
             healthy(2),
         )
         .await;
+    // The first thing after the quiet time is the new attachment.
+    let next = agent.sink.records().into_iter().skip(quiet).find(|r| {
+        matches!(r, Record::Attach { plugin, .. } | Record::Event { plugin, .. } if *plugin == widget())
+    });
+    assert!(
+        matches!(next, Some(Record::Attach { generation, .. }) if generation == g2 && g2 > g1),
+        "{next:?}"
+    );
 }
 
 #[tokio::test]

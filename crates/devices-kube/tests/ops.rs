@@ -121,7 +121,7 @@ async fn answers_that_break_the_protocol_are_refused() {
         Err(PluginError::BadAnswer { call, reason, .. }) => {
             assert_eq!(call, "Allocate");
             assert!(
-                reason.contains("mounts[0].container_path \"widgets/widget-0\" is not absolute"),
+                reason.contains("mount 0: task_path \"widgets/widget-0\" is not an absolute path"),
                 "{reason}"
             );
         }
@@ -315,4 +315,92 @@ async fn the_options_the_plugin_answers_are_the_ones_used() {
     ops.pre_start(&all).await.expect("not asked");
     assert!(plugin.calls_named("GetPreferredAllocation").is_empty());
     assert!(plugin.calls_named("PreStartContainer").is_empty());
+}
+
+#[tokio::test]
+async fn the_plugin_checks_ids_against_the_list_it_last_sent() {
+    use berth_devices_kube::proto::v1beta1::{
+        AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+        PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
+    };
+    let dirs = Dirs::new();
+    // Served, not registered: a raw client is the caller.
+    let plugin = Plugin::spawn(
+        &dirs.kubelet(),
+        &dirs.state("s"),
+        &["--count", "2", "--preferred", "--no-register"],
+    );
+    let socket = dirs.kubelet().join("berth-widget.sock");
+    berth_testkit::assert_eventually!(WAIT, || async { socket.exists() }, "the plugin serves");
+    let mut client = DevicePluginClient::new(berth_devices::grpc::unix_channel(&socket));
+    let allocate = |ids: &[&str]| AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: self::ids(ids),
+        }],
+    };
+    let preferred = PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: ids(&["widget-0", "widget-1"]),
+            must_include_device_i_ds: Vec::new(),
+            allocation_size: 1,
+        }],
+    };
+
+    // Nothing sent yet: no id can be known to the caller.
+    for status in [
+        client
+            .allocate(allocate(&["widget-0"]))
+            .await
+            .expect_err("nothing sent"),
+        client
+            .get_preferred_allocation(preferred.clone())
+            .await
+            .expect_err("nothing sent"),
+    ] {
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains("no device list was sent on ListAndWatch"),
+            "{status:?}"
+        );
+    }
+
+    let mut stream = client
+        .list_and_watch(Empty {})
+        .await
+        .expect("ListAndWatch")
+        .into_inner();
+    let first = stream.message().await.expect("a list").expect("a list");
+    assert_eq!(first.devices.len(), 2);
+    client
+        .allocate(allocate(&["widget-1"]))
+        .await
+        .expect("listed and healthy");
+    client
+        .get_preferred_allocation(preferred)
+        .await
+        .expect("listed and healthy");
+    let status = client
+        .allocate(allocate(&["widget-1", "widget-1"]))
+        .await
+        .expect_err("twice");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("named twice"), "{status:?}");
+
+    // Unhealthy in the list the caller was sent: refused, though nothing else changed.
+    plugin.set_faults("unhealthy");
+    let next = stream.message().await.expect("a list").expect("a list");
+    assert!(next.devices.iter().all(|d| d.health == "Unhealthy"));
+    let status = client
+        .allocate(allocate(&["widget-0"]))
+        .await
+        .expect_err("unhealthy");
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(
+        status
+            .message()
+            .contains("\"widget-0\" is unhealthy in the list last sent on ListAndWatch"),
+        "{status:?}"
+    );
 }

@@ -5,6 +5,8 @@
 
 use std::{fmt, future::Future, time::Duration};
 
+use berth_devices::grpc::{MAX_MESSAGE_CHARS, is_deadline};
+use berth_input::{Quoted, quoted_list, shown_within};
 use tonic::{Request, Response, Status, Streaming, transport::Channel};
 
 use crate::{
@@ -21,7 +23,7 @@ use crate::{
         },
         hclspec::Spec,
     },
-    text,
+    text::Secrets,
 };
 
 /// How a call failed.
@@ -31,10 +33,11 @@ pub enum CallFailure {
     Status {
         /// The gRPC code.
         code: tonic::Code,
-        /// The message, escaped and cut.
+        /// The message, escaped, cut and scrubbed of the plugin's config values.
         message: String,
     },
-    /// No answer before the deadline.
+    /// No answer before the deadline (whoever noticed: the client's timer, tonic's, or the
+    /// plugin answering `DeadlineExceeded`).
     Timeout(Duration),
 }
 
@@ -54,7 +57,7 @@ impl fmt::Display for CallFailure {
 
 /// A call to a plugin failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("plugin {plugin:?}: {call}: {failure}")]
+#[error("plugin {}: {call}: {failure}", Quoted(plugin))]
 pub struct CallError {
     /// The plugin's configured name.
     pub plugin: String,
@@ -65,13 +68,13 @@ pub struct CallError {
 }
 
 impl CallError {
-    fn status(plugin: &str, call: &'static str, status: &Status) -> Self {
+    fn status(plugin: &str, call: &'static str, status: &Status, secrets: &Secrets) -> Self {
         Self {
             plugin: plugin.to_string(),
             call,
             failure: CallFailure::Status {
                 code: status.code(),
-                message: text::clean(status.message().trim(), text::MAX_MESSAGE),
+                message: secrets.scrub(&shown_within(status.message().trim(), MAX_MESSAGE_CHARS)),
             },
         }
     }
@@ -106,7 +109,8 @@ impl fmt::Display for PluginKind {
     }
 }
 
-/// What a plugin says it is (`PluginInfo`). Strings are escaped and cut.
+/// What a plugin says it is (`PluginInfo`). Its version and name are escaped and cut; the API
+/// versions are as sent (compared, and quoted when shown).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginInfo {
     /// Its kind.
@@ -123,7 +127,10 @@ pub struct PluginInfo {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum NotADevicePlugin {
     /// It is another kind of plugin.
-    #[error("plugin {plugin:?} is a {kind} plugin; berth runs device plugins only")]
+    #[error(
+        "plugin {} is a {kind} plugin; berth runs device plugins only",
+        Quoted(plugin)
+    )]
     Kind {
         /// The configured name.
         plugin: String,
@@ -132,7 +139,9 @@ pub enum NotADevicePlugin {
     },
     /// It speaks none of the device plugin API versions berth speaks.
     #[error(
-        "plugin {plugin:?} speaks device plugin API versions {versions:?}; berth speaks {DEVICE_API_VERSION}"
+        "plugin {} speaks device plugin API versions [{}]; berth speaks {DEVICE_API_VERSION}",
+        Quoted(plugin),
+        quoted_list(versions.iter().map(String::as_str))
     )]
     ApiVersion {
         /// The configured name.
@@ -151,13 +160,9 @@ impl PluginInfo {
         };
         Self {
             kind,
-            api_versions: info
-                .plugin_api_versions
-                .iter()
-                .map(|v| text::cut(v, 64))
-                .collect(),
-            version: text::clean(&info.plugin_version, 64),
-            name: text::clean(&info.name, 128),
+            api_versions: info.plugin_api_versions,
+            version: shown_within(&info.plugin_version, 64),
+            name: shown_within(&info.name, 128),
         }
     }
 
@@ -189,6 +194,8 @@ pub struct NomadClient {
     device: DevicePluginClient<Channel>,
     controller: GrpcControllerClient<Channel>,
     timeout: Duration,
+    /// Scrubbed from the messages of failed calls.
+    secrets: Secrets,
 }
 
 impl NomadClient {
@@ -209,12 +216,19 @@ impl NomadClient {
             device: DevicePluginClient::new(channel.clone()),
             controller: GrpcControllerClient::new(channel),
             timeout,
+            secrets: Secrets::default(),
         }
     }
 
-    /// The plugin's configured name.
-    pub fn plugin(&self) -> &str {
-        &self.plugin
+    /// This client with the values of `secrets` scrubbed from the messages of failed calls.
+    pub(crate) fn scrubbing(mut self, secrets: Secrets) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// What is scrubbed from what this plugin says.
+    pub(crate) fn secrets(&self) -> &Secrets {
+        &self.secrets
     }
 
     /// The default deadline of a call.
@@ -342,8 +356,14 @@ impl NomadClient {
         request.set_timeout(deadline);
         match tokio::time::timeout(deadline, send(request)).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
-            Ok(Err(status)) => Err(CallError::status(&self.plugin, call, &status)),
-            Err(_) => Err(CallError {
+            Ok(Err(status)) if !is_deadline(&status) => Err(CallError::status(
+                &self.plugin,
+                call,
+                &status,
+                &self.secrets,
+            )),
+            // tonic enforces the request's deadline too, and may notice first.
+            Ok(Err(_)) | Err(_) => Err(CallError {
                 plugin: self.plugin.clone(),
                 call,
                 failure: CallFailure::Timeout(deadline),

@@ -4,7 +4,7 @@
 //! the manager's job. The one thing the model cannot hold, an attribute without a value, is
 //! left out with a warning.
 
-use std::{collections::BTreeMap, path::PathBuf};
+use std::collections::BTreeMap;
 
 use berth_devices::{
     attribute::{AttrValue, Attribute},
@@ -15,10 +15,7 @@ use berth_devices::{
     plugin::{PluginError, PluginId},
 };
 
-use crate::{
-    proto::{device as pb, structs},
-    text,
-};
+use crate::proto::{device as pb, structs};
 
 /// A `Fingerprint` message as the plugin's whole device list.
 pub fn device_groups(plugin: &str, resp: pb::FingerprintResponse) -> Vec<DeviceGroup> {
@@ -154,74 +151,48 @@ fn timestamp_ms(t: &prost_types::Timestamp) -> u64 {
     secs.saturating_mul(1000).saturating_add(millis)
 }
 
-/// A `Reserve` answer as container edits. Every path must be absolute; empty permissions
-/// mean `rwm`; anything else breaks the protocol ([`PluginError::BadAnswer`]).
+/// A `Reserve` answer as container edits, checked as every plugin's edits are
+/// ([`ContainerEdits::check`]: absolute paths without `..`, valid env names, permissions of
+/// `r`, `w`, `m`); empty permissions mean `rwm`. Anything wrong breaks the protocol
+/// ([`PluginError::BadAnswer`]).
 pub fn container_edits(
     plugin: &PluginId,
     resp: pb::ReserveResponse,
 ) -> Result<ContainerEdits, PluginError> {
-    let bad = |reason: String| PluginError::BadAnswer {
-        plugin: plugin.clone(),
-        call: "Reserve".to_string(),
-        reason,
-    };
     let Some(res) = resp.container_res else {
         return Ok(ContainerEdits::default());
     };
-    let absolute = |what: &str, p: &str| {
-        if !p.starts_with('/') || p.contains('\0') {
-            Err(bad(format!(
-                "{what} {:?} is not an absolute path",
-                text::cut(p, 200)
-            )))
-        } else if std::path::Path::new(p)
-            .components()
-            .any(|c| c == std::path::Component::ParentDir)
-        {
-            Err(bad(format!("{what} {:?} holds \"..\"", text::cut(p, 200))))
-        } else {
-            Ok(PathBuf::from(p))
-        }
+    let edits = ContainerEdits {
+        env: res.envs.into_iter().collect(),
+        mounts: res
+            .mounts
+            .into_iter()
+            .map(|m| DeviceMount {
+                host_path: m.host_path.into(),
+                task_path: m.task_path.into(),
+                read_only: m.read_only,
+            })
+            .collect(),
+        device_nodes: res
+            .devices
+            .into_iter()
+            .map(|d| DeviceNode {
+                host_path: d.host_path.into(),
+                task_path: d.task_path.into(),
+                permissions: if d.permissions.is_empty() {
+                    "rwm".to_string()
+                } else {
+                    d.permissions
+                },
+            })
+            .collect(),
+        cdi_devices: Vec::new(),
     };
-    let mut edits = ContainerEdits::default();
-    for (k, v) in res.envs {
-        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
-            return Err(bad(format!(
-                "environment variable {:?} is not a valid name=value",
-                text::cut(&k, 200)
-            )));
-        }
-        edits.env.insert(k, v);
-    }
-    for (i, m) in res.mounts.into_iter().enumerate() {
-        edits.mounts.push(DeviceMount {
-            host_path: absolute(&format!("mount {i}: host_path"), &m.host_path)?,
-            task_path: absolute(&format!("mount {i}: task_path"), &m.task_path)?,
-            read_only: m.read_only,
-        });
-    }
-    for (i, d) in res.devices.into_iter().enumerate() {
-        let permissions = if d.permissions.is_empty() {
-            "rwm".to_string()
-        } else {
-            d.permissions
-        };
-        let valid = permissions.chars().all(|c| matches!(c, 'r' | 'w' | 'm'))
-            && ["r", "w", "m"]
-                .iter()
-                .all(|c| permissions.matches(c).count() <= 1);
-        if !valid {
-            return Err(bad(format!(
-                "device {i}: permissions {:?} are not one or more of r, w, m",
-                text::cut(&permissions, 40)
-            )));
-        }
-        edits.device_nodes.push(DeviceNode {
-            host_path: absolute(&format!("device {i}: host_path"), &d.host_path)?,
-            task_path: absolute(&format!("device {i}: task_path"), &d.task_path)?,
-            permissions,
-        });
-    }
+    edits.check().map_err(|reason| PluginError::BadAnswer {
+        plugin: plugin.clone(),
+        call: "Reserve".to_string(),
+        reason,
+    })?;
     Ok(edits)
 }
 

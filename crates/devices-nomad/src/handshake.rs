@@ -8,7 +8,7 @@ use std::{
     path::PathBuf,
 };
 
-use crate::text;
+use berth_input::Quoted;
 
 /// The environment variable holding Nomad's magic cookie: a plugin started without it refuses
 /// to run ("This binary is a plugin…").
@@ -55,20 +55,35 @@ impl fmt::Display for PluginAddress {
     }
 }
 
-/// Why a handshake line is not acceptable. The line is quoted (escaped) and cut.
+/// Why a handshake line is not acceptable. Fields hold what the plugin printed; messages quote
+/// it escaped and cut.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HandshakeError {
     /// Not of the form `CORE|APP|NETWORK|ADDRESS[|PROTOCOL…]`.
     #[error(
-        "not a go-plugin handshake line (expected CORE|APP|NETWORK|ADDRESS|PROTOCOL): {line:?}"
+        "not a go-plugin handshake line (expected CORE|APP|NETWORK|ADDRESS|PROTOCOL): {}",
+        Quoted(line)
     )]
     Unrecognized {
         /// The line.
         line: String,
     },
+    /// No newline in the first `max` bytes printed: no handshake line at all.
+    #[error(
+        "no go-plugin handshake line: no newline in the first {max} bytes, which begin {}",
+        Quoted(start)
+    )]
+    NoNewline {
+        /// The bytes read.
+        max: u64,
+        /// What was printed.
+        start: String,
+    },
     /// The core protocol version is not 1.
     #[error(
-        "go-plugin core protocol version {found:?}; berth speaks {CORE_PROTOCOL_VERSION} (line {line:?})"
+        "go-plugin core protocol version {}; berth speaks {CORE_PROTOCOL_VERSION} (line {})",
+        Quoted(found),
+        Quoted(line)
     )]
     CoreVersion {
         /// What the plugin said.
@@ -78,7 +93,9 @@ pub enum HandshakeError {
     },
     /// The app protocol version is not 2.
     #[error(
-        "plugin protocol version {found:?}; berth speaks Nomad's version {APP_PROTOCOL_VERSION} (gRPC plugins) (line {line:?})"
+        "plugin protocol version {}; berth speaks Nomad's version {APP_PROTOCOL_VERSION} (gRPC plugins) (line {})",
+        Quoted(found),
+        Quoted(line)
     )]
     AppVersion {
         /// What the plugin said.
@@ -87,7 +104,11 @@ pub enum HandshakeError {
         line: String,
     },
     /// The network is neither `unix` nor `tcp`.
-    #[error("plugin listens on network {network:?}; berth connects to unix or tcp (line {line:?})")]
+    #[error(
+        "plugin listens on network {}; berth connects to unix or tcp (line {})",
+        Quoted(network),
+        Quoted(line)
+    )]
     Network {
         /// What the plugin said.
         network: String,
@@ -95,7 +116,7 @@ pub enum HandshakeError {
         line: String,
     },
     /// The address is not usable: empty, not an address, or TCP not on loopback.
-    #[error("plugin address {address:?}: {reason} (line {line:?})")]
+    #[error("plugin address {}: {reason} (line {})", Quoted(address), Quoted(line))]
     Address {
         /// What the plugin said.
         address: String,
@@ -105,7 +126,11 @@ pub enum HandshakeError {
         line: String,
     },
     /// The protocol is not gRPC (net/rpc plugins are not Nomad's 0.9+ plugins).
-    #[error("plugin speaks protocol {protocol:?}; berth speaks grpc only (line {line:?})")]
+    #[error(
+        "plugin speaks protocol {}; berth speaks grpc only (line {})",
+        Quoted(protocol),
+        Quoted(line)
+    )]
     Protocol {
         /// What the plugin said (`netrpc` when absent, as go-plugin assumes).
         protocol: String,
@@ -130,26 +155,26 @@ pub struct Handshake {
 /// app version 2, network `unix` (or `tcp` on loopback), protocol `grpc`, no certificate.
 pub fn parse(line: &str) -> Result<Handshake, HandshakeError> {
     let line = line.trim();
-    let quoted = || text::cut(line, 200);
+    let quoted = || line.to_string();
     let parts: Vec<&str> = line.split('|').collect();
     if parts.len() < 4 {
         return Err(HandshakeError::Unrecognized { line: quoted() });
     }
     if parts[0].trim().parse::<u32>() != Ok(CORE_PROTOCOL_VERSION) {
         return Err(HandshakeError::CoreVersion {
-            found: text::cut(parts[0], 40),
+            found: parts[0].to_string(),
             line: quoted(),
         });
     }
     if parts[1].trim().parse::<u32>() != Ok(APP_PROTOCOL_VERSION) {
         return Err(HandshakeError::AppVersion {
-            found: text::cut(parts[1], 40),
+            found: parts[1].to_string(),
             line: quoted(),
         });
     }
     let address = parts[3];
     let bad_address = |reason: &str| HandshakeError::Address {
-        address: text::cut(address, 200),
+        address: address.to_string(),
         reason: reason.to_string(),
         line: quoted(),
     };
@@ -176,7 +201,7 @@ pub fn parse(line: &str) -> Result<Handshake, HandshakeError> {
         }
         other => {
             return Err(HandshakeError::Network {
-                network: text::cut(other, 40),
+                network: other.to_string(),
                 line: quoted(),
             });
         }
@@ -184,7 +209,7 @@ pub fn parse(line: &str) -> Result<Handshake, HandshakeError> {
     let protocol = parts.get(4).copied().unwrap_or("netrpc");
     if protocol != "grpc" {
         return Err(HandshakeError::Protocol {
-            protocol: text::cut(protocol, 40),
+            protocol: protocol.to_string(),
             line: quoted(),
         });
     }

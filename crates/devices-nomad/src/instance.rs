@@ -8,25 +8,34 @@ use std::{
     collections::BTreeMap,
     convert::Infallible,
     io,
-    path::{Path, PathBuf},
+    path::PathBuf,
     process::ExitStatus,
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
-use berth_devices::plugin::{Generation, PluginEvent, PluginId, PluginOps, PluginSink};
-use berth_sys::slot::{PluginSlot, RestartPolicy};
+use berth_devices::{
+    grpc::status_line,
+    plugin::{Generation, PluginEvent, PluginId, PluginOps, PluginSink},
+};
+use berth_sys::{
+    MAX_SOCKET_PATH,
+    slot::{PluginSlot, RestartPolicy},
+};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::{
-    client::{NomadClient, PluginInfo},
+    client::{NomadClient, PluginInfo, PluginKind},
     convert, hclspec,
-    launch::{self, LaunchError, LaunchSpec, MAX_SOCKET_PATH, PluginProcess, SOCKET_NAME_LEN},
+    launch::{self, LaunchError, LaunchSpec, PluginProcess, SOCKET_NAME_LEN},
     msgpack,
     ops::NomadOps,
-    text,
+    text::Secrets,
 };
 
 /// The log file in a plugin's directory (its stderr and stdout, appended). The slot's lock
@@ -72,6 +81,13 @@ pub struct NomadPluginConfig {
     pub liveness_failures: u32,
     /// `PLUGIN_MIN_PORT` and `PLUGIN_MAX_PORT` (Nomad's client defaults: 14000 to 14512).
     pub ports: (u16, u16),
+    /// The binary was found in `plugin_dir` without a `plugin` block: it may be any plugin.
+    /// Until it has once said it is a device plugin (`PluginInfo`), nothing is reported to the
+    /// sink, and `run` stops for good when it is another kind of plugin (logged at info) or
+    /// when that first start fails (it is no Nomad plugin, or a broken one; logged as a
+    /// warning), as Nomad's loader skips such files. Once it said it is a device plugin, it is
+    /// supervised like a declared one.
+    pub found_in_plugin_dir: bool,
 }
 
 impl std::fmt::Debug for NomadPluginConfig {
@@ -85,6 +101,7 @@ impl std::fmt::Debug for NomadPluginConfig {
             .field("dir", &self.dir)
             .field("stats_interval", &self.stats_interval)
             .field("restart", &self.restart)
+            .field("found_in_plugin_dir", &self.found_in_plugin_dir)
             .finish_non_exhaustive()
     }
 }
@@ -100,7 +117,7 @@ pub fn config_keys(config: &serde_json::Value) -> Vec<&str> {
 impl NomadPluginConfig {
     /// A config with the defaults: no args, no env, an empty `config`, stats every second,
     /// [`RestartPolicy::default`], 10 s calls, 30 s to start, liveness every 5 s with a 2 s
-    /// deadline and 3 failures allowed.
+    /// deadline and 3 failures allowed; declared (not found in `plugin_dir`).
     pub fn new(
         name: impl Into<String>,
         command: impl Into<PathBuf>,
@@ -121,6 +138,7 @@ impl NomadPluginConfig {
             liveness_timeout: Duration::from_secs(2),
             liveness_failures: 3,
             ports: (14000, 14512),
+            found_in_plugin_dir: false,
         }
     }
 
@@ -153,6 +171,8 @@ pub struct NomadPlugin {
     config: NomadPluginConfig,
     id: PluginId,
     spec: LaunchSpec,
+    /// The config's values, scrubbed from what the plugin says.
+    secrets: Secrets,
 }
 
 impl NomadPlugin {
@@ -228,6 +248,7 @@ impl NomadPlugin {
         };
         Ok(Self {
             id: PluginId::nomad(config.name.clone()),
+            secrets: Secrets::of_config(&config.config),
             config,
             spec,
         })
@@ -251,7 +272,12 @@ impl NomadPlugin {
     /// is tried again, and it is restarted with the restart policy's backoff, forever. At
     /// shutdown it is asked to exit (`GRPCController.Shutdown`), killed after the stop grace if
     /// it does not, the slot is released, and `Removed` is reported. Returns once nothing of
-    /// it runs.
+    /// it runs. What the plugin says (its errors, its output, its name and version) is
+    /// scrubbed of its config's values before it is reported or logged.
+    ///
+    /// A plugin [found in `plugin_dir`](NomadPluginConfig::found_in_plugin_dir) that turns out
+    /// not to be a device plugin (or whose first start fails) is stopped, its slot released,
+    /// and `run` returns without having told `sink` anything.
     pub async fn run(self, sink: Arc<dyn PluginSink>, shutdown: CancellationToken) {
         let span = tracing::info_span!("nomad_device_plugin", plugin = %self.config.name);
         self.supervise(sink, shutdown).instrument(span).await;
@@ -268,12 +294,14 @@ impl NomadPlugin {
             policy: self.config.restart,
             last: None,
         };
+        // A plugin found in plugin_dir is unproven until it says it is a device plugin.
+        let unproven = AtomicBool::new(self.config.found_in_plugin_dir);
         loop {
             let wait = match self
-                .run_once(&mut slot, &reporter, &shutdown, &mut backoff)
+                .run_once(&mut slot, &reporter, &shutdown, &mut backoff, &unproven)
                 .await
             {
-                RunEnd::Shutdown => break,
+                RunEnd::Shutdown | RunEnd::Skip => break,
                 RunEnd::Retry(wait) => wait,
             };
             tokio::select! {
@@ -285,26 +313,33 @@ impl NomadPlugin {
         if !stuck.is_empty() {
             tracing::error!(plugin = %self.config.name, pids = ?stuck, "plugin processes survive SIGKILL");
         }
-        reporter.report(PluginEvent::Removed {
-            reason: "the agent is shutting down".to_string(),
-        });
+        if !unproven.load(Ordering::Relaxed) {
+            reporter.report(PluginEvent::Removed {
+                reason: "the agent is shutting down".to_string(),
+            });
+        }
     }
 
     /// One start of the plugin, until it fails (`Retry`, after `Down` was reported and the
-    /// process stopped) or shutdown (`Shutdown`, the process stopped).
+    /// process stopped), shutdown (`Shutdown`, the process stopped), or, while `unproven`
+    /// (found in `plugin_dir`, not yet seen to be a device plugin), until it is seen not to
+    /// be one or fails (`Skip`, the process stopped, nothing reported).
     async fn run_once(
         &self,
         slot: &mut PluginSlot,
         reporter: &Reporter,
         shutdown: &CancellationToken,
         backoff: &mut Backoff,
+        unproven: &AtomicBool,
     ) -> RunEnd {
         let name = &self.config.name;
         let started = Instant::now();
-        let secrets = text::config_secrets(&self.config.config);
+        // `reason` is scrubbed already.
         let mut down = |reason: String| {
-            // The plugin's own words (its output, its errors) may repeat its config.
-            let reason = text::scrub(&reason, &secrets);
+            if unproven.load(Ordering::Relaxed) {
+                tracing::warn!(plugin = %name, %reason, "a file found in plugin_dir did not start as a Nomad device plugin; it is not run");
+                return RunEnd::Skip;
+            }
             let wait = backoff.next(started.elapsed());
             tracing::warn!(plugin = %name, %reason, retry_in = %berth_sys::short_duration(wait), "device plugin down");
             reporter.report(PluginEvent::Down {
@@ -313,6 +348,8 @@ impl NomadPlugin {
             });
             RunEnd::Retry(wait)
         };
+        // The plugin's own words (its output, its errors) may repeat its config.
+        let scrub = |reason: String| self.secrets.scrub(&reason);
         let claimed = tokio::select! {
             r = slot.claim(self.config.restart.stop_grace) => r,
             () = shutdown.cancelled() => return RunEnd::Shutdown,
@@ -323,28 +360,34 @@ impl NomadPlugin {
         let mut process = match launch::launch(&self.spec, slot, shutdown).await {
             Ok(p) => p,
             Err(LaunchError::Cancelled { .. }) => return RunEnd::Shutdown,
-            Err(e) => return down(e.to_string()),
+            Err(e) => return down(scrub(e.to_string())),
         };
         if let Err(e) = slot.record(process.pid()) {
             // The copy is marked and holds the lock: the next agent finds it without the file.
             tracing::warn!(plugin = %name, error = %e, "cannot write the plugin's pid file");
         }
-        let client = NomadClient::new(name, process.address(), self.config.call_timeout);
+        let client = NomadClient::new(name, process.address(), self.config.call_timeout)
+            .scrubbing(self.secrets.clone());
 
         let setup = tokio::select! {
-            r = self.setup(&client) => Step::Done(r),
+            r = self.setup(&client, unproven) => Step::Done(r),
             r = process.wait() => Step::Exited(r),
             () = shutdown.cancelled() => Step::Shutdown,
         };
         let info = match setup {
             Step::Done(Ok(info)) => info,
-            Step::Done(Err(reason)) => {
+            Step::Done(Err(Setup::NotADevicePlugin(kind))) => {
+                tracing::info!(plugin = %name, %kind, "plugin_dir holds a {kind} plugin, not a device plugin: berth runs device plugins only; it is not run");
+                self.stop(process, Some(&client), slot).await;
+                return RunEnd::Skip;
+            }
+            Step::Done(Err(Setup::Failed(reason))) => {
                 // A call that failed because the plugin died says less than its exit status.
                 let reason = match tokio::time::timeout(EXIT_GRACE, process.wait()).await {
                     Ok(r) => format!("{} while starting; {reason}", exited(&r)),
                     Err(_) => reason,
                 };
-                let end = down(reason);
+                let end = down(scrub(reason));
                 self.stop(process, Some(&client), slot).await;
                 return end;
             }
@@ -361,13 +404,14 @@ impl NomadPlugin {
 
         let ops = NomadOps::new(self.id.clone(), client.clone());
         let generation = reporter.attach(ops.clone());
+        let (plugin_name, version) = (scrub(info.name), scrub(info.version));
         reporter.event(
             generation,
             PluginEvent::Ready {
-                detail: format!("{} {}, pid {}", info.name, info.version, process.pid()),
+                detail: format!("{plugin_name} {version}, pid {}", process.pid()),
             },
         );
-        tracing::info!(plugin = %name, pid = process.pid(), version = %info.version, address = %process.address(), "device plugin ready");
+        tracing::info!(plugin = %name, pid = process.pid(), %version, address = %process.address(), "device plugin ready");
 
         let followed = tokio::select! {
             reason = self.follow_fingerprints(&client, reporter, generation) => Ended::Fingerprint(reason),
@@ -395,6 +439,7 @@ impl NomadPlugin {
                     Ok(r) => format!("{}; {reason}", exited(&r)),
                     Err(_) => reason,
                 };
+                let reason = scrub(reason);
                 ops.disconnect(&reason);
                 let end = down(reason);
                 self.stop(process, Some(&client), slot).await;
@@ -402,6 +447,7 @@ impl NomadPlugin {
             }
             // The plugin hangs: no point in asking it to stop.
             Ended::Hung(reason) => {
+                let reason = scrub(reason);
                 ops.disconnect(&reason);
                 let end = down(reason);
                 process.kill().await;
@@ -412,20 +458,34 @@ impl NomadPlugin {
     }
 
     /// `PluginInfo` (a device plugin of our API version?), `ConfigSchema`, the schema applied
-    /// to the config, `SetConfig`. The reason, for `Down`, when any fails.
-    async fn setup(&self, client: &NomadClient) -> Result<PluginInfo, String> {
+    /// to the config, `SetConfig`. What failed, when anything does. While `unproven`, another
+    /// kind of plugin is [`Setup::NotADevicePlugin`], and a device plugin makes it proven.
+    async fn setup(
+        &self,
+        client: &NomadClient,
+        unproven: &AtomicBool,
+    ) -> Result<PluginInfo, Setup> {
         let name = &self.config.name;
-        let info = client.plugin_info().await.map_err(|e| e.to_string())?;
-        info.check_device(name).map_err(|e| e.to_string())?;
-        let schema = client.config_schema().await.map_err(|e| e.to_string())?;
-        let decoded = hclspec::apply(name, schema.as_ref(), &self.config.config)
-            .map_err(|e| e.to_string())?;
+        let failed = |e: &dyn std::fmt::Display| Setup::Failed(e.to_string());
+        let info = client.plugin_info().await.map_err(|e| failed(&e))?;
+        if unproven.load(Ordering::Relaxed) {
+            if info.kind != PluginKind::Device {
+                return Err(Setup::NotADevicePlugin(info.kind));
+            }
+            unproven.store(false, Ordering::Relaxed);
+            tracing::info!(plugin = %name, "device plugin found in plugin_dir");
+        }
+        info.check_device(name).map_err(|e| failed(&e))?;
+        let schema = client.config_schema().await.map_err(|e| failed(&e))?;
+        let decoded =
+            hclspec::apply(name, schema.as_ref(), &self.config.config).map_err(|e| failed(&e))?;
         let bytes = decoded.as_ref().map(msgpack::encode).unwrap_or_default();
         client.set_config(bytes).await.map_err(|e| {
-            format!(
-                "plugin {name:?} refused its configuration (SetConfig): {}",
+            Setup::Failed(format!(
+                "plugin {} refused its configuration (SetConfig): {}",
+                berth_input::Quoted(name),
                 e.failure
-            )
+            ))
         })?;
         Ok(info)
     }
@@ -452,7 +512,7 @@ impl NomadPlugin {
                 Err(status) => {
                     return format!(
                         "plugin {name:?}: Fingerprint stream failed: {}",
-                        text::status(&status)
+                        status_line(&status)
                     );
                 }
             }
@@ -483,7 +543,7 @@ impl NomadPlugin {
                             tracing::info!(plugin = %name, "the plugin reports no statistics");
                             return std::future::pending().await;
                         }
-                        Err(s) => break format!("Stats stream failed: {}", text::status(&s)),
+                        Err(s) => break format!("Stats stream failed: {}", status_line(&s)),
                     }
                 },
                 Err(e) if e.code() == Some(tonic::Code::Unimplemented) => {
@@ -494,6 +554,7 @@ impl NomadPlugin {
             };
             let wait = self.config.restart.next_wait(last_wait, Duration::ZERO);
             last_wait = Some(wait);
+            let failure = self.secrets.scrub(&failure);
             tracing::warn!(plugin = %name, error = %failure, retry_in = %berth_sys::short_duration(wait), "device statistics failed");
             tokio::time::sleep(wait).await;
         }
@@ -565,6 +626,16 @@ enum Ended {
 enum RunEnd {
     Retry(Duration),
     Shutdown,
+    /// Found in `plugin_dir` and not (or not working as) a device plugin: not run.
+    Skip,
+}
+
+/// Why [`NomadPlugin::setup`] failed.
+enum Setup {
+    /// An unproven plugin is another kind of plugin.
+    NotADevicePlugin(PluginKind),
+    /// A call failed, the plugin is not of our API version, or its config was refused.
+    Failed(String),
 }
 
 struct Backoff {
@@ -611,11 +682,6 @@ impl Reporter {
         };
         self.event(generation, event);
     }
-}
-
-/// Whether `path` is short enough to be `dir` of a [`NomadPluginConfig`].
-pub fn fits_socket_path(dir: &Path) -> bool {
-    dir.join(SOCKET_DIR).as_os_str().len() + SOCKET_NAME_LEN <= MAX_SOCKET_PATH
 }
 
 #[cfg(test)]

@@ -15,7 +15,11 @@ use std::{
     time::Duration,
 };
 
-use berth_sys::slot::{PluginSlot, open_private_append};
+use berth_input::shown_within;
+use berth_sys::{
+    MAX_SOCKET_PATH,
+    slot::{PluginSlot, open_private_append},
+};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -35,16 +39,13 @@ use crate::{
         MAX_PORT_VAR, MIN_PORT_VAR, NOT_RUN_DIRECTLY_NOTICE, PROTOCOL_VERSIONS_VAR, PluginAddress,
         UNIX_SOCKET_DIR_VAR,
     },
-    text,
 };
 
-/// The longest unix socket path (`sun_path` holds 108 bytes with the NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
 /// What go-plugin adds to the socket directory: `/plugin` and up to ten digits.
 pub const SOCKET_NAME_LEN: usize = "/plugin".len() + 10;
 /// The longest handshake line read; a longer one is garbage.
 const MAX_LINE: u64 = 4096;
-/// How much of what a failed plugin printed an error quotes, per stream.
+/// How many characters of what a failed plugin printed an error quotes, per stream.
 const QUOTE: usize = 600;
 /// How long the stdout drain may take to catch a stopped plugin's last words.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
@@ -335,9 +336,9 @@ enum Failed {
 fn launch_failure(spec: &LaunchSpec, failed: Failed, stdout: &str, log_start: u64) -> LaunchError {
     let stderr = read_log_since(&spec.log, log_start);
     let output = format!(
-        "it printed on stdout: {:?}; on stderr: {:?}",
-        text::cut(stdout.trim_end(), QUOTE),
-        text::cut(stderr.trim_end(), QUOTE)
+        "it printed on stdout: \"{}\"; on stderr: \"{}\"",
+        shown_within(stdout.trim_end(), QUOTE),
+        shown_within(stderr.trim_end(), QUOTE)
     );
     let plugin = spec.name.clone();
     let command = spec.command.clone();
@@ -354,11 +355,9 @@ fn launch_failure(spec: &LaunchSpec, failed: Failed, stdout: &str, log_start: u6
         Failed::Garbage => LaunchError::Handshake {
             plugin,
             command,
-            source: HandshakeError::Unrecognized {
-                line: format!(
-                    "{} (no newline in {MAX_LINE} bytes)",
-                    text::cut(stdout, 200)
-                ),
+            source: HandshakeError::NoNewline {
+                max: MAX_LINE,
+                start: stdout.to_string(),
             },
             output,
         },

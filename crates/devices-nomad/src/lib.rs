@@ -11,8 +11,13 @@
 //! - [`client`]: the calls, each with a deadline;
 //! - [`hclspec`] and [`msgpack`]: the schema applied to the config, and its encoding;
 //! - [`convert`]: Nomad's messages in berth's device model; [`ops`]: `Reserve`;
-//! - [`inspect()`]: a one-shot probe (what plugin is this binary?);
+//! - [`layout`]: each plugin's directory under the agent's devices root, and stopping what a
+//!   killed agent left running there;
 //! - [`proto`]: the generated bindings.
+//!
+//! Binaries found in `plugin_dir` without a `plugin` block run as
+//! [`NomadPlugin`]s too, [marked as found](NomadPluginConfig::found_in_plugin_dir): one that
+//! is not a device plugin stops by itself, telling the device manager nothing.
 //!
 //! The crate also builds `berth-nomad-device`, an example device plugin (files in a directory
 //! as devices) that speaks the protocol as a go-plugin server does, for tests.
@@ -24,9 +29,9 @@ pub mod client;
 pub mod convert;
 pub mod handshake;
 pub mod hclspec;
-pub mod inspect;
 pub mod instance;
 pub mod launch;
+pub mod layout;
 pub mod msgpack;
 pub mod ops;
 pub mod proto;
@@ -34,7 +39,7 @@ mod text;
 
 pub use client::{CallError, CallFailure, NomadClient, NotADevicePlugin, PluginInfo, PluginKind};
 pub use handshake::{DEVICE_API_VERSION, PluginAddress};
-pub use inspect::{InspectError, InspectOptions, inspect, inspect_with};
 pub use instance::{ConfigInvalid, NomadPlugin, NomadPluginConfig};
 pub use launch::{LaunchError, LaunchSpec, PluginProcess};
+pub use layout::{plugin_dir, stop_leftovers};
 pub use ops::NomadOps;

@@ -1,10 +1,11 @@
 //! What the device manager asks of one attached instance of a Nomad device plugin
-//! ([`PluginOps`]): `Reserve` over the instance's connection, while it lives.
+//! ([`PluginOps`]): `Reserve` over the instance's connection, while it lives. What the plugin
+//! says in a failure is scrubbed of its config values before the manager sees it.
 
 use std::sync::{Arc, RwLock};
 
 use berth_devices::{
-    BoxFuture,
+    BoxFuture, grpc,
     model::ContainerEdits,
     plugin::{PluginError, PluginId, PluginOps},
 };
@@ -55,30 +56,21 @@ impl NomadOps {
         })
     }
 
-    fn error(&self, e: CallError) -> PluginError {
+    /// The manager's view of a failed call through `client`: as every device plugin's
+    /// ([`grpc::plugin_error`]); the message is already scrubbed by the client.
+    fn error(&self, client: &NomadClient, e: CallError) -> PluginError {
         match e.failure {
             CallFailure::Timeout(after) => PluginError::Timeout {
                 plugin: self.plugin.clone(),
                 call: e.call.to_string(),
                 after,
             },
-            // The transport's codes: the plugin cannot be reached.
-            CallFailure::Status {
-                code: tonic::Code::Unavailable | tonic::Code::Cancelled,
-                message,
-            } => PluginError::Unavailable {
-                plugin: self.plugin.clone(),
-                reason: format!("{} failed: {message}", e.call),
-            },
-            CallFailure::Status { code, message } => PluginError::Refused {
-                plugin: self.plugin.clone(),
-                call: e.call.to_string(),
-                message: if message.is_empty() {
-                    format!("{code:?}")
-                } else {
-                    format!("{message} ({code:?})")
-                },
-            },
+            CallFailure::Status { code, message } => grpc::plugin_error(
+                &self.plugin,
+                e.call,
+                client.timeout(),
+                &tonic::Status::new(code, message),
+            ),
         }
     }
 }
@@ -93,8 +85,20 @@ impl PluginOps for NomadOps {
             let resp = client
                 .reserve(device_ids)
                 .await
-                .map_err(|e| self.error(e))?;
-            crate::convert::container_edits(&self.plugin, resp)
+                .map_err(|e| self.error(&client, e))?;
+            // A path the plugin answered may hold a config value too.
+            crate::convert::container_edits(&self.plugin, resp).map_err(|e| match e {
+                PluginError::BadAnswer {
+                    plugin,
+                    call,
+                    reason,
+                } => PluginError::BadAnswer {
+                    plugin,
+                    call,
+                    reason: client.secrets().scrub(&reason),
+                },
+                other => other,
+            })
         })
     }
 }

@@ -1,82 +1,101 @@
-//! Text from a plugin (its output, its error messages) made safe to put in an error, an
-//! event or a log line: one line, no control characters, bounded.
+//! The values of a plugin's `config` block that could be credentials, scrubbed from what the
+//! plugin says before it enters berth (`Down` reasons, refused calls, log lines): a plugin
+//! may repeat its config in its errors and its output.
 
-/// What the user's `config` block holds that could be a credential: its string values of at
-/// least 4 characters, but absolute paths (which diagnose most failures, and are no
-/// secret). Longest first, so a value inside another is not half replaced.
-pub(crate) fn config_secrets(config: &serde_json::Value) -> Vec<String> {
-    fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
-        match v {
-            serde_json::Value::String(s) if s.chars().count() >= 4 && !s.starts_with('/') => {
-                out.push(s.clone());
+use std::{fmt, sync::Arc};
+
+/// What is replaced.
+const REDACTED: &str = "[REDACTED]";
+
+/// The shortest config string value that is scrubbed: shorter ones (`true`, `soon`, `eth0`,
+/// `nvidia`) are settings the user needs to see in an error about them, and too common to
+/// replace wherever they appear.
+const MIN_SECRET_CHARS: usize = 8;
+
+/// The config values to scrub. Cheap to clone; `Debug` shows how many, never what.
+#[derive(Clone, Default)]
+pub(crate) struct Secrets(Arc<[String]>);
+
+impl fmt::Debug for Secrets {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Secrets({} values)", self.0.len())
+    }
+}
+
+impl Secrets {
+    /// The string values of `config` (at any depth) of at least [`MIN_SECRET_CHARS`]
+    /// characters, but absolute paths and Go durations (settings that diagnose most failures,
+    /// and no secret), each also as an error escapes it; longest first, so a value inside
+    /// another is not half replaced.
+    pub(crate) fn of_config(config: &serde_json::Value) -> Self {
+        fn walk(v: &serde_json::Value, out: &mut Vec<String>) {
+            match v {
+                serde_json::Value::String(s)
+                    if s.chars().count() >= MIN_SECRET_CHARS
+                        && !s.starts_with('/')
+                        && !is_go_duration(s) =>
+                {
+                    // As it is, as `Shown`/`shown_within` escape it, as `Quoted`/`{:?}` do.
+                    out.push(s.clone());
+                    out.push(berth_input::shown_within(s, usize::MAX));
+                    out.push(s.escape_debug().to_string());
+                }
+                serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
+                serde_json::Value::Object(map) => map.values().for_each(|i| walk(i, out)),
+                _ => {}
             }
-            serde_json::Value::Array(items) => items.iter().for_each(|i| walk(i, out)),
-            serde_json::Value::Object(map) => map.values().for_each(|i| walk(i, out)),
-            _ => {}
         }
+        let mut out = Vec::new();
+        walk(config, &mut out);
+        out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        out.dedup();
+        Self(out.into())
     }
-    let mut out = Vec::new();
-    walk(config, &mut out);
-    out.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
-    out.dedup();
-    out
+
+    /// `text` with every value replaced by `[REDACTED]`.
+    pub(crate) fn scrub(&self, text: &str) -> String {
+        let mut out = text.to_string();
+        for s in self.0.iter() {
+            if out.contains(s.as_str()) {
+                out = out.replace(s.as_str(), REDACTED);
+            }
+        }
+        out
+    }
 }
 
-/// `text` with every one of `secrets` replaced by `[REDACTED]`: what a plugin prints or
-/// answers may repeat a value of its config.
-pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
-    let mut out = text.to_string();
-    for s in secrets {
-        if out.contains(s.as_str()) {
-            out = out.replace(s.as_str(), "[REDACTED]");
+/// Whether `s` is a Go duration as `time.ParseDuration` reads it: an optional sign, then `0`
+/// or one or more decimal numbers each with a unit (`ns`, `us`, `µs`, `ms`, `s`, `m`, `h`):
+/// `1h30m`, `-1.5s`, `100ms`.
+fn is_go_duration(s: &str) -> bool {
+    let mut rest = s.strip_prefix(['+', '-']).unwrap_or(s);
+    if rest == "0" {
+        return true;
+    }
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number = &rest[..digits];
+        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+            return false;
         }
+        rest = &rest[digits..];
+        let Some(unit) = ["ns", "us", "\u{b5}s", "\u{3bc}s", "ms", "s", "m", "h"]
+            .into_iter()
+            .find(|u| {
+                rest.strip_prefix(u)
+                    .is_some_and(|after| !after.starts_with(|c: char| c.is_alphabetic()))
+            })
+        else {
+            return false;
+        };
+        rest = &rest[unit.len()..];
     }
-    out
-}
-
-/// How much of a plugin's message is kept.
-pub(crate) const MAX_MESSAGE: usize = 512;
-
-/// `text` with control characters escaped (`\n`, `\u{1b}`…) and cut to about `max` bytes
-/// (a `…` marks the cut).
-pub(crate) fn clean(text: &str, max: usize) -> String {
-    let mut out = String::with_capacity(text.len().min(max) + 4);
-    for c in text.chars() {
-        if out.len() >= max {
-            out.push('…');
-            break;
-        }
-        if c.is_control() {
-            out.extend(c.escape_default());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// `text` cut to about `max` bytes (a `…` marks the cut), for quoting with `{:?}`, which
-/// escapes it.
-pub(crate) fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_string();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-/// A gRPC status as one clean line: its message (or its code's description when empty) and
-/// its code.
-pub(crate) fn status(status: &tonic::Status) -> String {
-    let message = status.message().trim();
-    if message.is_empty() {
-        format!("{:?}: {}", status.code(), status.code().description())
-    } else {
-        format!("{:?}: {}", status.code(), clean(message, MAX_MESSAGE))
-    }
+    true
 }
 
 #[cfg(test)]
@@ -84,30 +103,44 @@ mod tests {
     use super::*;
 
     #[test]
-    fn config_values_are_scrubbed_but_paths() {
-        let secrets = config_secrets(&serde_json::json!({
+    fn long_values_are_scrubbed_but_paths_durations_and_short_settings() {
+        let secrets = Secrets::of_config(&serde_json::json!({
             "token": "s3cr3t-value", "dir": "/var/lib/x", "n": 1234, "on": true,
-            "nested": {"list": ["abc", "hunter2-long"]}
+            "period": "1h30m0s", "short": "soon",
+            "nested": {"list": ["abc", "hunter2-long"], "tab": "ab\tcd-efgh"}
         }));
-        assert_eq!(secrets, ["hunter2-long", "s3cr3t-value"]);
         assert_eq!(
-            scrub(
-                "bad token s3cr3t-value in /var/lib/x (hunter2-long)",
-                &secrets
-            ),
-            "bad token [REDACTED] in /var/lib/x ([REDACTED])"
+            secrets
+                .scrub("bad token s3cr3t-value in /var/lib/x (hunter2-long) every 1h30m0s, soon"),
+            "bad token [REDACTED] in /var/lib/x ([REDACTED]) every 1h30m0s, soon"
         );
+        // Escaped as an error shows it, it is still found.
+        assert_eq!(secrets.scrub("got \"ab\\tcd-efgh\""), "got \"[REDACTED]\"");
+        assert_eq!(secrets.scrub("ab\tcd-efgh"), "[REDACTED]");
+        assert!(!format!("{secrets:?}").contains("s3cr3t"));
+        assert_eq!(Secrets::default().scrub("as is"), "as is");
     }
 
     #[test]
-    fn escapes_and_cuts() {
-        assert_eq!(clean("a\nb\u{1b}[0m", 100), "a\\nb\\u{1b}[0m");
-        let long = "x".repeat(100);
-        let cut = clean(&long, 10);
-        assert_eq!(cut, format!("{}…", "x".repeat(10)));
-        assert_eq!(
-            status(&tonic::Status::not_found("no\ndevice")),
-            "NotFound: no\\ndevice"
-        );
+    fn go_durations_are_recognised() {
+        for d in [
+            "0", "5s", "100ms", "1h30m0s", "-1.5h", "+2us", "3\u{b5}s", "1.s", ".5m",
+        ] {
+            assert!(is_go_duration(d), "{d:?}");
+        }
+        for d in [
+            "",
+            "s",
+            "5",
+            "5x",
+            "1.2.3s",
+            "1sec",
+            "soon",
+            "00",
+            "--1s",
+            "hunter2-long",
+        ] {
+            assert!(!is_go_duration(d), "{d:?}");
+        }
     }
 }

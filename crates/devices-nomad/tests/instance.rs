@@ -381,6 +381,49 @@ async fn a_config_error_names_the_field_and_is_retried() {
     let run = Running::start(config);
     let (reason, _, _) = run.sink.down(0).await;
     assert!(reason.starts_with("plugin \"files\" refused its configuration (SetConfig): InvalidArgument: config key \"list_period\""), "{reason}");
+    // The bad value is named: a short setting is no secret.
+    assert!(
+        reason.contains("\"soon\" is not a positive Go duration"),
+        "{reason}"
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn what_the_plugin_says_is_scrubbed_of_its_config_values() {
+    let place = Place::new();
+    // A long value the plugin repeats in its refusal of the config.
+    let mut config = place.config("files");
+    config.config["list_period"] = "hunter2-hunter2".into();
+    let run = Running::start(config);
+    let (reason, _, _) = run.sink.down(0).await;
+    assert!(
+        reason.contains("config key \"list_period\": \"[REDACTED]\""),
+        "{reason}"
+    );
+    assert!(!reason.contains("hunter2"), "{reason}");
+    run.stop().await;
+
+    // A value the plugin repeats when it refuses a Reserve.
+    let sick = place.add_device("sick", b"");
+    std::fs::set_permissions(&sick, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let mut config = place.config("files");
+    config.config["unhealthy_perm"] = "-rw-rw-rw-".into();
+    let run = Running::start(config);
+    let (g, i) = run.sink.ready(0).await;
+    let (groups, _) = run.sink.devices(i, g).await;
+    assert!(!groups[0].instances[0].healthy);
+    let err = run
+        .sink
+        .ops(g)
+        .reserve(&["sick".to_string()])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, PluginError::Refused { message, .. }
+            if message.contains("bad permissions \"[REDACTED]\"") && !message.contains("-rw-rw-rw-")),
+        "{err}"
+    );
     run.stop().await;
 }
 
@@ -415,16 +458,21 @@ async fn socket_paths_that_do_not_fit_are_refused_up_front() {
     assert!(err.to_string().contains("must fit in 107 bytes"), "{err}");
 }
 
-/// Not a test by itself: the "agent" that [`a_plugin_left_by_a_killed_agent_is_stopped`] runs
-/// in a child process and kills with SIGKILL.
+/// Not a test by itself (hence ignored): the "agent" that [`spawn_agent`] runs in a child
+/// process, for tests to kill with SIGKILL. Runs the example plugin of the place at
+/// `BERTH_NOMAD_TEST_AGENT` in `BERTH_NOMAD_TEST_PLUGIN_DIR` (default: the place's).
 #[tokio::test]
+#[ignore = "run by the tests that kill an agent, in a child process"]
 async fn agent_child_helper() {
-    let Ok(root) = std::env::var("BERTH_NOMAD_TEST_AGENT") else {
-        return;
-    };
-    let root = PathBuf::from(root);
+    let root = PathBuf::from(
+        std::env::var("BERTH_NOMAD_TEST_AGENT")
+            .expect("run by a test, with BERTH_NOMAD_TEST_AGENT"),
+    );
     let ready = root.join("agent-ready");
-    let config = common::config_at(&root, "files");
+    let mut config = common::config_at(&root, "files");
+    if let Ok(dir) = std::env::var("BERTH_NOMAD_TEST_PLUGIN_DIR") {
+        config.dir = PathBuf::from(dir);
+    }
     let recorder = Recorder::with_callback(move |e| {
         if matches!(e, PluginEvent::Ready { .. }) {
             let _ = std::fs::write(&ready, b"ready");
@@ -436,27 +484,39 @@ async fn agent_child_helper() {
     drop(run);
 }
 
-#[tokio::test]
-async fn a_plugin_left_by_a_killed_agent_is_stopped() {
-    let place = Place::new();
-    place.add_device("a", b"");
-    let exe = std::env::current_exe().unwrap();
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
+/// A child process running [`agent_child_helper`]; killed (and reaped) when dropped.
+struct ChildAgent(std::process::Child);
+
+impl ChildAgent {
+    /// Kills the agent at once (SIGKILL), leaving its plugin behind.
+    fn kill9(mut self) {
+        self.0.kill().unwrap();
+        let _ = self.0.wait();
     }
-    let mut agent = Reap(
+}
+
+impl Drop for ChildAgent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts an agent in a child process running the place's example plugin in `dir`, and waits
+/// until the plugin is ready; returns it and the plugin's pid.
+async fn spawn_agent(place: &Place, dir: &std::path::Path) -> (ChildAgent, i32) {
+    let exe = std::env::current_exe().unwrap();
+    let agent = ChildAgent(
         std::process::Command::new(exe)
             .args([
+                "--ignored",
                 "--exact",
                 "agent_child_helper",
                 "--nocapture",
                 "--test-threads=1",
             ])
             .env("BERTH_NOMAD_TEST_AGENT", place.tmp.path())
+            .env("BERTH_NOMAD_TEST_PLUGIN_DIR", dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -468,10 +528,33 @@ async fn a_plugin_left_by_a_killed_agent_is_stopped() {
         || async { ready.exists() },
         "the child agent's plugin is ready"
     );
-    let old = recorded_pid(&place).await;
+    let _ = std::fs::remove_file(&ready);
+    let pid_file = dir.join("plugin.pid");
+    let mut pid = 0;
+    assert_eventually!(
+        WAIT,
+        || {
+            pid = std::fs::read_to_string(&pid_file)
+                .unwrap_or_default()
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            let found = pid > 0;
+            async move { found }
+        },
+        "the pid file {}",
+        pid_file.display()
+    );
+    (agent, pid)
+}
+
+#[tokio::test]
+async fn a_plugin_left_by_a_killed_agent_is_stopped() {
+    let place = Place::new();
+    place.add_device("a", b"");
+    let (agent, old) = spawn_agent(&place, &place.plugin_dir()).await;
     // The agent dies at once, leaving its plugin behind.
-    agent.0.kill().unwrap();
-    let _ = agent.0.wait();
+    agent.kill9();
     assert!(
         berth_sys::procs::is_alive(old),
         "the plugin outlives its killed agent"
@@ -487,4 +570,144 @@ async fn a_plugin_left_by_a_killed_agent_is_stopped() {
     assert_eq!(place.marked_processes(), vec![new]);
     run.stop().await;
     assert!(place.marked_processes().is_empty());
+}
+
+#[tokio::test]
+async fn leftovers_of_plugins_not_kept_are_stopped_and_kept_ones_left_alone() {
+    let place = Place::new();
+    place.add_device("a", b"");
+    let root = place.tmp.path().join("devices");
+    let dir = berth_devices_nomad::plugin_dir(&root, "files");
+    assert_eq!(dir, root.join("nomad/files"));
+    /// Whatever a failed assertion leaves in `dir` is killed.
+    struct Reap(PathBuf);
+    impl Drop for Reap {
+        fn drop(&mut self) {
+            for pid in common::marked_processes(&self.0) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+    let _reap = Reap(dir.clone());
+    let (agent, pid) = spawn_agent(&place, &dir).await;
+    agent.kill9();
+    assert_eq!(common::marked_processes(&dir), vec![pid]);
+    // A probe an agent of the earlier layout left: a directory of its own, removed.
+    let legacy = root.join("inspect/old-probe");
+    std::fs::create_dir_all(legacy.join("sock")).unwrap();
+
+    let grace = Duration::from_secs(2);
+    let keep = std::collections::BTreeSet::from(["files".to_string()]);
+    berth_devices_nomad::stop_leftovers(&root, &keep, grace).await;
+    assert!(
+        berth_sys::procs::is_alive(pid),
+        "a kept plugin's run claims its slot itself"
+    );
+    assert!(!root.join("inspect").exists());
+
+    berth_devices_nomad::stop_leftovers(&root, &Default::default(), grace).await;
+    assert!(!berth_sys::procs::is_alive(pid), "the leftover was stopped");
+    assert!(common::marked_processes(&dir).is_empty());
+    assert!(!dir.join("plugin.pid").exists());
+    assert!(dir.join("plugin.log").exists(), "its log stays");
+}
+
+#[tokio::test]
+async fn a_reserve_without_an_answer_times_out() {
+    let place = Place::new();
+    place.add_device("a", b"");
+    let mut config = place.config("files");
+    // Liveness stays out of the way: the call's own deadline must end it.
+    config.liveness_interval = Duration::from_secs(600);
+    config.call_timeout = Duration::from_millis(500);
+    let run = Running::start(config);
+    let (g, i) = run.sink.ready(0).await;
+    run.sink.devices(i, g).await;
+    let ops = run.sink.ops(g);
+    place.set_faults(&["hang"]);
+    let err = ops.reserve(&["a".to_string()]).await.unwrap_err();
+    assert_eq!(
+        err,
+        PluginError::Timeout {
+            plugin: berth_devices::plugin::PluginId::nomad("files"),
+            call: "Reserve".into(),
+            after: Duration::from_millis(500),
+        },
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "device plugin nomad:files did not answer Reserve within 500ms"
+    );
+    place.set_faults(&[]);
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_plugin_found_in_plugin_dir_that_is_no_device_plugin_stops_telling_nothing() {
+    let place = Place::new();
+    for (name, command, args, env) in [
+        // A Nomad plugin of another kind.
+        (
+            "drv",
+            common::plugin_bin(),
+            vec![],
+            vec![("BERTH_NOMAD_DEVICE_TYPE", "driver")],
+        ),
+        // No Nomad plugin at all.
+        (
+            "script",
+            PathBuf::from("/bin/sh"),
+            vec!["-c".to_string(), "echo not a plugin; exit 0".to_string()],
+            vec![],
+        ),
+    ] {
+        let mut config = place.config(name);
+        config.found_in_plugin_dir = true;
+        config.command = command;
+        config.args = args;
+        config
+            .env
+            .extend(env.into_iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let run = Running::start(config);
+        let sink = run.sink.clone();
+        tokio::time::timeout(WAIT, run.finished())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: run returns by itself"));
+        assert!(
+            sink.attachments() == 0 && sink.events().is_empty(),
+            "{name}: {sink:?}"
+        );
+        assert!(place.marked_processes().is_empty(), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn a_device_plugin_found_in_plugin_dir_runs_as_a_declared_one() {
+    let place = Place::new();
+    place.add_device("a", b"");
+    let mut config = place.config("files");
+    config.found_in_plugin_dir = true;
+    let run = Running::start(config);
+    let (g1, i) = run.sink.ready(0).await;
+    let (groups, i) = run.sink.devices(i, g1).await;
+    assert_eq!(groups[0].instances[0].id, "a");
+    // Once known to be a device plugin, a failure is Down and retried, like any plugin's.
+    place.set_faults(&["crash"]);
+    let (reason, retry_in, i) = run.sink.down(i).await;
+    assert!(reason.contains("exit status: 2"), "{reason}");
+    assert!(retry_in.is_some());
+    place.set_faults(&[]);
+    let (g2, _) = run.sink.ready(i).await;
+    assert!(g2 > g1);
+    let sink = run.sink.clone();
+    run.stop().await;
+    assert!(
+        matches!(sink.events().last(), Some((_, PluginEvent::Removed { .. }))),
+        "{:?}",
+        sink.events()
+    );
 }

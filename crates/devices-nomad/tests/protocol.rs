@@ -1,15 +1,16 @@
 //! The protocol without the supervisor: a raw client of the example plugin (which is strict
-//! about what the host owes it), the one-shot probe, and launch failures.
+//! about what the host owes it), and launch failures.
 
 mod common;
 
 use std::time::Duration;
 
 use berth_devices_nomad::{
-    CallFailure, InspectError, InspectOptions, LaunchError, LaunchSpec, NomadClient, PluginKind,
-    hclspec, inspect_with, launch, msgpack,
+    CallFailure, LaunchError, LaunchSpec, NomadClient, PluginAddress, PluginKind, hclspec, launch,
+    msgpack,
     proto::{
         base::{NomadConfig, SetConfigRequest},
+        device::{StatsRequest, device_plugin_client::DevicePluginClient},
         health::{self, health_client::HealthClient},
     },
 };
@@ -49,6 +50,21 @@ async fn the_plugin_refuses_a_config_without_the_schemas_defaults() {
     .await
     .expect("launched");
     let client = NomadClient::new("raw", process.address(), Duration::from_secs(5));
+    // It listens where it was told: in PLUGIN_UNIX_SOCKET_DIR.
+    let PluginAddress::Unix(socket) = process.address() else {
+        panic!("not a unix socket: {}", process.address())
+    };
+    assert_eq!(
+        socket.parent(),
+        Some(place.plugin_dir().join("sock").as_path())
+    );
+    assert!(
+        socket
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("plugin")),
+        "{}",
+        socket.display()
+    );
 
     let info = client.plugin_info().await.unwrap();
     assert_eq!(info.kind, PluginKind::Device);
@@ -57,11 +73,7 @@ async fn the_plugin_refuses_a_config_without_the_schemas_defaults() {
     info.check_device("raw").unwrap();
 
     // go-plugin's health service answers for "plugin".
-    let mut health =
-        HealthClient::new(berth_devices::grpc::unix_channel(match process.address() {
-            berth_devices_nomad::PluginAddress::Unix(p) => p,
-            other => panic!("{other}"),
-        }));
+    let mut health = HealthClient::new(berth_devices::grpc::unix_channel(socket));
     let status = health
         .check(health::HealthCheckRequest {
             service: "plugin".into(),
@@ -132,11 +144,64 @@ async fn the_plugin_refuses_a_config_without_the_schemas_defaults() {
         .await
         .expect("configured");
 
+    // Stats only with a positive collection interval: the host owes it.
+    let mut raw = DevicePluginClient::new(berth_devices::grpc::unix_channel(socket));
+    for (interval, want) in [
+        (None, "collection_interval is missing"),
+        (
+            Some(prost_types::Duration::default()),
+            "collection_interval 0s must be positive",
+        ),
+        (
+            Some(prost_types::Duration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            "collection_interval -1s must be positive",
+        ),
+    ] {
+        let status = raw
+            .stats(StatsRequest {
+                collection_interval: interval,
+            })
+            .await
+            .expect_err(want);
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().starts_with(want), "{status:?}");
+    }
+    let err = client.stats(Duration::ZERO).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    let mut stats = client.stats(Duration::from_millis(100)).await.unwrap();
+    assert!(stats.message().await.unwrap().is_some());
+
+    // Reserve names only what Fingerprint sent: nothing before the first list.
+    let err = client.reserve(&["a".to_string()]).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::FailedPrecondition), "{err}");
+    assert!(
+        err.to_string()
+            .contains("no device list was sent on Fingerprint"),
+        "{err}"
+    );
     let mut stream = client.fingerprint().await.unwrap();
     let first = stream.message().await.unwrap().unwrap();
     assert_eq!(first.device_group[0].devices[0].id, "a");
     let reserved = client.reserve(&["a".to_string()]).await.unwrap();
     assert!(reserved.container_res.is_some());
+    let err = client
+        .reserve(&["a".to_string(), "a".to_string()])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::InvalidArgument), "{err}");
+    assert!(err.to_string().contains("named twice"), "{err}");
+    // A device that appeared since the last list is not known to the host yet.
+    place.add_device("b", b"");
+    let err = client.reserve(&["b".to_string()]).await.unwrap_err();
+    assert_eq!(err.code(), Some(tonic::Code::NotFound), "{err}");
+    assert!(
+        err.to_string()
+            .contains("unknown device \"b\" (not in the list last sent on Fingerprint)"),
+        "{err}"
+    );
 
     let pid = i32::try_from(process.pid()).unwrap();
     let stopped = process
@@ -153,63 +218,31 @@ async fn the_plugin_refuses_a_config_without_the_schemas_defaults() {
     assert!(slot.release(Duration::from_secs(2)).await.is_empty());
 }
 
-fn options() -> InspectOptions {
-    InspectOptions {
-        start_timeout: Duration::from_secs(10),
-        ..InspectOptions::default()
-    }
-}
-
-#[tokio::test]
-async fn inspect_tells_what_a_binary_is_and_leaves_nothing() {
-    let place = Place::new();
-    let dir = place.plugin_dir();
-    let info = inspect_with(&plugin_bin(), &[], &dir, &options())
+/// Launches `/bin/sh -c script` as a plugin and returns why it failed; checks nothing it
+/// started is left.
+async fn launch_sh(place: &Place, script: &str, start_timeout: Duration) -> LaunchError {
+    let slot = claimed(place).await;
+    let mut s = spec(place, std::path::Path::new("/bin/sh"), &["-c", script]);
+    s.start_timeout = start_timeout;
+    let err = launch::launch(&s, &slot, &CancellationToken::new())
         .await
-        .unwrap();
-    assert_eq!(info.kind, PluginKind::Device);
-    assert_eq!(info.name, "berth-nomad-device");
-    assert!(marked_processes(&dir).is_empty());
-
-    let mut driver = options();
-    driver
-        .env
-        .insert("BERTH_NOMAD_DEVICE_TYPE".into(), "driver".into());
-    let info = inspect_with(&plugin_bin(), &[], &dir, &driver)
-        .await
-        .unwrap();
-    assert_eq!(info.kind, PluginKind::Driver);
-    assert_eq!(
-        info.check_device("gpu").unwrap_err().to_string(),
-        "plugin \"gpu\" is a driver plugin; berth runs device plugins only"
-    );
-    assert!(marked_processes(&dir).is_empty());
-}
-
-async fn inspect_sh(place: &Place, script: &str, options: &InspectOptions) -> LaunchError {
-    let dir = place.plugin_dir();
-    let err = inspect_with(
-        std::path::Path::new("/bin/sh"),
-        &["-c".to_string(), script.to_string()],
-        &dir,
-        options,
-    )
-    .await
-    .unwrap_err();
-    assert!(
-        marked_processes(&dir).is_empty(),
+        .expect_err(script);
+    // The group got SIGKILL and its leader is reaped; a child of the shell may take a moment
+    // more to die.
+    berth_testkit::assert_eventually!(
+        common::WAIT,
+        || async { marked_processes(&place.plugin_dir()).is_empty() },
         "nothing left after {script:?}"
     );
-    match err {
-        InspectError::Launch(e) => e,
-        other => panic!("not a launch error: {other}"),
-    }
+    assert!(slot.release(Duration::from_secs(2)).await.is_empty());
+    err
 }
 
 #[tokio::test]
 async fn launch_failures_quote_what_the_binary_printed() {
     let place = Place::new();
-    let err = inspect_sh(&place, "echo 'hello world'; sleep 60", &options()).await;
+    let normal = Duration::from_secs(10);
+    let err = launch_sh(&place, "echo 'hello world'; sleep 60", normal).await;
     assert!(matches!(err, LaunchError::Handshake { .. }), "{err}");
     assert!(
         err.to_string().contains("not a go-plugin handshake line"),
@@ -217,29 +250,38 @@ async fn launch_failures_quote_what_the_binary_printed() {
     );
     assert!(err.to_string().contains("hello world"), "{err}");
 
-    let err = inspect_sh(&place, "echo '1|2|unix|/x|netrpc|'; sleep 60", &options()).await;
+    let err = launch_sh(&place, "printf '%5000s' | tr ' ' x; sleep 60", normal).await;
+    assert!(
+        err.to_string().contains(
+            "no go-plugin handshake line: no newline in the first 4096 bytes, which begin \"xxx"
+        ),
+        "{err}"
+    );
+
+    let err = launch_sh(&place, "echo '1|2|unix|/x|netrpc|'; sleep 60", normal).await;
     assert!(err.to_string().contains("berth speaks grpc only"), "{err}");
 
-    let err = inspect_sh(&place, "echo early >&2; exit 3", &options()).await;
+    let err = launch_sh(&place, "echo early >&2; exit 3", normal).await;
     assert!(matches!(err, LaunchError::Exited { .. }), "{err}");
     assert!(err.to_string().contains("exit status: 3"), "{err}");
     assert!(err.to_string().contains("early"), "{err}");
 
-    let err = inspect_sh(
+    let err = launch_sh(
         &place,
         "printf 'This binary is a plugin. These are not meant to be executed directly.\\n' >&2; exit 1",
-        &options(),
+        normal,
     )
     .await;
     assert!(matches!(err, LaunchError::NotANomadPlugin { .. }), "{err}");
     assert!(err.to_string().contains("another magic cookie"), "{err}");
 
-    let quick = InspectOptions {
-        start_timeout: Duration::from_millis(500),
-        ..options()
-    };
     // A child that keeps the group alive: killed with it.
-    let err = inspect_sh(&place, "sleep 60 & echo waiting >&2; sleep 60", &quick).await;
+    let err = launch_sh(
+        &place,
+        "sleep 60 & echo waiting >&2; sleep 60",
+        Duration::from_millis(500),
+    )
+    .await;
     assert!(matches!(err, LaunchError::Timeout { .. }), "{err}");
     assert!(err.to_string().contains("waiting"), "{err}");
 
@@ -299,6 +341,12 @@ async fn launch_is_cancelled_cleanly() {
     };
     let (result, ()) = tokio::join!(launching, canceller);
     assert!(matches!(result, Err(LaunchError::Cancelled { .. })));
-    assert!(marked_processes(&place.plugin_dir()).is_empty());
+    // The group got SIGKILL and its leader is reaped; a child of the shell (`sleep`) may take
+    // a moment more to die.
+    berth_testkit::assert_eventually!(
+        common::WAIT,
+        || async { marked_processes(&place.plugin_dir()).is_empty() },
+        "nothing of the cancelled plugin runs"
+    );
     assert!(slot.release(Duration::from_secs(2)).await.is_empty());
 }

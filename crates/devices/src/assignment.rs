@@ -65,10 +65,3 @@ pub(crate) struct DeviceKey {
     pub source: AssignedSource,
     pub id: String,
 }
-
-/// Who holds a device.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Holder {
-    pub alloc_id: String,
-    pub task: String,
-}

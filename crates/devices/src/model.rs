@@ -2,8 +2,14 @@
 //! `NodeDeviceResource`), their health and locality, their statistics, and what a task gets
 //! for the instances reserved for it ([`ContainerEdits`]).
 
-use std::{collections::BTreeMap, fmt, path::PathBuf};
+use std::{
+    collections::BTreeMap,
+    fmt,
+    os::unix::ffi::OsStrExt as _,
+    path::{Component, Path, PathBuf},
+};
 
+use berth_input::Quoted;
 use serde::{Deserialize, Serialize};
 
 use crate::attribute::Attribute;
@@ -34,13 +40,6 @@ pub struct Locality {
     /// The NUMA nodes the instance is attached to (Kubernetes plugins report them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub numa_nodes: Vec<i64>,
-}
-
-impl Locality {
-    /// Whether nothing is known.
-    pub fn is_empty(&self) -> bool {
-        self.pci_bus_id.is_empty() && self.numa_nodes.is_empty()
-    }
 }
 
 /// One device instance of a group.
@@ -262,6 +261,65 @@ impl ContainerEdits {
             && self.device_nodes.is_empty()
             && self.cdi_devices.is_empty()
     }
+
+    /// Whether a task can be given these edits, whoever made them (a plugin's answer, a CDI
+    /// spec): env names non-empty without `=` or NUL, env values without NUL; the host and
+    /// task paths of every mount and device node absolute, without NUL and without `..`;
+    /// device node permissions only `r`, `w` and `m`, each at most once. The error names the
+    /// first entry found wrong and quotes its value (escaped and cut), e.g.
+    /// `mount 0: task_path "x" is not an absolute path`. CDI names are not looked at.
+    pub fn check(&self) -> Result<(), String> {
+        for (name, value) in &self.env {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(format!(
+                    "env name {} must be non-empty, without '=' or NUL",
+                    Quoted(name)
+                ));
+            }
+            if value.contains('\0') {
+                return Err(format!("env {}: the value holds a NUL byte", Quoted(name)));
+            }
+        }
+        for (i, m) in self.mounts.iter().enumerate() {
+            check_path(&m.host_path).map_err(|e| format!("mount {i}: host_path {e}"))?;
+            check_path(&m.task_path).map_err(|e| format!("mount {i}: task_path {e}"))?;
+        }
+        for (i, d) in self.device_nodes.iter().enumerate() {
+            check_path(&d.host_path).map_err(|e| format!("device {i}: host_path {e}"))?;
+            check_path(&d.task_path).map_err(|e| format!("device {i}: task_path {e}"))?;
+            let mut seen = [false; 3];
+            for c in d.permissions.chars() {
+                let slot = match c {
+                    'r' => 0,
+                    'w' => 1,
+                    'm' => 2,
+                    _ => usize::MAX,
+                };
+                if slot == usize::MAX || std::mem::replace(&mut seen[slot], true) {
+                    return Err(format!(
+                        "device {i}: permissions {} may only hold r, w and m, each at most once",
+                        Quoted(&d.permissions)
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// An absolute path without NUL and without `..`; else what is wrong, after the quoted path.
+fn check_path(p: &Path) -> Result<(), String> {
+    let shown = || Quoted(&p.to_string_lossy()).to_string();
+    if p.as_os_str().as_bytes().contains(&0) {
+        return Err(format!("{} holds a NUL byte", shown()));
+    }
+    if !p.is_absolute() {
+        return Err(format!("{} is not an absolute path", shown()));
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(format!("{} holds \"..\"", shown()));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -292,6 +350,92 @@ mod tests {
         assert_eq!(a.cdi_devices.len(), 1);
         assert!(!a.is_empty());
         assert!(ContainerEdits::default().is_empty());
+    }
+
+    #[test]
+    fn edits_are_checked_naming_the_entry() {
+        let good = ContainerEdits {
+            env: BTreeMap::from([("A".into(), "1".into())]),
+            mounts: vec![DeviceMount {
+                host_path: "/h".into(),
+                task_path: "/t".into(),
+                read_only: true,
+            }],
+            device_nodes: vec![DeviceNode {
+                host_path: "/dev/null".into(),
+                task_path: "/dev/x".into(),
+                permissions: "rw".into(),
+            }],
+            cdi_devices: Vec::new(),
+        };
+        assert_eq!(good.check(), Ok(()));
+        let mut none = good.clone();
+        none.device_nodes[0].permissions = String::new();
+        assert_eq!(none.check(), Ok(()), "CDI's none: visible, not openable");
+        assert_eq!(ContainerEdits::default().check(), Ok(()));
+
+        type Spoil = fn(&mut ContainerEdits);
+        let cases: [(Spoil, &str); 12] = [
+            (
+                |e| e.mounts[0].task_path = "x".into(),
+                "mount 0: task_path \"x\" is not an absolute path",
+            ),
+            (
+                |e| e.mounts[0].task_path = PathBuf::new(),
+                "mount 0: task_path \"\" is not an absolute path",
+            ),
+            (
+                |e| e.mounts[0].host_path = "/var/../etc".into(),
+                "mount 0: host_path \"/var/../etc\" holds \"..\"",
+            ),
+            (
+                |e| e.mounts[0].host_path = "/a\0b".into(),
+                "mount 0: host_path \"/a\\0b\" holds a NUL byte",
+            ),
+            (
+                |e| e.device_nodes[0].host_path = "dev/null".into(),
+                "device 0: host_path \"dev/null\" is not an absolute path",
+            ),
+            (
+                |e| e.device_nodes[0].task_path = "/dev/../x".into(),
+                "device 0: task_path \"/dev/../x\" holds \"..\"",
+            ),
+            (
+                |e| e.device_nodes[0].permissions = "rx".into(),
+                "device 0: permissions \"rx\" may only hold r, w and m, each at most once",
+            ),
+            (
+                |e| e.device_nodes[0].permissions = "rwr".into(),
+                "device 0: permissions \"rwr\" may only hold r, w and m, each at most once",
+            ),
+            (
+                |e| {
+                    e.env.insert("A=B".into(), String::new());
+                },
+                "env name \"A=B\" must be non-empty, without '=' or NUL",
+            ),
+            (
+                |e| {
+                    e.env.insert(String::new(), String::new());
+                },
+                "env name \"\" must be non-empty, without '=' or NUL",
+            ),
+            (
+                |e| {
+                    e.env.insert("Z".into(), "a\0".into());
+                },
+                "env \"Z\": the value holds a NUL byte",
+            ),
+            (
+                |e| e.mounts[0].task_path = "/t\u{1b}[0m/../x".into(),
+                "mount 0: task_path \"/t\\u{1b}[0m/../x\" holds \"..\"",
+            ),
+        ];
+        for (spoil, want) in cases {
+            let mut e = good.clone();
+            spoil(&mut e);
+            assert_eq!(e.check(), Err(want.to_string()));
+        }
     }
 
     #[test]

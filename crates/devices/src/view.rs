@@ -128,6 +128,44 @@ pub struct DevicesView {
     pub cdi_errors: Vec<String>,
 }
 
+/// What metrics export: each plugin's readiness and starts, each instance's health, holder
+/// and latest summary statistic.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceMetrics {
+    /// Every plugin.
+    pub plugins: Vec<PluginMetrics>,
+    /// Every instance.
+    pub instances: Vec<InstanceMetrics>,
+}
+
+/// One plugin, for metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginMetrics {
+    /// `protocol:name`.
+    pub plugin: String,
+    /// Up and has reported its devices.
+    pub ready: bool,
+    /// How many times an instance was attached.
+    pub attachments: u64,
+}
+
+/// One instance, for metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceMetrics {
+    /// `protocol:name` of its plugin.
+    pub plugin: String,
+    /// Its group, `vendor/type/name`.
+    pub device: String,
+    /// Its id.
+    pub instance: String,
+    /// May be given to a task now.
+    pub healthy: bool,
+    /// Held by an alloc.
+    pub reserved: bool,
+    /// The latest summary statistic as a number, with its unit.
+    pub summary: Option<(f64, String)>,
+}
+
 /// What a [`DeviceEvent`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

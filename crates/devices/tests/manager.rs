@@ -129,13 +129,17 @@ struct Setup {
 }
 
 fn setup(groups: Vec<DeviceGroup>, prefer_last: bool) -> Setup {
+    setup_as(PluginId::nomad("gpus"), groups, prefer_last)
+}
+
+/// [`setup`] with a plugin of another id (a preferred allocation is a Kubernetes plugin's).
+fn setup_as(plugin: PluginId, groups: Vec<DeviceGroup>, prefer_last: bool) -> Setup {
     let events = Arc::new(Events::default());
     let manager = Arc::new(DeviceManager::new(
         ManagerConfig::default(),
         events.clone(),
         Arc::new(NoRecords),
     ));
-    let plugin = PluginId::nomad("gpus");
     let ops = Arc::new(Ops {
         prefer_last,
         ..Default::default()
@@ -214,7 +218,7 @@ async fn healthy_free_instances_are_placed_once_and_reserved() {
     // Reserve asks the plugin for exactly the assigned ids.
     let edits = s
         .manager
-        .reserve(&a[&("a1".into(), "t".into())])
+        .reserve("a1", &a[&("a1".into(), "t".into())])
         .await
         .expect("reserve");
     assert_eq!(edits.env["DEVICES"], "g0");
@@ -222,6 +226,14 @@ async fn healthy_free_instances_are_placed_once_and_reserved() {
         s.ops.reserved.lock().unwrap().as_slice(),
         [vec!["g0".to_string()]]
     );
+    // Only the holder gets them: the plugin is not asked for another alloc.
+    let err = s
+        .manager
+        .reserve("a2", &a[&("a1".into(), "t".into())])
+        .await
+        .unwrap_err();
+    assert!(err.contains("held by alloc a1, not by alloc a2"), "{err}");
+    assert_eq!(s.ops.reserved.lock().unwrap().len(), 1);
 
     assert_eq!(s.manager.release("a1"), 1);
     let again = s.manager.place(&[task("a4", &reqs)]).await.expect("placed");
@@ -304,7 +316,17 @@ async fn names_constraints_and_affinities_choose_the_group() {
         err.contains("no such device on this node (it has nvidia/gpu/k80, nvidia/gpu/t4)"),
         "{err}"
     );
-    // An affinity for the k80 wins over name order otherwise.
+    // Without an affinity the first group in name order is chosen (k80); an affinity for
+    // the t4 wins over that.
+    s.manager.release("a1");
+    let plain = [request("gpu", 1, None)];
+    let chosen = s
+        .manager
+        .place(&[task("a0", &plain)])
+        .await
+        .expect("placed");
+    assert_eq!(chosen[&("a0".into(), "t".into())][0].ids, ["k0"]);
+    s.manager.release("a0");
     let mut input = RequestInput {
         name: "gpu".into(),
         ..Default::default()
@@ -314,22 +336,22 @@ async fn names_constraints_and_affinities_choose_the_group() {
         .push(berth_devices::request::AffinityInput {
             attribute: "${device.model}".into(),
             operator: Some("=".into()),
-            value: "k80".into(),
+            value: "t4".into(),
             weight: Some(50),
         });
     let liked = [DeviceRequest::build(&input).unwrap()];
-    s.manager.release("a1");
     let chosen = s
         .manager
         .place(&[task("a4", &liked)])
         .await
         .expect("placed");
-    assert_eq!(chosen[&("a4".into(), "t".into())][0].ids, ["k0"]);
+    assert_eq!(chosen[&("a4".into(), "t".into())][0].ids, ["t0"]);
 }
 
 #[tokio::test]
 async fn the_plugins_preferred_allocation_is_used() {
-    let s = setup(
+    let s = setup_as(
+        PluginId::kubernetes("nvidia.com/gpu"),
         vec![gpus("k80", 12, &[("g0", true), ("g1", true), ("g2", true)])],
         true,
     );
@@ -386,7 +408,7 @@ async fn health_changes_and_plugin_state_decide_what_may_be_given() {
         .unwrap_err()
         .join("\n");
     assert!(err.contains("its plugin is down"), "{err}");
-    assert!(s.manager.reserve(&[]).await.unwrap().is_empty());
+    assert!(s.manager.reserve("a1", &[]).await.unwrap().is_empty());
 
     // A new instance: events of the old generation are dropped.
     let g2 = s.manager.attach(&s.plugin, s.ops.clone());
@@ -556,7 +578,7 @@ async fn the_last_device_list_and_reservations_survive_a_restart() {
     assert!(!view.groups[0].instances[0].healthy);
     assert!(
         second
-            .restore("a1", "t", &chosen[&("a1".into(), "t".into())])
+            .restore("a1", &chosen[&("a1".into(), "t".into())])
             .is_empty()
     );
     let g = second.attach(&plugin, Arc::new(Ops::default()));
@@ -614,7 +636,7 @@ async fn cdi_devices_named_in_a_job_resolve_from_the_spec_dirs() {
     let chosen = manager.place(&[task("a1", &reqs)]).await.expect("placed");
     let a = &chosen[&("a1".into(), "t".into())];
     assert_eq!(a[0].source, AssignedSource::Cdi);
-    let edits = manager.reserve(a).await.expect("resolved");
+    let edits = manager.reserve("a1", a).await.expect("resolved");
     assert_eq!(edits.env["DEV"], "0");
     assert_eq!(edits.device_nodes[0].host_path, Path::new("/dev/null"));
     assert_eq!(edits.device_nodes[0].task_path, Path::new("/dev/example0"));

@@ -12,16 +12,16 @@ use std::{
     path::{Path, PathBuf},
 };
 
+use berth_sys::MountEntry;
 use nix::{
     errno::Errno,
-    sys::{
-        signal::{Signal, kill},
-        stat::{major, minor},
-    },
-    unistd::{AccessFlags, Pid, access},
+    sys::stat::{major, minor},
 };
 
-use crate::{cgroup::CgroupError, procfs, task::TaskId};
+use crate::{
+    cgroup::{CgroupError, CgroupKind, TaskCgroup, make_parent},
+    task::{TaskId, normalized},
+};
 
 /// Where the `exec` driver puts its tasks' devices cgroups.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,7 +210,7 @@ pub(crate) fn plan(
         let node = DeviceNode::of(&device.host_path).map_err(|r| bad("host_path", r))?;
         let source = fs::canonicalize(&device.host_path)
             .map_err(|e| bad("host_path", format!("{}: {e}", device.host_path.display())))?;
-        let task_path: PathBuf = device.task_path.components().collect();
+        let task_path = normalized(&device.task_path);
         let shown = task_path.display();
         if task_path == dev {
             return Err(bad("task_path", "must not be /dev itself".into()));
@@ -244,7 +244,7 @@ pub(crate) fn plan(
         let bind = match task_path.strip_prefix(dev) {
             Err(_) => DeviceBind::InRoot,
             Ok(_) if privileged => {
-                let host: PathBuf = device.host_path.components().collect();
+                let host = normalized(&device.host_path);
                 if host != task_path {
                     return Err(bad(
                         "task_path",
@@ -297,11 +297,64 @@ pub(crate) struct DevicesParent {
 
 impl DevicesParent {
     /// The devices cgroup of task `id` (which may not exist).
-    pub fn task(&self, id: &TaskId) -> DevicesCgroup {
-        DevicesCgroup {
-            dir: self.dir.join(id.as_str()),
+    pub fn task(&self, id: &TaskId) -> TaskCgroup {
+        TaskCgroup::new(CgroupKind::Devices, self.dir.join(id.as_str()))
+    }
+
+    /// Creates task `id`'s devices cgroup (see [`TaskCgroup::create`]), denies every device,
+    /// then allows `usual` and `own` in order. A rule of `usual` the agent's own devices
+    /// cgroup does not allow (`EPERM`: a child never gets more than its parent) is left out
+    /// and returned; every rule of `own` must be allowed. When a rule cannot be written, the
+    /// cgroup is removed again.
+    pub fn create_task(
+        &self,
+        id: &TaskId,
+        usual: &[Rule],
+        own: &[Rule],
+    ) -> Result<(TaskCgroup, Vec<Rule>), CgroupError> {
+        let cgroup = self.task(id);
+        cgroup.create()?;
+        match write_rules(&cgroup.dir, usual, own) {
+            Ok(left_out) => Ok((cgroup, left_out)),
+            Err(e) => {
+                let _ = cgroup.remove();
+                Err(e)
+            }
         }
     }
+}
+
+/// Denies every device in the devices cgroup `dir`, then allows `usual` (those refused with
+/// `EPERM` are returned) and `own`.
+fn write_rules(dir: &Path, usual: &[Rule], own: &[Rule]) -> Result<Vec<Rule>, CgroupError> {
+    let deny = dir.join("devices.deny");
+    fs::write(&deny, "a").map_err(|source| CgroupError {
+        what: "denying every device in",
+        path: deny,
+        source,
+    })?;
+    let allow = dir.join("devices.allow");
+    let mut left_out = Vec::new();
+    for (rule, required) in usual
+        .iter()
+        .map(|r| (r, false))
+        .chain(own.iter().map(|r| (r, true)))
+    {
+        match fs::write(&allow, rule.to_string()) {
+            Ok(()) => {}
+            Err(e) if !required && e.raw_os_error() == Some(Errno::EPERM as i32) => {
+                left_out.push(rule.clone());
+            }
+            Err(e) => {
+                return Err(CgroupError {
+                    what: "allowing a device in",
+                    path: allow,
+                    source: io::Error::new(e.kind(), format!("{rule}: {e}")),
+                });
+            }
+        }
+    }
+    Ok(left_out)
 }
 
 /// Finds (and creates) the parent of task devices cgroups. `Ok(None)` when disabled,
@@ -311,29 +364,27 @@ pub(crate) fn prepare(setting: &DevicesCgroupSetting) -> Result<Option<DevicesPa
         return Ok(None);
     };
     berth_sys::validate_path_segment("devices cgroup name", name).map_err(|e| e.to_string())?;
-    let read = |path: &str| fs::read_to_string(path).map_err(|e| format!("reading {path}: {e}"));
-    let own = own_devices_cgroup(&read("/proc/self/cgroup")?, &read("/proc/self/mountinfo")?)?;
-    let dir = own.join(name);
-    match fs::create_dir(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(format!("cannot create {}: {e}", dir.display())),
-    }
-    if !dir.join("devices.allow").exists() {
-        return Err(format!(
-            "{} is not a cgroup of the devices controller",
-            dir.display()
-        ));
-    }
-    access(&dir, AccessFlags::W_OK)
-        .map_err(|e| format!("{} is not writable: {e}", dir.display()))?;
+    let cgroups = fs::read_to_string("/proc/self/cgroup")
+        .map_err(|e| format!("reading /proc/self/cgroup: {e}"))?;
+    let mounts = berth_sys::read_mountinfo(Path::new("/proc/self/mountinfo")).map_err(|e| {
+        match std::error::Error::source(&e) {
+            Some(cause) => format!("{e}: {cause}"),
+            None => e.to_string(),
+        }
+    })?;
+    let dir = own_devices_cgroup(&cgroups, &mounts)?.join(name);
+    make_parent(
+        &dir,
+        |dir| dir.join("devices.allow").exists(),
+        "a cgroup of the devices controller",
+    )?;
     Ok(Some(DevicesParent { dir }))
 }
 
-/// The agent's own devices cgroup directory, from its `/proc/self/cgroup` and
-/// `/proc/self/mountinfo`: the mount of the cgroup v1 hierarchy holding the `devices`
-/// controller, joined with the agent's path in it (relative to the mount's root).
-fn own_devices_cgroup(cgroups: &str, mountinfo: &str) -> Result<PathBuf, String> {
+/// The agent's own devices cgroup directory, from its `/proc/self/cgroup` and its mounts: the
+/// mount of the cgroup v1 hierarchy holding the `devices` controller, joined with the agent's
+/// path in it (relative to the mount's root).
+fn own_devices_cgroup(cgroups: &str, mounts: &[MountEntry]) -> Result<PathBuf, String> {
     const NO_CONTROLLER: &str = "no cgroup v1 devices controller (with cgroup v2 only, device access control needs an eBPF program, which berth does not load)";
     let path = cgroups
         .lines()
@@ -348,26 +399,13 @@ fn own_devices_cgroup(cgroups: &str, mountinfo: &str) -> Result<PathBuf, String>
         .next()
         .ok_or_else(|| NO_CONTROLLER.to_owned())?;
     let mut mounted = false;
-    for line in mountinfo.lines() {
-        let Some((before, after)) = line.split_once(" - ") else {
-            continue;
-        };
-        let mut after = after.split_whitespace();
-        let (Some("cgroup"), Some(_source), Some(options)) =
-            (after.next(), after.next(), after.next())
-        else {
-            continue;
-        };
-        if !options.split(',').any(|o| o == "devices") {
-            continue;
-        }
-        let before: Vec<&str> = before.split_whitespace().collect();
-        let (Some(root), Some(point)) = (before.get(3), before.get(4)) else {
-            continue;
-        };
+    for mount in mounts
+        .iter()
+        .filter(|m| m.fs_type == "cgroup" && m.super_options.split(',').any(|o| o == "devices"))
+    {
         mounted = true;
-        if let Ok(rel) = path.strip_prefix(unescape(root)) {
-            return Ok(PathBuf::from(unescape(point)).join(rel));
+        if let Ok(rel) = path.strip_prefix(&mount.root) {
+            return Ok(mount.mount_point.join(rel));
         }
     }
     Err(if mounted {
@@ -382,134 +420,6 @@ fn own_devices_cgroup(cgroups: &str, mountinfo: &str) -> Result<PathBuf, String>
     })
 }
 
-/// A mountinfo field with its octal escapes (`\040` for a space…) undone.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let code = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match code {
-            Some(b) if bytes[i] == b'\\' => {
-                out.push(b);
-                i += 4;
-            }
-            _ => {
-                out.push(bytes[i]);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// A task's devices cgroup (cgroup v1).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct DevicesCgroup {
-    pub dir: PathBuf,
-}
-
-impl DevicesCgroup {
-    /// Creates the cgroup (or reuses a left-over empty one of the same task: a crash), denies
-    /// every device, then allows `usual` and `own` in order. A rule of `usual` the agent's own
-    /// devices cgroup does not allow (`EPERM`: a child never gets more than its parent) is
-    /// left out and returned; every rule of `own` must be allowed. A left-over cgroup with
-    /// processes in it is an `AlreadyExists` error; on any error the cgroup is removed again.
-    pub fn create(&self, usual: &[Rule], own: &[Rule]) -> Result<Vec<Rule>, CgroupError> {
-        let dir = &self.dir;
-        let err = |what, path: &Path, source| CgroupError {
-            what,
-            path: path.to_path_buf(),
-            source,
-        };
-        match fs::create_dir(dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                let procs = procfs::cgroup_procs(dir)
-                    .map_err(|e| err("reading the processes of", dir, e))?;
-                if !procs.is_empty() {
-                    return Err(err(
-                        "creating the devices cgroup",
-                        dir,
-                        io::Error::new(
-                            io::ErrorKind::AlreadyExists,
-                            format!("it exists and holds processes {procs:?}"),
-                        ),
-                    ));
-                }
-            }
-            Err(e) => return Err(err("creating the devices cgroup", dir, e)),
-        }
-        let written = (|| {
-            let deny = dir.join("devices.deny");
-            fs::write(&deny, "a").map_err(|e| err("denying every device in", &deny, e))?;
-            let allow = dir.join("devices.allow");
-            let mut left_out = Vec::new();
-            for (rule, required) in usual
-                .iter()
-                .map(|r| (r, false))
-                .chain(own.iter().map(|r| (r, true)))
-            {
-                match fs::write(&allow, rule.to_string()) {
-                    Ok(()) => {}
-                    Err(e) if !required && e.raw_os_error() == Some(Errno::EPERM as i32) => {
-                        left_out.push(rule.clone());
-                    }
-                    Err(e) => {
-                        return Err(err(
-                            "allowing a device in",
-                            &allow,
-                            io::Error::new(e.kind(), format!("{rule}: {e}")),
-                        ));
-                    }
-                }
-            }
-            Ok(left_out)
-        })();
-        if written.is_err() {
-            let _ = self.remove();
-        }
-        written
-    }
-
-    /// `cgroup.procs`, which a process writes its pid to in order to join.
-    pub fn procs_file(&self) -> PathBuf {
-        self.dir.join("cgroup.procs")
-    }
-
-    /// Pids in the cgroup; none when it is gone.
-    pub fn pids(&self) -> io::Result<Vec<u32>> {
-        match procfs::cgroup_procs(&self.dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-            other => other,
-        }
-    }
-
-    /// `SIGKILL`s every process in the cgroup.
-    pub fn kill_all(&self) -> io::Result<()> {
-        for pid in self.pids()? {
-            let pid = i32::try_from(pid).map_err(io::Error::other)?;
-            match kill(Pid::from_raw(pid), Signal::SIGKILL) {
-                Ok(()) | Err(Errno::ESRCH) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
-    /// Removes the (empty) cgroup; a missing one is fine.
-    pub fn remove(&self) -> io::Result<()> {
-        match fs::remove_dir(&self.dir) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            other => other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -522,28 +432,33 @@ mod tests {
 40 30 0:36 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
 
+    fn own(cgroups: &str, mountinfo: &str) -> Result<PathBuf, String> {
+        let mounts = berth_sys::parse_mountinfo(mountinfo.as_bytes()).expect("mountinfo parses");
+        own_devices_cgroup(cgroups, &mounts)
+    }
+
     #[test]
     fn finds_the_agents_devices_cgroup() {
         let cgroups = "5:devices:/system.slice/berth.service\n4:memory:/x\n0::/\n";
         assert_eq!(
-            own_devices_cgroup(cgroups, HYBRID_MOUNTINFO).unwrap(),
+            own(cgroups, HYBRID_MOUNTINFO).unwrap(),
             PathBuf::from("/sys/fs/cgroup/devices/system.slice/berth.service")
         );
         assert_eq!(
-            own_devices_cgroup("5:devices:/\n", HYBRID_MOUNTINFO).unwrap(),
+            own("5:devices:/\n", HYBRID_MOUNTINFO).unwrap(),
             PathBuf::from("/sys/fs/cgroup/devices")
         );
         // A container without a cgroup namespace: the hierarchy is mounted from its cgroup.
         let nested = "35 30 0:31 /docker/abc /sys/fs/cgroup/dev\\040ices rw - cgroup cgroup rw,devices,freezer\n";
         assert_eq!(
-            own_devices_cgroup("3:freezer,devices:/docker/abc/inner\n", nested).unwrap(),
+            own("3:freezer,devices:/docker/abc/inner\n", nested).unwrap(),
             PathBuf::from("/sys/fs/cgroup/dev ices/inner")
         );
-        let err = own_devices_cgroup("3:devices:/elsewhere\n", nested).unwrap_err();
+        let err = own("3:devices:/elsewhere\n", nested).unwrap_err();
         assert!(err.contains("outside every mount"), "{err}");
-        let err = own_devices_cgroup("0::/\n", HYBRID_MOUNTINFO).unwrap_err();
+        let err = own("0::/\n", HYBRID_MOUNTINFO).unwrap_err();
         assert!(err.starts_with("no cgroup v1 devices controller"), "{err}");
-        let err = own_devices_cgroup("5:devices:/\n", "").unwrap_err();
+        let err = own("5:devices:/\n", "").unwrap_err();
         assert!(err.contains("not mounted"), "{err}");
     }
 

@@ -15,15 +15,16 @@ use nix::{
 use tokio::{io::AsyncReadExt as _, process::Command};
 
 use crate::{
-    cgroup::{self, CgroupParent, CgroupSetting, TaskCgroup},
-    devices::{self, DeviceBind, DevicesCgroup, DevicesCgroupSetting, DevicesParent},
+    cgroup::{self, CgroupParent, CgroupSetting, TaskCgroup, empty_within},
+    devices::{self, DeviceBind, DevicesCgroupSetting, DevicesParent},
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::EventSink,
     procfs,
-    supervisor::{Isolation, ProcessConfig, Supervisor, empty_within, prepare_files, task_env},
+    supervisor::{Isolation, ProcessConfig, Supervisor, prepare_files, task_env},
     task::{
         ExitResult, PidMode, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus,
+        normalized,
     },
 };
 
@@ -499,19 +500,13 @@ impl ExecDriver {
             pgid: None,
             isolation: Isolation::default(),
         };
-        let cgroup_err = |e: cgroup::CgroupError| DriverError::Cgroup {
-            task_id: config.id.clone(),
-            what: e.what,
-            path: e.path,
-            source: e.source,
-        };
+        let cgroup_err = |e: cgroup::CgroupError| e.for_task(&config.id);
         // Facts the task's events show, each with whether it is a warning for the log.
         let mut notes: Vec<(bool, String)> = Vec::new();
         let memory = config.resources.memory_max_bytes;
         match &host.cgroups {
             Ok(Some(parent)) => {
-                let (cg, warning) =
-                    TaskCgroup::create(parent, &config.id, memory).map_err(cgroup_err)?;
+                let (cg, warning) = parent.create_task(&config.id, memory).map_err(cgroup_err)?;
                 notes.extend(warning.map(|w| (true, w)));
                 abandon.isolation.cgroup = Some(cg);
             }
@@ -547,14 +542,13 @@ impl ExecDriver {
         } else {
             match &host.devices {
                 Ok(Some(parent)) => {
-                    let dev = parent.task(&config.id);
                     let own: Vec<_> = planned
                         .iter()
                         .filter(|d| !d.permissions.is_empty())
                         .map(|d| d.node.rule(&d.permissions))
                         .collect();
-                    let left_out = dev
-                        .create(&devices::default_rules(), &own)
+                    let (dev, left_out) = parent
+                        .create_task(&config.id, &devices::default_rules(), &own)
                         .map_err(cgroup_err)?;
                     abandon.isolation.devices = Some(dev);
                     for rule in left_out {
@@ -638,7 +632,7 @@ impl ExecDriver {
                     .isolation
                     .devices
                     .as_ref()
-                    .map(DevicesCgroup::procs_file)
+                    .map(TaskCgroup::procs_file)
                     .unwrap_or_default(),
             )
             .arg(who.uid.to_string())
@@ -769,19 +763,9 @@ impl Abandon {
     async fn clean_up(&mut self, timeout: Duration) {
         self.kill_group();
         let isolation = std::mem::take(&mut self.isolation);
-        if let Some(cg) = &isolation.cgroup {
-            let deadline = tokio::time::Instant::now() + timeout;
-            let mut tick = tokio::time::interval(Duration::from_millis(10));
-            loop {
-                let _ = cg.kill_all();
-                tick.tick().await;
-                if !cg.populated().unwrap_or(true) || tokio::time::Instant::now() >= deadline {
-                    break;
-                }
-            }
-        }
-        if let Some(dev) = &isolation.devices {
-            empty_within(dev, timeout).await;
+        for cgroup in isolation.cgroups() {
+            // Whatever the outcome, `abandon` tries to remove it.
+            let _ = empty_within(cgroup, timeout).await;
         }
         isolation.abandon();
     }
@@ -874,11 +858,6 @@ fn slaves_for(config: &TaskConfig) -> Result<Option<Vec<PathBuf>>, DriverError> 
     points.sort();
     points.dedup();
     Ok(Some(points))
-}
-
-/// `path` without trailing `/` or `.` components.
-fn normalized(path: &Path) -> PathBuf {
-    path.components().collect()
 }
 
 /// Checks that a mount namespace can be made: `unshare --mount --propagation slave -- sh -c :`.
@@ -1003,10 +982,5 @@ mod tests {
         let tools = find_tools(true, 0, all).unwrap();
         assert_eq!(tools.unshare, PathBuf::from("/bin/unshare"));
         assert_eq!(tools.sh, PathBuf::from("/bin/sh"));
-    }
-
-    #[test]
-    fn destinations_are_normalized() {
-        assert_eq!(normalized(Path::new("/a/./b/")), PathBuf::from("/a/b"));
     }
 }

@@ -24,8 +24,7 @@ use tokio::{process::Child, sync::watch};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use crate::{
-    cgroup::TaskCgroup,
-    devices::DevicesCgroup,
+    cgroup::{CgroupKind, TaskCgroup, empty_within},
     error::DriverError,
     event::{EventSink, TaskEvent, TaskEventKind},
     procfs,
@@ -84,8 +83,7 @@ struct TaskEntry {
     pidfd: Option<Arc<OwnedFd>>,
     /// `Some` once the main process has exited.
     exit: watch::Sender<Option<ExitResult>>,
-    cgroup: Option<TaskCgroup>,
-    devices: Option<DevicesCgroup>,
+    isolation: Isolation,
     /// Whether the process is our child (its exit status can be read).
     child: bool,
 }
@@ -117,20 +115,21 @@ pub(crate) struct Isolation {
     /// Its cgroup v2.
     pub cgroup: Option<TaskCgroup>,
     /// Its cgroup v1 `devices` cgroup.
-    pub devices: Option<DevicesCgroup>,
+    pub devices: Option<TaskCgroup>,
 }
 
 impl Isolation {
+    /// The task's cgroups: its cgroup v2, then its devices cgroup.
+    pub fn cgroups(&self) -> impl Iterator<Item = &TaskCgroup> {
+        self.cgroup.iter().chain(&self.devices)
+    }
+
     /// `SIGKILL`s every process of both cgroups and removes them (best effort: a cgroup
     /// still emptying stays, and is reused by the next start of the id).
     pub fn abandon(&self) {
-        if let Some(cg) = &self.cgroup {
-            let _ = cg.kill_all();
-            let _ = cg.remove();
-        }
-        if let Some(dev) = &self.devices {
-            let _ = dev.kill_all();
-            let _ = dev.remove();
+        for cgroup in self.cgroups() {
+            let _ = cgroup.kill_all();
+            let _ = cgroup.remove();
         }
     }
 }
@@ -180,8 +179,7 @@ impl Reservation<'_> {
             handle: handle.clone(),
             pidfd,
             exit,
-            cgroup: isolation.cgroup,
-            devices: isolation.devices,
+            isolation,
             child: true,
         });
         sup.lock().insert(id.clone(), Slot::Ready(entry.clone()));
@@ -274,7 +272,12 @@ fn open_pidfd(pid: u32) -> io::Result<Option<Arc<OwnedFd>>> {
 
 /// Records the exit and emits `Exited`.
 fn finish(driver: &str, events: &EventSink, entry: &TaskEntry, mut result: ExitResult) {
-    if entry.cgroup.as_ref().is_some_and(TaskCgroup::oom_killed) {
+    if entry
+        .isolation
+        .cgroup
+        .as_ref()
+        .is_some_and(TaskCgroup::oom_killed)
+    {
         result.oom_killed = true;
     }
     entry.exit.send_replace(Some(result));
@@ -454,17 +457,13 @@ impl Supervisor {
     }
 
     fn kill_cgroup(&self, entry: &TaskEntry) -> Result<(), DriverError> {
-        let err = |dir: &Path, source| DriverError::Cgroup {
-            task_id: entry.handle.task_id.clone(),
-            what: "killing the processes of",
-            path: dir.to_path_buf(),
-            source,
-        };
-        if let Some(cg) = &entry.cgroup {
-            cg.kill_all().map_err(|e| err(&cg.dir, e))?;
-        }
-        if let Some(dev) = &entry.devices {
-            dev.kill_all().map_err(|e| err(&dev.dir, e))?;
+        for cgroup in entry.isolation.cgroups() {
+            cgroup.kill_all().map_err(|source| DriverError::Cgroup {
+                task_id: entry.handle.task_id.clone(),
+                what: "killing the processes of",
+                path: cgroup.dir.clone(),
+                source,
+            })?;
         }
         Ok(())
     }
@@ -546,78 +545,30 @@ impl Supervisor {
             }
         }
         self.kill_stragglers(&entry)?;
-        if let Some(cg) = &entry.cgroup {
-            self.remove_cgroup(&entry, cg).await?;
-        }
-        if let Some(dev) = &entry.devices {
-            self.remove_devices_cgroup(&entry, dev).await?;
+        for cgroup in entry.isolation.cgroups() {
+            self.remove_cgroup(&entry, cgroup).await?;
         }
         self.lock().remove(id);
         Ok(())
     }
 
-    /// Waits (bounded by `kill_timeout`) for the devices cgroup to empty, killing what is
-    /// left in it, then removes it.
-    async fn remove_devices_cgroup(
+    /// Waits (bounded by `kill_timeout`) for one of the task's cgroups to empty, killing what
+    /// is left in it, then removes it.
+    async fn remove_cgroup(
         &self,
         entry: &TaskEntry,
-        dev: &DevicesCgroup,
+        cgroup: &TaskCgroup,
     ) -> Result<(), DriverError> {
-        let cgroup_err = |what, source| DriverError::Cgroup {
-            task_id: entry.handle.task_id.clone(),
-            what,
-            path: dev.dir.clone(),
+        let task_id = &entry.handle.task_id;
+        empty_within(cgroup, self.config.kill_timeout)
+            .await
+            .map_err(|e| e.for_task(task_id))?;
+        cgroup.remove().map_err(|source| DriverError::Cgroup {
+            task_id: task_id.clone(),
+            what: "removing",
+            path: cgroup.dir.clone(),
             source,
-        };
-        if !empty_within(dev, self.config.kill_timeout).await {
-            return Err(cgroup_err(
-                "waiting for the processes to leave",
-                io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    format!(
-                        "still holds processes after {}",
-                        berth_sys::short_duration(self.config.kill_timeout)
-                    ),
-                ),
-            ));
-        }
-        dev.remove().map_err(|e| cgroup_err("removing", e))
-    }
-
-    /// Waits (bounded by `kill_timeout`) for the cgroup to empty, then removes it.
-    async fn remove_cgroup(&self, entry: &TaskEntry, cg: &TaskCgroup) -> Result<(), DriverError> {
-        let cgroup_err = |what, source| DriverError::Cgroup {
-            task_id: entry.handle.task_id.clone(),
-            what,
-            path: cg.dir.clone(),
-            source,
-        };
-        let deadline = tokio::time::Instant::now() + self.config.kill_timeout;
-        // The kernel empties a killed cgroup asynchronously; poll `cgroup.events`.
-        let mut tick = tokio::time::interval(Duration::from_millis(10));
-        loop {
-            tick.tick().await;
-            if !cg
-                .populated()
-                .map_err(|e| cgroup_err("reading cgroup.events of", e))?
-            {
-                break;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(cgroup_err(
-                    "waiting for the processes to leave",
-                    io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!(
-                            "still populated after {}",
-                            berth_sys::short_duration(self.config.kill_timeout)
-                        ),
-                    ),
-                ));
-            }
-            let _ = cg.kill_all();
-        }
-        cg.remove().map_err(|e| cgroup_err("removing", e))
+        })
     }
 
     pub fn stats(&self, id: &TaskId) -> Result<TaskStats, DriverError> {
@@ -634,7 +585,7 @@ impl Supervisor {
             pid: entry.pid(),
             source,
         };
-        let pids = match (&entry.cgroup, &entry.devices) {
+        let pids = match (&entry.isolation.cgroup, &entry.isolation.devices) {
             (Some(cg), _) => cg.pids().map_err(proc_err)?,
             (None, Some(dev)) => dev.pids().map_err(proc_err)?,
             (None, None) => procfs::group_members(entry.pid()).map_err(proc_err)?,
@@ -669,7 +620,7 @@ impl Supervisor {
     pub fn recover(
         &self,
         handle: TaskHandle,
-        devices: Option<DevicesCgroup>,
+        devices: Option<TaskCgroup>,
     ) -> Result<(), DriverError> {
         let id = handle.task_id.clone();
         if handle.driver != self.driver {
@@ -734,14 +685,16 @@ impl Supervisor {
             .cgroup
             .as_ref()
             .filter(|dir| dir.is_dir())
-            .map(|dir| TaskCgroup { dir: dir.clone() });
+            .map(|dir| TaskCgroup::new(CgroupKind::V2, dir.clone()));
         let (exit, _) = watch::channel(None);
         let entry = Arc::new(TaskEntry {
             handle,
             pidfd,
             exit,
-            cgroup,
-            devices: devices.filter(|d| d.dir.is_dir()),
+            isolation: Isolation {
+                cgroup,
+                devices: devices.filter(|d| d.dir.is_dir()),
+            },
             child: false,
         });
         self.lock().insert(id.clone(), Slot::Ready(entry.clone()));
@@ -775,24 +728,6 @@ impl Supervisor {
 impl Drop for Supervisor {
     fn drop(&mut self) {
         self.cancel.cancel();
-    }
-}
-
-/// Polls (every 10 ms, killing what is left each time) until the devices cgroup holds no
-/// process; `false` when it still does after `timeout`.
-pub(crate) async fn empty_within(dev: &DevicesCgroup, timeout: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut tick = tokio::time::interval(Duration::from_millis(10));
-    loop {
-        tick.tick().await;
-        // An unreadable list counts as not empty: removing the cgroup would fail as well.
-        if dev.pids().is_ok_and(|p| p.is_empty()) {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        let _ = dev.kill_all();
     }
 }
 

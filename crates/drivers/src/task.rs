@@ -333,7 +333,7 @@ impl TaskConfig {
             let field = |name: &str| format!("devices[{i}].{name}");
             check_absolute(&device.host_path).map_err(|reason| (field("host_path"), reason))?;
             check_absolute(&device.task_path).map_err(|reason| (field("task_path"), reason))?;
-            let task_path: PathBuf = device.task_path.components().collect();
+            let task_path = normalized(&device.task_path);
             if task_path == Path::new("/") {
                 return Err((field("task_path"), "must not be /".into()));
             }
@@ -375,6 +375,12 @@ impl TaskConfig {
         }
         Ok(())
     }
+}
+
+/// `path` without repeated or trailing `/` and inner `.` components (`/a/./b/` is `/a/b`), so
+/// that paths spelled differently compare equal; symlinks and `..` are left as they are.
+pub(crate) fn normalized(path: &Path) -> PathBuf {
+    path.components().collect()
 }
 
 /// An absolute path without `..`, NUL or newline (the path is passed through a shell script's
@@ -554,6 +560,14 @@ mod tests {
             "/tmp/t/out",
             "/tmp/t/err",
         )
+    }
+
+    #[test]
+    fn destinations_are_normalized() {
+        assert_eq!(normalized(Path::new("/a/./b/")), PathBuf::from("/a/b"));
+        // Paths compare by components; their text is what a task's notes and errors show.
+        assert_eq!(normalized(Path::new("/a/./b/")).as_os_str(), "/a/b");
+        assert_eq!(normalized(Path::new("//dev//x")).as_os_str(), "/dev/x");
     }
 
     #[test]

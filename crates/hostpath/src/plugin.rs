@@ -503,6 +503,7 @@ mod tests {
             shared: false,
             fs_type: "ext4".into(),
             source: "/dev/x".into(),
+            super_options: "rw".into(),
         }
     }
 

@@ -30,11 +30,20 @@ pub fn quoted(value: &str) -> String {
 /// `"a", "b", "c"`: the first [`MAX_LISTED`] values, each [`Quoted`], then ` and N more` when
 /// there are more.
 pub fn quoted_list<'a>(values: impl ExactSizeIterator<Item = &'a str>) -> String {
+    list_of(values, |v| Quoted(v).to_string())
+}
+
+/// `a, b, c`: as [`quoted_list`], each value [`Shown`] (escaped and cut, without quotes).
+pub fn shown_list<'a>(values: impl ExactSizeIterator<Item = &'a str>) -> String {
+    list_of(values, |v| Shown(v).to_string())
+}
+
+fn list_of<'a>(
+    values: impl ExactSizeIterator<Item = &'a str>,
+    show: impl Fn(&str) -> String,
+) -> String {
     let total = values.len();
-    let listed: Vec<String> = values
-        .take(MAX_LISTED)
-        .map(|v| Quoted(v).to_string())
-        .collect();
+    let listed: Vec<String> = values.take(MAX_LISTED).map(show).collect();
     match total - listed.len() {
         0 => listed.join(", "),
         n => format!("{} and {n} more", listed.join(", ")),

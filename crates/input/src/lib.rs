@@ -16,7 +16,8 @@ mod file;
 mod text;
 
 pub use echo::{
-    MAX_LISTED, MAX_SHOWN_CHARS, Quoted, Shown, quoted, quoted_list, serde_message, shown_within,
+    MAX_LISTED, MAX_SHOWN_CHARS, Quoted, Shown, quoted, quoted_list, serde_message, shown_list,
+    shown_within,
 };
 pub use file::{OpenError, not_regular_kind, open_regular, read_bounded};
 pub use text::{MAX_NESTING, MAX_SPEC_BYTES, Syntax, TextError, check_text, read_text};

@@ -30,3 +30,8 @@ pub use mountinfo::{MountinfoError, parse_mountinfo, read_mountinfo};
 /// The errno type of mount errors, re-exported so callers need not depend on `nix`.
 pub use nix::errno::Errno;
 pub use rlimit::raise_nofile_limit;
+
+/// The longest unix socket path the kernel takes, in bytes (`sun_path` holds 108 with the
+/// NUL). Every socket berth binds or dials is checked against it first, so a path that does
+/// not fit is refused with a message instead of failing (or being cut) in the kernel.
+pub const MAX_SOCKET_PATH: usize = 107;

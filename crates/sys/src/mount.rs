@@ -40,6 +40,10 @@ pub struct MountEntry {
     pub fs_type: String,
     /// Mount source, e.g. `/dev/sda1` or `tmpfs`.
     pub source: String,
+    /// Options of the filesystem itself (its superblock), comma-separated as the kernel lists
+    /// them, e.g. `rw,errors=remount-ro`; a cgroup v1 mount names its controllers here
+    /// (`rw,devices`).
+    pub super_options: String,
 }
 
 /// A mount operation failed.
@@ -537,6 +541,7 @@ impl RecordingMounter {
             shared: false,
             fs_type: "rootfs".to_owned(),
             source: "rootfs".to_owned(),
+            super_options: "rw".to_owned(),
         };
         Self {
             inner: Mutex::new(Recording {
@@ -611,6 +616,7 @@ impl Mounter for RecordingMounter {
             shared: false,
             fs_type: fs_type.to_owned(),
             source: device,
+            super_options: if read_only { "ro" } else { "rw" }.to_owned(),
         });
         Ok(())
     }
@@ -636,14 +642,20 @@ impl Mounter for RecordingMounter {
         let parent_id = containing_mount(&rec.table, target).map_or(1, |e| e.mount_id);
         // As the kernel does, the root is the source's path inside its own filesystem: a bind of
         // a bind mount shows the first mount's root.
-        let (root, fs_type, src) = match containing_mount(&rec.table, source) {
+        let (root, fs_type, src, super_options) = match containing_mount(&rec.table, source) {
             Some(e) => (
                 e.root
                     .join(source.strip_prefix(&e.mount_point).unwrap_or(source)),
                 e.fs_type.clone(),
                 e.source.clone(),
+                e.super_options.clone(),
             ),
-            None => (source.to_path_buf(), "none".to_owned(), "none".to_owned()),
+            None => (
+                source.to_path_buf(),
+                "none".to_owned(),
+                "none".to_owned(),
+                "rw".to_owned(),
+            ),
         };
         let mount_id = rec.next_id;
         rec.next_id += 1;
@@ -656,6 +668,7 @@ impl Mounter for RecordingMounter {
             shared: false,
             fs_type,
             source: src,
+            super_options,
         });
         Ok(())
     }
@@ -726,6 +739,7 @@ mod tests {
             shared: false,
             fs_type: "ext4".into(),
             source: "/dev/sda".into(),
+            super_options: "rw".into(),
         }
     }
 

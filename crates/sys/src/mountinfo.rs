@@ -68,6 +68,7 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
     }
     let fs_type = text(next("missing filesystem type")?)?;
     let source = text(next("missing mount source")?)?;
+    let super_options = text(next("missing super options")?)?;
     Ok(MountEntry {
         mount_id,
         parent_id,
@@ -77,6 +78,7 @@ fn parse_line(line: &[u8]) -> Result<MountEntry, &'static str> {
         shared,
         fs_type,
         source,
+        super_options,
     })
 }
 
@@ -142,6 +144,8 @@ mod tests {
         assert!(!root.read_only);
         assert_eq!(root.fs_type, "ext4");
         assert_eq!(root.source, "/dev/sda1");
+        assert_eq!(root.super_options, "rw,errors=remount-ro");
+        assert_eq!(entries[2].super_options, "rw,size=1024k");
         // two optional fields before the separator
         assert_eq!(entries[2].fs_type, "tmpfs");
         assert_eq!(entries[2].mount_point, Path::new("/tmp"));
@@ -196,6 +200,12 @@ mod tests {
         let short_escape = b"22 1 8:1 /a\\04 / rw - ext4 /dev/sda1 rw\n";
         let err = parse_mountinfo(short_escape).unwrap_err();
         assert_eq!(err.reason, "truncated octal escape");
+
+        let no_super = b"22 1 8:1 / / rw - ext4 /dev/sda1\n";
+        assert_eq!(
+            parse_mountinfo(no_super).unwrap_err().reason,
+            "missing super options"
+        );
     }
 
     #[test]

@@ -399,6 +399,27 @@ mod tests {
         slot
     }
 
+    #[test]
+    fn the_wait_doubles_up_to_the_max_and_resets_after_a_long_run() {
+        let p = RestartPolicy {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(2),
+            reset_after: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(5),
+        };
+        let short = Duration::from_secs(1);
+        let mut last = None;
+        let waits: Vec<u64> = (0..5)
+            .map(|_| {
+                let w = p.next_wait(last, short);
+                last = Some(w);
+                u64::try_from(w.as_millis()).unwrap()
+            })
+            .collect();
+        assert_eq!(waits, [500, 1000, 2000, 2000, 2000]);
+        assert_eq!(p.next_wait(last, Duration::from_secs(30)), p.initial);
+    }
+
     #[tokio::test]
     async fn claim_stops_marked_processes_and_spares_the_rest() {
         let dir = tempfile::tempdir().unwrap();

@@ -1,14 +1,18 @@
 //! Helpers for berth's integration tests and benches: binaries built by this workspace
 //! ([`bin_path`]), a real `berth-hostpath` plugin running in its own private mount namespace
 //! ([`HostpathPlugin`], with a gRPC channel to it: [`HostpathPlugin::channel`]), a private mount
-//! namespace that outlives the processes run in it ([`MountNamespace`]), and bounded polling
-//! ([`eventually`], [`assert_eventually!`]) instead of sleeps.
+//! namespace that outlives the processes run in it ([`MountNamespace`]), bounded polling
+//! ([`eventually`], [`assert_eventually!`]) instead of sleeps, clean-up of what an agent left
+//! running, found by the mark in its environment ([`kill_marked`]), and device nodes
+//! ([`mknod_char`], [`mknod_block`]).
 //!
 //! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod devnode;
+mod marks;
 mod mountns;
 mod plugin;
 
@@ -18,6 +22,8 @@ use std::{
     time::Duration,
 };
 
+pub use devnode::{mknod_block, mknod_char};
+pub use marks::{ALLOC_DIR_VAR, KILL_WAIT, kill_marked, kill_tasks_under};
 pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError, attached_loops_under};
 
@@ -124,37 +130,6 @@ pub fn in_own_mount_namespace(name: &str) -> bool {
     assert!(out.status.success(), "inner test failed:\n{text}");
     assert!(text.contains("1 passed"), "inner test did not run:\n{text}");
     false
-}
-
-/// SIGKILLs every process whose environment has `BERTH_ALLOC_DIR` under `allocs_dir`: the tasks
-/// an agent with that allocs dir started, which outlive a killed agent on purpose. For test and
-/// bench clean-up.
-pub fn kill_tasks_under(allocs_dir: &Path) {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let prefix = format!("BERTH_ALLOC_DIR={}/", allocs_dir.display());
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if env
-            .split(|b| *b == 0)
-            .any(|v| v.starts_with(prefix.as_bytes()))
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
 }
 
 /// Panics unless the async condition becomes true within the timeout:

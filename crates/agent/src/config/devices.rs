@@ -12,8 +12,6 @@ use serde::Deserialize;
 
 /// How often device statistics are collected when the config does not say (Nomad's default).
 pub const DEFAULT_STATS_INTERVAL: Duration = Duration::from_secs(1);
-/// Where CDI specs are looked for when the config does not say, lowest priority first.
-pub const DEFAULT_CDI_SPEC_DIRS: [&str; 2] = ["/etc/cdi", "/var/run/cdi"];
 /// The device-plugin directory under the data dir when the config does not say.
 pub const DEFAULT_KUBELET_DIR: &str = "device-plugins";
 
@@ -68,7 +66,10 @@ impl Default for DevicesConfig {
             nomad_plugins: Vec::new(),
             kubelet_dir: None,
             kubernetes: true,
-            cdi_spec_dirs: DEFAULT_CDI_SPEC_DIRS.iter().map(PathBuf::from).collect(),
+            cdi_spec_dirs: berth_devices::cdi::DEFAULT_SPEC_DIRS
+                .iter()
+                .map(PathBuf::from)
+                .collect(),
             stats_interval: DEFAULT_STATS_INTERVAL,
         }
     }
@@ -120,14 +121,16 @@ pub(super) fn devices_block(
     };
     if let Some(d) = raw.kubelet_dir {
         absolute("devices.kubelet_dir", &d)?;
-        // kubelet.sock and the plugins' sockets must fit in a unix socket path.
-        let longest = d.join("kubelet.sock");
-        if longest.as_os_str().len() > 100 {
+        // The registration socket must fit in a unix socket path.
+        let len = d.join("kubelet.sock").as_os_str().len();
+        if len > berth_sys::MAX_SOCKET_PATH {
             return Err((
                 "devices.kubelet_dir".into(),
                 format!(
-                    "{} is too long: the sockets in it must fit in 107 bytes",
-                    Shown(&d.to_string_lossy())
+                    "{} is too long: kubelet.sock in it would take {len} bytes, more than the \
+                     {} of a unix socket path",
+                    Shown(&d.to_string_lossy()),
+                    berth_sys::MAX_SOCKET_PATH
                 ),
             ));
         }
@@ -149,16 +152,15 @@ pub(super) fn devices_block(
     Ok(())
 }
 
-/// A `plugin "<name>"` block without `type`: a Nomad plugin in `plugin_dir`. `Err((field,
-/// message))`.
+/// A `plugin "<name>"` block without `type` (its name already checked as a path segment):
+/// a Nomad plugin in `plugin_dir`. `Err((field, message))`.
 pub(super) fn nomad_plugin(
     name: &str,
     args: Vec<String>,
     config: Option<serde_json::Value>,
 ) -> Result<NomadPluginDecl, (String, String)> {
+    // The name was checked as a path segment with every plugin block's.
     let field = |f: &str| format!("plugin {}.{f}", Quoted(name));
-    berth_sys::validate_path_segment("plugin name", name)
-        .map_err(|e| (format!("plugin {}", Quoted(name)), e.to_string()))?;
     let config = match config {
         None => serde_json::Value::Object(serde_json::Map::new()),
         Some(v @ serde_json::Value::Object(_)) => v,

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use berth_devices::{manager::DeviceManager, view::PluginState};
+use berth_devices::manager::DeviceManager;
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _},
@@ -25,91 +25,88 @@ impl DeviceCollector {
 
 impl Collector for DeviceCollector {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), std::fmt::Error> {
-        let view = self.manager.view();
-        {
-            let mut m = encoder.encode_descriptor(
-                "device_plugin_ready",
-                "Whether a device plugin is up and has reported its devices (1) or not (0)",
-                None,
-                MetricType::Gauge,
-            )?;
-            for p in &view.plugins {
-                let labels = vec![("plugin", p.id.to_string())];
-                let ready = p.state == PluginState::Ready && p.fingerprinted;
-                ConstGauge::new(i64::from(ready)).encode(m.encode_family(&labels)?)?;
+        let m = self.manager.metrics();
+        let gauge = |encoder: &mut DescriptorEncoder<'_>,
+                     name: &str,
+                     help: &str,
+                     rows: &mut dyn Iterator<Item = (Vec<(&'static str, String)>, GaugeValue)>|
+         -> Result<(), std::fmt::Error> {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for (labels, value) in rows {
+                match value {
+                    GaugeValue::Int(v) => {
+                        ConstGauge::new(v).encode(family.encode_family(&labels)?)?
+                    }
+                    GaugeValue::Float(v) => {
+                        ConstGauge::new(v).encode(family.encode_family(&labels)?)?;
+                    }
+                }
             }
-        }
-        {
-            let mut m = encoder.encode_descriptor(
-                "device_plugin_starts",
-                "How many times a device plugin instance was started or registered",
-                None,
-                MetricType::Gauge,
-            )?;
-            for p in &view.plugins {
-                let labels = vec![("plugin", p.id.to_string())];
-                let starts = i64::try_from(p.attachments).unwrap_or(i64::MAX);
-                ConstGauge::new(starts).encode(m.encode_family(&labels)?)?;
-            }
-        }
-        let instances = view.groups.iter().flat_map(|g| {
-            g.instances.iter().map(move |i| {
+            Ok(())
+        };
+        let plugin = |p: &berth_devices::view::PluginMetrics| vec![("plugin", p.plugin.clone())];
+        gauge(
+            &mut encoder,
+            "device_plugin_ready",
+            "Whether a device plugin is up and has reported its devices (1) or not (0)",
+            &mut m
+                .plugins
+                .iter()
+                .map(|p| (plugin(p), GaugeValue::Int(i64::from(p.ready)))),
+        )?;
+        gauge(
+            &mut encoder,
+            "device_plugin_starts",
+            "How many times a device plugin instance was started or registered",
+            &mut m.plugins.iter().map(|p| {
                 (
-                    vec![
-                        ("plugin", g.plugin.to_string()),
-                        (
-                            "device",
-                            format!("{}/{}/{}", g.vendor, g.device_type, g.name),
-                        ),
-                        ("instance", i.id.clone()),
-                    ],
-                    i,
+                    plugin(p),
+                    GaugeValue::Int(i64::try_from(p.attachments).unwrap_or(i64::MAX)),
                 )
-            })
-        });
-        let instances: Vec<_> = instances.collect();
-        {
-            let mut m = encoder.encode_descriptor(
-                "device_healthy",
-                "Whether a device instance can be given to tasks (1) or not (0)",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (labels, i) in &instances {
-                ConstGauge::new(i64::from(i.healthy)).encode(m.encode_family(labels)?)?;
-            }
-        }
-        {
-            let mut m = encoder.encode_descriptor(
-                "device_reserved",
-                "Whether a device instance is held by an alloc (1) or free (0)",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (labels, i) in &instances {
-                ConstGauge::new(i64::from(i.reserved_by.is_some()))
-                    .encode(m.encode_family(labels)?)?;
-            }
-        }
-        {
-            let mut m = encoder.encode_descriptor(
-                "device_stat",
-                "The latest summary statistic a device plugin reported for an instance, in its unit",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (labels, i) in &instances {
-                let Some(summary) = i.stats.as_ref().and_then(|s| s.summary.as_ref()) else {
-                    continue;
-                };
-                let Some(value) = summary.number() else {
-                    continue;
-                };
-                let mut labels = labels.clone();
-                labels.push(("unit", summary.unit.clone()));
-                ConstGauge::new(value).encode(m.encode_family(&labels)?)?;
-            }
-        }
+            }),
+        )?;
+        let instance = |i: &berth_devices::view::InstanceMetrics| {
+            vec![
+                ("plugin", i.plugin.clone()),
+                ("device", i.device.clone()),
+                ("instance", i.instance.clone()),
+            ]
+        };
+        gauge(
+            &mut encoder,
+            "device_healthy",
+            "Whether a device instance can be given to tasks (1) or not (0)",
+            &mut m
+                .instances
+                .iter()
+                .map(|i| (instance(i), GaugeValue::Int(i64::from(i.healthy)))),
+        )?;
+        gauge(
+            &mut encoder,
+            "device_reserved",
+            "Whether a device instance is held by an alloc (1) or free (0)",
+            &mut m
+                .instances
+                .iter()
+                .map(|i| (instance(i), GaugeValue::Int(i64::from(i.reserved)))),
+        )?;
+        gauge(
+            &mut encoder,
+            "device_stat",
+            "The latest summary statistic a device plugin reported for an instance, in its unit",
+            &mut m.instances.iter().filter_map(|i| {
+                let (value, unit) = i.summary.clone()?;
+                let mut labels = instance(i);
+                labels.push(("unit", unit));
+                Some((labels, GaugeValue::Float(value)))
+            }),
+        )?;
         Ok(())
     }
+}
+
+/// A gauge's value: counts and flags are integers, statistics floats.
+enum GaugeValue {
+    Int(i64),
+    Float(f64),
 }

@@ -21,7 +21,7 @@ use berth_devices::{
     view::DeviceEvent,
 };
 use berth_devices_kube::{KubeConfig, KubeDevices};
-use berth_devices_nomad::{NomadPlugin, NomadPluginConfig, PluginKind};
+use berth_devices_nomad::{NomadPlugin, NomadPluginConfig};
 use berth_state::{Store, Table};
 use berth_sys::slot::RestartPolicy;
 use serde::{Deserialize, Serialize};
@@ -93,13 +93,11 @@ impl DeviceRecords for StoreRecords {
 #[derive(Debug)]
 pub struct Devices {
     manager: Arc<DeviceManager>,
-    /// What [`start`](Self::start) runs, checked by [`new`](Self::new).
-    prepared: std::sync::Mutex<Option<Prepared>>,
 }
 
-/// The plugins and services checked at [`Devices::new`], run by [`Devices::start`].
+/// The plugins and services checked by [`Devices::new`], for [`Devices::start`] to run.
 #[derive(Debug)]
-struct Prepared {
+pub struct DevicePlugins {
     /// The declared Nomad plugins.
     nomad: Vec<NomadPlugin>,
     /// The Kubernetes registration service's config, when enabled.
@@ -111,7 +109,8 @@ struct Prepared {
 pub struct DevicesOptions {
     /// The device settings of the config.
     pub config: DevicesConfig,
-    /// The agent's data dir (`<data_dir>/devices/` holds the Nomad plugins' directories).
+    /// The agent's data dir (`<data_dir>/devices/` is the devices root, where the Nomad
+    /// plugins' directories are: see [`berth_devices_nomad::layout`]).
     pub data_dir: PathBuf,
     /// Backoff of plugin restarts (Nomad plugins) and re-dials (Kubernetes plugins).
     pub restart: RestartPolicy,
@@ -120,20 +119,30 @@ pub struct DevicesOptions {
     pub kube_grace: Duration,
 }
 
+impl DevicesOptions {
+    /// `<data_dir>/devices`: the root of the devices' files.
+    fn devices_root(&self) -> PathBuf {
+        self.data_dir.join("devices")
+    }
+}
+
 impl Devices {
     /// Makes the device manager (with each plugin's last device list from the store) and
-    /// checks everything [`start`](Self::start) runs: each declared Nomad plugin (its binary
-    /// in `plugin_dir`, its settings) and the Kubernetes registration service's directory. A
-    /// problem stops the agent before anything runs.
+    /// checks everything [`start`](Self::start) runs, which it returns: each declared Nomad
+    /// plugin (its binary in `plugin_dir`, its settings) and the Kubernetes registration
+    /// service's directory. A problem stops the agent before anything runs.
     pub fn new(
         opts: &DevicesOptions,
         events: Arc<EventBus>,
         store: Arc<Store>,
-    ) -> Result<Self, AgentError> {
+    ) -> Result<(Self, DevicePlugins), AgentError> {
         let mut nomad = Vec::new();
-        for decl in &opts.config.nomad_plugins {
-            let command = binary(&opts.config, decl)?;
-            nomad.push(nomad_plugin(opts, decl, command)?);
+        // The config refuses plugin blocks without plugin_dir.
+        if let Some(plugin_dir) = &opts.config.plugin_dir {
+            for decl in &opts.config.nomad_plugins {
+                let command = binary(plugin_dir, decl)?;
+                nomad.push(nomad_plugin(opts, decl, command, false)?);
+            }
         }
         let kube = if opts.config.kubernetes {
             let mut kube = KubeConfig::new(opts.config.kubelet_dir(&opts.data_dir));
@@ -151,10 +160,7 @@ impl Devices {
             Arc::new(BusObserver(events)),
             Arc::new(StoreRecords(store)),
         ));
-        Ok(Self {
-            manager,
-            prepared: std::sync::Mutex::new(Some(Prepared { nomad, kube })),
-        })
+        Ok((Self { manager }, DevicePlugins { nomad, kube }))
     }
 
     /// The device manager.
@@ -162,65 +168,52 @@ impl Devices {
         &self.manager
     }
 
-    /// Starts (once) the declared Nomad plugins, the other device plugins found in
-    /// `plugin_dir`, and the Kubernetes registration service (restarted with backoff if it
-    /// fails); every task stops with `shutdown`. Processes left running by a killed agent for
-    /// Nomad plugins that are no longer configured are stopped. A restored Nomad plugin no
-    /// longer in the config or in `plugin_dir` is forgotten at once; a Kubernetes plugin that
-    /// must register again, after [`DevicesOptions::kube_grace`] unless it did.
-    pub fn start(&self, opts: &DevicesOptions, tasks: &TaskTracker, shutdown: &CancellationToken) {
-        let Some(prepared) = self
-            .prepared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        else {
-            return;
-        };
-        let cfg = &opts.config;
+    /// Starts `plugins` (what [`new`](Self::new) returned): the declared Nomad plugins, every
+    /// other executable in `plugin_dir` as a Nomad plugin
+    /// [found there](NomadPluginConfig::found_in_plugin_dir) (one that is not a device plugin
+    /// stops by itself, telling the manager nothing), and the Kubernetes registration service
+    /// (restarted with backoff if it fails); every task stops with `shutdown`. Processes a
+    /// killed agent left running for Nomad plugins neither configured nor in `plugin_dir` are
+    /// stopped. A restored Nomad plugin no longer in the config or in `plugin_dir` is
+    /// forgotten at once; a Kubernetes plugin that must register again, after
+    /// [`DevicesOptions::kube_grace`] unless it did.
+    pub fn start(
+        &self,
+        plugins: DevicePlugins,
+        opts: &DevicesOptions,
+        tasks: &TaskTracker,
+        shutdown: &CancellationToken,
+    ) {
         let sink: Arc<dyn PluginSink> = self.manager.clone();
-        let mut launched = BTreeSet::new();
-        for plugin in prepared.nomad {
-            launched.insert(plugin.id().name.clone());
+        let mut known = BTreeSet::new();
+        for plugin in plugins.nomad {
+            known.insert(plugin.id().name.clone());
             tasks.spawn(plugin.run(Arc::clone(&sink), shutdown.clone()));
         }
-        let others = cfg
-            .plugin_dir
-            .as_deref()
-            .map(|dir| undeclared_binaries(dir, &launched))
-            .unwrap_or_default();
-        let known: BTreeSet<String> = launched
-            .iter()
-            .cloned()
-            .chain(others.iter().map(|(name, _)| name.clone()))
-            .collect();
+        if let Some(plugin_dir) = &opts.config.plugin_dir {
+            for (name, command) in undeclared_binaries(plugin_dir, &known) {
+                let decl = NomadPluginDecl {
+                    name: name.clone(),
+                    args: Vec::new(),
+                    config: serde_json::Value::Object(serde_json::Map::new()),
+                };
+                match nomad_plugin(opts, &decl, command, true) {
+                    Ok(plugin) => {
+                        known.insert(name);
+                        tasks.spawn(plugin.run(Arc::clone(&sink), shutdown.clone()));
+                    }
+                    Err(e) => {
+                        tracing::error!(plugin = %name, error = %e, "cannot run the plugin found in plugin_dir");
+                    }
+                }
+            }
+        }
         self.manager
             .forget_restored(|id| id.protocol != Protocol::Nomad || known.contains(&id.name));
-        tasks.spawn(stop_leftovers(
-            opts.data_dir.clone(),
-            known,
-            opts.restart.stop_grace,
-        ));
-        if !others.is_empty() {
-            let opts = opts.clone();
-            let sink = Arc::clone(&sink);
-            let shutdown_inner = shutdown.clone();
-            let inner_tasks = tasks.clone();
-            tasks.spawn(async move {
-                for (name, command) in others {
-                    run_if_device_plugin(
-                        &opts,
-                        name,
-                        command,
-                        &sink,
-                        &inner_tasks,
-                        &shutdown_inner,
-                    )
-                    .await;
-                }
-            });
-        }
-        match prepared.kube {
+        let root = opts.devices_root();
+        let grace = opts.restart.stop_grace;
+        tasks.spawn(async move { berth_devices_nomad::stop_leftovers(&root, &known, grace).await });
+        match plugins.kube {
             Some(kube) => {
                 tasks.spawn(serve_registration(
                     kube,
@@ -288,53 +281,9 @@ async fn serve_registration(
     }
 }
 
-/// Stops what a killed agent left running in the slots of Nomad plugins not run now (no
-/// longer configured or in `plugin_dir`), and of probes of binaries no longer there.
-async fn stop_leftovers(data_dir: PathBuf, known: BTreeSet<String>, grace: Duration) {
-    for (kind, log) in [
-        ("nomad", berth_devices_nomad::instance::LOG_FILE),
-        ("inspect", berth_devices_nomad::inspect::INSPECT_LOG),
-    ] {
-        let Ok(entries) = std::fs::read_dir(data_dir.join("devices").join(kind)) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let Some(name) = e.file_name().to_str().map(str::to_owned) else {
-                continue;
-            };
-            if known.contains(&name) || !e.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let id = if kind == "nomad" {
-                PluginId::nomad(name.clone()).to_string()
-            } else {
-                format!("nomad-inspect:{name}")
-            };
-            let mut slot = berth_sys::slot::PluginSlot::new(&id, &e.path().join(log));
-            match slot.claim(grace).await {
-                Ok(()) => {
-                    let stuck = slot.release(grace).await;
-                    if !stuck.is_empty() {
-                        tracing::error!(plugin = %name, pids = ?stuck, "processes of a plugin no longer run survive SIGKILL");
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(plugin = %name, error = %e, "cannot stop what is left of a plugin no longer run")
-                }
-            }
-        }
-    }
-}
-
 /// `<plugin_dir>/<name>`: it must be a file.
-fn binary(cfg: &DevicesConfig, decl: &NomadPluginDecl) -> Result<PathBuf, AgentError> {
-    let dir = cfg.plugin_dir.as_deref().ok_or_else(|| {
-        AgentError::Devices(format!(
-            "plugin {:?}: a plugin without type is a Nomad device plugin: set plugin_dir",
-            decl.name
-        ))
-    })?;
-    let path = dir.join(&decl.name);
+fn binary(plugin_dir: &Path, decl: &NomadPluginDecl) -> Result<PathBuf, AgentError> {
+    let path = plugin_dir.join(&decl.name);
     match std::fs::metadata(&path) {
         Ok(m) if m.is_file() => Ok(path),
         Ok(_) => Err(AgentError::Devices(format!(
@@ -350,25 +299,24 @@ fn binary(cfg: &DevicesConfig, decl: &NomadPluginDecl) -> Result<PathBuf, AgentE
     }
 }
 
-/// The private directory of Nomad plugin `name`.
-fn plugin_dir_of(data_dir: &Path, name: &str) -> PathBuf {
-    data_dir.join("devices").join("nomad").join(name)
-}
-
+/// The Nomad plugin of `decl` run from `command`, in its directory under the devices root;
+/// `found` when it was found in `plugin_dir` without a `plugin` block.
 fn nomad_plugin(
     opts: &DevicesOptions,
     decl: &NomadPluginDecl,
     command: PathBuf,
+    found: bool,
 ) -> Result<NomadPlugin, AgentError> {
     let mut cfg = NomadPluginConfig::new(
         decl.name.clone(),
         command,
-        plugin_dir_of(&opts.data_dir, &decl.name),
+        berth_devices_nomad::plugin_dir(&opts.devices_root(), &decl.name),
     );
     cfg.args.clone_from(&decl.args);
     cfg.config = decl.config.clone();
     cfg.stats_interval = opts.config.stats_interval;
     cfg.restart = opts.restart;
+    cfg.found_in_plugin_dir = found;
     NomadPlugin::new(cfg).map_err(|e| AgentError::Devices(e.to_string()))
 }
 
@@ -396,46 +344,6 @@ fn undeclared_binaries(dir: &Path, declared: &BTreeSet<String>) -> Vec<(String, 
     out
 }
 
-/// Asks `command` what it is; runs it with an empty config when it is a device plugin.
-async fn run_if_device_plugin(
-    opts: &DevicesOptions,
-    name: String,
-    command: PathBuf,
-    sink: &Arc<dyn PluginSink>,
-    tasks: &TaskTracker,
-    shutdown: &CancellationToken,
-) {
-    let probe_dir = opts.data_dir.join("devices").join("inspect").join(&name);
-    let info = tokio::select! {
-        r = berth_devices_nomad::inspect(&command, &[], &probe_dir) => r,
-        () = shutdown.cancelled() => return,
-    };
-    match info {
-        Ok(info) if info.kind == PluginKind::Device => {
-            let decl = NomadPluginDecl {
-                name: name.clone(),
-                args: Vec::new(),
-                config: serde_json::Value::Object(serde_json::Map::new()),
-            };
-            match nomad_plugin(opts, &decl, command) {
-                Ok(plugin) => {
-                    tracing::info!(plugin = %name, "device plugin found in plugin_dir");
-                    tasks.spawn(plugin.run(Arc::clone(sink), shutdown.clone()));
-                }
-                Err(e) => {
-                    tracing::error!(plugin = %name, error = %e, "cannot run the device plugin")
-                }
-            }
-        }
-        Ok(info) => {
-            tracing::info!(plugin = %name, kind = ?info.kind, "plugin_dir holds a plugin that is not a device plugin: berth runs device plugins only")
-        }
-        Err(e) => {
-            tracing::warn!(plugin = %name, error = %e, "plugin_dir holds a file that is not a Nomad plugin")
-        }
-    }
-}
-
 /// The device side as alloc runners see it.
 #[derive(Debug)]
 pub struct AgentDeviceHost {
@@ -452,11 +360,11 @@ impl AgentDeviceHost {
 impl DeviceHost for AgentDeviceHost {
     fn reserve<'a>(
         &'a self,
-        _alloc_id: &'a str,
+        alloc_id: &'a str,
         _task: &'a str,
         assignments: &'a [DeviceAssignment],
     ) -> berth_allocrunner::BoxFuture<'a, Result<ContainerEdits, String>> {
-        Box::pin(self.manager.reserve(assignments))
+        Box::pin(self.manager.reserve(alloc_id, assignments))
     }
 
     fn pre_start<'a>(
@@ -467,7 +375,7 @@ impl DeviceHost for AgentDeviceHost {
     }
 
     fn restore(&self, alloc_id: &str, task: &str, assignments: &[DeviceAssignment]) {
-        for conflict in self.manager.restore(alloc_id, task, assignments) {
+        for conflict in self.manager.restore(alloc_id, assignments) {
             tracing::error!(
                 alloc_id,
                 task,

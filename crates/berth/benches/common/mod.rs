@@ -1,7 +1,7 @@
 #![allow(dead_code)] // Each bench uses part of it.
 //! What the benches share: a real `berth agent` in its own mount namespace (with a supervised
 //! `berth-hostpath`, or with any config), the workspace's binaries built for the bench, CPU
-//! time from `/proc`, mount tables, and percentiles.
+//! time from `/proc`, mount tables, percentiles, bounded polling, and option parsing.
 
 use std::{
     collections::BTreeMap,
@@ -12,13 +12,12 @@ use std::{
 };
 
 use berth_api::Client;
-use nix::{
-    sys::signal::{Signal, killpg},
-    unistd::Pid,
-};
 
 /// The name of the agent's plugin.
 pub const PLUGIN: &str = "hp";
+
+/// How often [`Agent::wait_until`] polls.
+const AGENT_POLL: Duration = Duration::from_millis(10);
 
 /// `berth-hostpath`, built first with the bench's own profile and target dir when cargo runs
 /// the bench (a no-op when it is up to date), so the plugin measured is the current one.
@@ -95,42 +94,6 @@ pub fn mounts_under(pid: u32, dir: &Path) -> Vec<PathBuf> {
         .map(|m| m.mount_point)
         .filter(|p| p.starts_with(dir))
         .collect()
-}
-
-/// SIGKILLs every process (but this one) whose environment sets `var` to `dir` or to a path
-/// under it: the processes an agent marked as its own (plugins carry their slot's directory in
-/// `BERTH_PLUGIN_SLOT_DIR`, tasks their alloc dir in `BERTH_ALLOC_DIR`), which outlive a killed
-/// agent on purpose. Nothing is signalled by pid file, so a reused pid is never hit.
-pub fn kill_marked(var: &str, dir: &Path) {
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    let exact = format!("{var}={}", dir.display()).into_bytes();
-    let mut under = exact.clone();
-    under.push(b'/');
-    let me = std::process::id();
-    for entry in procs.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let Ok(env) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if env
-            .split(|b| *b == 0)
-            .any(|v| v == exact.as_slice() || v.starts_with(&under))
-            && let Ok(pid) = i32::try_from(pid)
-        {
-            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-    }
 }
 
 /// The pid in `pid_file` if that process runs a binary whose name starts with `exe_prefix`.
@@ -233,23 +196,20 @@ impl Agent {
         Fut: Future<Output = bool>,
     {
         let client = self.client();
-        let start = Instant::now();
-        loop {
-            if check(client.clone()).await {
-                return;
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
+        let (child, log) = (&mut self.child, &self.log);
+        let held = try_poll_until(AGENT_POLL, timeout, || {
+            if let Ok(Some(status)) = child.try_wait() {
                 panic!(
                     "berth agent exited ({status}) before {what}:\n{}",
-                    self.log_tail()
+                    tail(log)
                 );
             }
-            assert!(
-                start.elapsed() < timeout,
-                "{what}: not within {timeout:?}:\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            let holds = check(client.clone());
+            async move { if holds.await { Ok(()) } else { Err(()) } }
+        })
+        .await;
+        if held.is_err() {
+            panic!("{what}: not within {timeout:?}:\n{}", self.log_tail());
         }
     }
 
@@ -291,10 +251,15 @@ impl Agent {
     }
 
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(50)..].join("\n")
+        tail(&self.log)
     }
+}
+
+/// The last 50 lines of the log file `log`.
+fn tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(50)..].join("\n")
 }
 
 impl Drop for Agent {
@@ -302,13 +267,9 @@ impl Drop for Agent {
         // The agent first, so it cannot restart a plugin or a task.
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(pid) = self.plugin_pid().and_then(|p| i32::try_from(p).ok()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
         // Every plugin it ran (CSI and device plugins) carries its slot's directory, under the
-        // data dir, in its environment.
-        let data_dir = std::fs::canonicalize(&self.data_dir).unwrap_or(self.data_dir.clone());
-        kill_marked(berth_sys::slot::DIR_VAR, &data_dir);
+        // data dir, in its environment; nothing is signalled by pid file.
+        berth_testkit::kill_marked(berth_sys::slot::DIR_VAR, &self.data_dir);
         // Tasks outlive a killed agent on purpose.
         berth_testkit::kill_tasks_under(&self.data_dir.join("allocs"));
         if std::thread::panicking() {
@@ -487,26 +448,93 @@ pub fn print_cpu(wall: f64, cpu: f64, plugin_cpu: Option<f64>) {
 
 /// Polls `check` every `every` until it gives a value; panics with `what` (and the last
 /// state it describes) after `timeout`.
-pub async fn poll_until<T, F, Fut>(
-    what: &str,
-    every: Duration,
-    timeout: Duration,
-    mut check: F,
-) -> T
+pub async fn poll_until<T, F, Fut>(what: &str, every: Duration, timeout: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, String>>,
 {
+    try_poll_until(every, timeout, check)
+        .await
+        .unwrap_or_else(|state| panic!("{what}: not within {timeout:?}: {state}"))
+}
+
+/// Polls `check` every `every` until it gives a value (`Ok`), or until it fails once
+/// `timeout` has passed (`Err` with what it said then). `check` runs at least once.
+pub async fn try_poll_until<T, E, F, Fut>(
+    every: Duration,
+    timeout: Duration,
+    mut check: F,
+) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
     let deadline = Instant::now() + timeout;
     loop {
         match check().await {
-            Ok(v) => return v,
-            Err(state) => assert!(
-                Instant::now() < deadline,
-                "{what}: not within {timeout:?}: {state}"
-            ),
+            Ok(v) => return Ok(v),
+            Err(state) if Instant::now() >= deadline => return Err(state),
+            Err(_) => {}
         }
         tokio::time::sleep(every).await;
+    }
+}
+
+/// A bench's command line: whether `--quick` (a smoke run) was given, and the whole-number
+/// values of the `--name N` options given.
+#[derive(Debug, Default)]
+pub struct Options {
+    /// `--quick` was given.
+    pub quick: bool,
+    given: BTreeMap<String, u64>,
+}
+
+impl Options {
+    /// Parses this process's arguments (see [`Options::parse_from`]).
+    pub fn parse(names: &[&str]) -> Result<Options, String> {
+        Options::parse_from(std::env::args().skip(1), names)
+    }
+
+    /// Parses `args`: `--quick`, `--bench` (which `cargo bench` passes to every bench; ignored),
+    /// and `--name N` for each of `names`, N a whole number (the last one given wins).
+    /// `-h`/`--help` is an `Err` with an empty message (show the usage); any other argument, a
+    /// missing value or one that is not a whole number, an `Err` that names it.
+    pub fn parse_from(
+        args: impl IntoIterator<Item = String>,
+        names: &[&str],
+    ) -> Result<Options, String> {
+        let mut o = Options::default();
+        let mut it = args.into_iter();
+        while let Some(a) = it.next() {
+            match a.as_str() {
+                "--quick" => o.quick = true,
+                "--bench" => {}
+                "-h" | "--help" => return Err(String::new()),
+                name if names.contains(&name) => {
+                    let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+                    let n = v
+                        .parse()
+                        .map_err(|_| format!("{a}: {v:?} is not a whole number"))?;
+                    o.given.insert(a, n);
+                }
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(o)
+    }
+
+    /// The value of option `name` if given, else `default`.
+    pub fn value(&self, name: &str, default: u64) -> u64 {
+        self.given.get(name).copied().unwrap_or(default)
+    }
+
+    /// The value of option `name` if given, else `default`, as a count; an error names the
+    /// option when it does not fit.
+    pub fn count(&self, name: &str, default: usize) -> Result<usize, String> {
+        match self.given.get(name) {
+            None => Ok(default),
+            Some(&n) => usize::try_from(n).map_err(|_| format!("{name}: {n} is too large")),
+        }
     }
 }
 

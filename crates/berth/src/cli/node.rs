@@ -124,7 +124,7 @@ fn print_devices(devices: &DevicesView) -> anyhow::Result<()> {
         .flat_map(|p| p.invalid.iter().map(move |i| format!("{}: {i}", p.id)))
         .collect();
     for line in invalid {
-        say!("invalid entry dropped: {line}")?;
+        say!("invalid entry dropped: {}", output::escape(&line))?;
     }
     say!()?;
     print_cdi(devices)?;
@@ -139,7 +139,7 @@ fn print_devices(devices: &DevicesView) -> anyhow::Result<()> {
             .iter()
             .map(|(k, v)| format!("{k}={v}"))
             .collect();
-        let name = format!("{}/{}/{}", g.vendor, g.device_type, g.name);
+        let name = g.id().to_string();
         if g.instances.is_empty() {
             rows.push(vec![
                 name.clone(),
@@ -211,10 +211,13 @@ fn print_cdi(devices: &DevicesView) -> anyhow::Result<()> {
         return Ok(());
     }
     if !devices.cdi_devices.is_empty() {
-        say!("CDI devices: {}", devices.cdi_devices.join(", "))?;
+        say!(
+            "CDI devices: {}",
+            output::escape(&devices.cdi_devices.join(", "))
+        )?;
     }
     for e in &devices.cdi_errors {
-        say!("CDI spec refused: {e}")?;
+        say!("CDI spec refused: {}", output::escape(e))?;
     }
     say!()?;
     Ok(())

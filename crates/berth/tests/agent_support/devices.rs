@@ -1,6 +1,6 @@
-//! Device helpers for the tests that run device plugins with a real agent: device nodes made
-//! with mknod, the example Kubernetes plugin as a process, waits on the node's devices, and
-//! jobs whose exec task writes what it sees of its devices into a volume.
+//! Device helpers for the tests that run device plugins with a real agent: the example
+//! Kubernetes plugin as a process, waits on the node's devices, and jobs whose exec task
+//! writes what it sees of its devices into a volume. Device nodes: `berth_testkit::mknod_char`.
 
 use std::{
     path::{Path, PathBuf},
@@ -12,25 +12,6 @@ use berth_api::NodeStatus;
 use berth_devices::view::GroupView;
 
 use super::AgentProcess;
-
-/// Makes a character device node at `path` (mode 0666) with `major:minor` (1:9 is a copy of
-/// /dev/urandom, 1:3 of /dev/null).
-pub fn mknod_char(path: &Path, major: u64, minor: u64) {
-    use nix::sys::stat::{Mode, SFlag, makedev, mknod};
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).expect("node dir");
-    }
-    mknod(
-        path,
-        SFlag::S_IFCHR,
-        Mode::from_bits_truncate(0o666),
-        makedev(major, minor),
-    )
-    .expect("mknod");
-    // mknod honours the umask: make it readable by the task's user whatever it was.
-    std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666))
-        .expect("chmod");
-}
 
 /// The example Kubernetes device plugin (`berth-kube-device`), killed when dropped.
 pub struct KubePlugin {
@@ -133,8 +114,19 @@ pub async fn wait_node(
     what: &str,
     pred: impl Fn(&NodeStatus) -> bool,
 ) -> NodeStatus {
-    let client = agent.client();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    wait_node_before(agent, what, deadline, pred).await
+}
+
+/// Polls the node until `pred` holds for it; returns it. Panics (with the node's devices and
+/// the agent's log) when `deadline` passes first.
+pub async fn wait_node_before(
+    agent: &AgentProcess,
+    what: &str,
+    deadline: tokio::time::Instant,
+    pred: impl Fn(&NodeStatus) -> bool,
+) -> NodeStatus {
+    let client = agent.client();
     loop {
         let node = client.node().await.expect("node status");
         if pred(&node) {
@@ -142,7 +134,7 @@ pub async fn wait_node(
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the node never showed {what}: {:#?}\nagent log:\n{}",
+            "the node did not show {what} in time: {:#?}\nagent log:\n{}",
             node.devices,
             agent.log()
         );
@@ -155,7 +147,7 @@ pub fn group<'a>(node: &'a NodeStatus, id: &str) -> Option<&'a GroupView> {
     node.devices
         .groups
         .iter()
-        .find(|g| format!("{}/{}/{}", g.vendor, g.device_type, g.name) == id)
+        .find(|g| g.id().to_string() == id)
 }
 
 /// How many instances of group `id` are healthy.

@@ -87,8 +87,19 @@ pub async fn wait_job(
     id: &str,
     pred: impl Fn(&JobStatus) -> bool,
 ) -> JobStatus {
-    let client = agent.client();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    wait_job_before(agent, id, deadline, pred).await
+}
+
+/// Polls job `id` until `pred` holds; panics (with the job and the agent's log) when
+/// `deadline` passes first.
+pub async fn wait_job_before(
+    agent: &AgentProcess,
+    id: &str,
+    deadline: tokio::time::Instant,
+    pred: impl Fn(&JobStatus) -> bool,
+) -> JobStatus {
+    let client = agent.client();
     loop {
         let s = client.job(id).await.expect("job status");
         if pred(&s) {
@@ -96,20 +107,31 @@ pub async fn wait_job(
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "job {id} did not get there: {s:#?}\nagent log:\n{}",
+            "job {id} did not get there in time: {s:#?}\nagent log:\n{}",
             agent.log()
         );
         tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
     }
 }
 
-/// Polls the first alloc of job `id` until `pred` holds.
+/// Polls the first alloc of job `id` until `pred` holds (at most 30 s).
 pub async fn wait_alloc(
     agent: &AgentProcess,
     id: &str,
     pred: impl Fn(&AllocStatus) -> bool,
 ) -> AllocStatus {
-    let s = wait_job(agent, id, |s| s.allocs.first().is_some_and(&pred)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    wait_alloc_before(agent, id, deadline, pred).await
+}
+
+/// Polls the first alloc of job `id` until `pred` holds; panics when `deadline` passes first.
+pub async fn wait_alloc_before(
+    agent: &AgentProcess,
+    id: &str,
+    deadline: tokio::time::Instant,
+    pred: impl Fn(&AllocStatus) -> bool,
+) -> AllocStatus {
+    let s = wait_job_before(agent, id, deadline, |s| s.allocs.first().is_some_and(&pred)).await;
     s.allocs[0].clone()
 }
 

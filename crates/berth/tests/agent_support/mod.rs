@@ -259,32 +259,11 @@ impl AgentProcess {
 impl Drop for AgentProcess {
     fn drop(&mut self) {
         self.kill9();
-        // The plugins it ran outlive a kill -9 on purpose (the next agent stops them): stop them
-        // (CSI plugins' pid files are in logs/, device plugins' under devices/).
-        let mut dirs = vec![self.data_dir.join("logs")];
-        while let Some(dir) = dirs.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for e in entries.flatten() {
-                let path = e.path();
-                if e.file_type().is_ok_and(|t| t.is_dir()) {
-                    dirs.push(path);
-                } else if path.extension().is_some_and(|x| x == "pid")
-                    && let Some(pid) = std::fs::read_to_string(&path)
-                        .ok()
-                        .and_then(|t| t.trim().parse::<i32>().ok())
-                {
-                    let _ = nix::sys::signal::killpg(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-            if dir == self.data_dir.join("logs") {
-                dirs.push(self.data_dir.join("devices"));
-            }
-        }
+        // The plugins it ran (CSI plugins from its config, Nomad device plugins) outlive a
+        // kill -9 on purpose (the next agent stops them): stop them by the slot directory each
+        // carries in its environment, under the data dir (never by pid file: a pid may have
+        // been reused).
+        berth_testkit::kill_marked(berth_sys::slot::DIR_VAR, &self.data_dir);
         // Job tasks outlive the agent on purpose too: kill every process that runs in one of
         // this agent's allocs.
         berth_testkit::kill_tasks_under(&self.data_dir.join("allocs"));

@@ -3,23 +3,24 @@
 
 use hcl::eval::Evaluate as _;
 
+use berth_input::{Quoted, shown_within};
+
 use super::value::{ConfigValue, Number};
-use crate::text;
 
 /// Evaluates `expr`; the error says why it is not a constant HCL expression.
 pub fn evaluate(expr: &str) -> Result<ConfigValue, String> {
     let parsed: hcl::Expression = expr.parse().map_err(|e: hcl::Error| {
         format!(
-            "literal {:?} is not an HCL expression: {}",
-            text::cut(expr, 200),
-            text::clean(&e.to_string(), 300)
+            "literal {} is not an HCL expression: {}",
+            Quoted(expr),
+            shown_within(&e.to_string(), 300)
         )
     })?;
     let value = parsed.evaluate(&hcl::eval::Context::new()).map_err(|e| {
         format!(
-            "literal {:?} cannot be evaluated (only constants are supported): {}",
-            text::cut(expr, 200),
-            text::clean(&e.to_string(), 300)
+            "literal {} cannot be evaluated (only constants are supported): {}",
+            Quoted(expr),
+            shown_within(&e.to_string(), 300)
         )
     })?;
     Ok(from_hcl(value))

@@ -84,6 +84,11 @@ impl Recorder {
         }
     }
 
+    /// How many times the plugin was attached.
+    pub fn attachments(&self) -> usize {
+        self.ops.lock().unwrap().len()
+    }
+
     /// Every event so far, with its generation.
     pub fn events(&self) -> Vec<(Generation, PluginEvent)> {
         self.seen
@@ -299,6 +304,12 @@ impl Running {
             shutdown,
             task: Some(task),
         }
+    }
+
+    /// Waits for `run` to return by itself (no shutdown); panics if it panicked.
+    pub async fn finished(mut self) {
+        let task = self.task.take().expect("running");
+        task.await.expect("run does not panic");
     }
 
     /// Shuts the instance down; panics unless `run` returns within [`WAIT`].

@@ -23,12 +23,14 @@ pub use placement::{Chosen, PRE_START_WAIT, TaskRequests};
 pub use validate::{MAX_GROUPS, MAX_INSTANCES, MAX_NAME_BYTES, validate};
 
 use crate::{
-    assignment::{AssignedSource, DeviceAssignment, DeviceKey, Holder},
+    assignment::{AssignedSource, DeviceAssignment, DeviceKey},
+    cdi::CdiRegistry,
     model::{DeviceGroup, DeviceGroupId, InstanceStats},
     now_ms,
     plugin::{Generation, PluginEvent, PluginId, PluginOps, PluginSink},
     view::{
-        DeviceEvent, DeviceEventKind, DevicesView, GroupView, InstanceView, PluginState, PluginView,
+        DeviceEvent, DeviceEventKind, DeviceMetrics, DevicesView, GroupView, InstanceView,
+        PluginState, PluginView,
     },
 };
 
@@ -120,18 +122,19 @@ impl Plugin {
         }
     }
 
-    /// Why its devices may not be given to tasks, when they may not.
-    fn unusable_reason(&self) -> Option<String> {
+    /// Why its devices may not be given to tasks, when they may not; `plugin` names the
+    /// plugin in the sentence (`its plugin`, `device plugin nomad:x`).
+    fn unusable_reason(&self, plugin: &str) -> Option<String> {
         match self.state {
             PluginState::Ready if self.fingerprinted => None,
             PluginState::Ready | PluginState::Starting => {
-                Some("its plugin has not reported its devices yet".into())
+                Some(format!("{plugin} has not reported its devices yet"))
             }
-            PluginState::Restored => Some(
-                "last known before the agent restarted; its plugin has not reported since".into(),
-            ),
+            PluginState::Restored => Some(format!(
+                "last known before the agent restarted; {plugin} has not reported since"
+            )),
             PluginState::Down => Some(format!(
-                "its plugin is down: {}",
+                "{plugin} is down: {}",
                 self.reason.as_deref().unwrap_or("no reason given")
             )),
         }
@@ -142,8 +145,15 @@ impl Plugin {
 struct State {
     next_generation: u64,
     plugins: BTreeMap<PluginId, Plugin>,
-    reservations: BTreeMap<DeviceKey, Holder>,
+    /// Devices held, by the alloc holding them.
+    reservations: BTreeMap<DeviceKey, String>,
+    /// The CDI spec directories as last read, and what they held.
+    cdi: Option<(CdiStamp, Arc<CdiRegistry>)>,
 }
+
+/// What the CDI spec directories hold, as cheap to compare: every file's path, modification
+/// time and length.
+type CdiStamp = Vec<(PathBuf, Option<std::time::SystemTime>, u64)>;
 
 /// The device manager. Cheap to share (`Arc`); every method is safe to call from any task.
 pub struct DeviceManager {
@@ -194,11 +204,6 @@ impl DeviceManager {
         }
     }
 
-    /// The manager's options.
-    pub fn config(&self) -> &ManagerConfig {
-        &self.config
-    }
-
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -222,42 +227,49 @@ impl DeviceManager {
     /// `keep` is false: plugins no longer configured, or Kubernetes plugins that did not
     /// register again in time. Their devices go; reservations stay with their allocs.
     pub fn forget_restored(&self, keep: impl Fn(&PluginId) -> bool) {
-        let mut events = Vec::new();
-        {
-            let mut st = self.lock();
-            let gone: Vec<PluginId> = st
-                .plugins
-                .iter()
-                .filter(|(id, p)| p.state == PluginState::Restored && !keep(id))
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in gone {
-                st.plugins.remove(&id);
-                events.push(DeviceEvent {
-                    kind: DeviceEventKind::PluginRemoved,
-                    plugin: id,
-                    device: None,
-                    message: "known from before the agent restarted, and not back: its devices are removed".into(),
-                });
-            }
-        }
-        for e in &events {
-            self.records.remove(&e.plugin);
-        }
-        if !events.is_empty() {
-            self.changed(events);
-        }
+        self.remove_plugins(
+            |id, p| p.state == PluginState::Restored && !keep(id),
+            "known from before the agent restarted, and not back: its devices are removed",
+        );
     }
 
-    /// The plugins the manager knows (restored ones included).
-    pub fn plugin_ids(&self) -> Vec<PluginId> {
-        self.lock().plugins.keys().cloned().collect()
+    /// Removes the plugins `gone` picks, with their stored lists, and says `message` of each.
+    fn remove_plugins(&self, gone: impl Fn(&PluginId, &Plugin) -> bool, message: &str) {
+        let removed: Vec<PluginId> = {
+            let mut st = self.lock();
+            let ids: Vec<PluginId> = st
+                .plugins
+                .iter()
+                .filter(|(id, p)| gone(id, p))
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in &ids {
+                st.plugins.remove(id);
+            }
+            ids
+        };
+        if removed.is_empty() {
+            return;
+        }
+        // After the lock: a store commit waits for the disk.
+        for id in &removed {
+            self.records.remove(id);
+        }
+        let events = removed
+            .into_iter()
+            .map(|plugin| DeviceEvent {
+                kind: DeviceEventKind::PluginRemoved,
+                plugin,
+                device: None,
+                message: message.to_string(),
+            })
+            .collect();
+        self.changed(events);
     }
 
     /// The node's devices now.
     pub fn view(&self) -> DevicesView {
         let st = self.lock();
-        let holders: BTreeMap<&DeviceKey, &Holder> = st.reservations.iter().collect();
         let mut plugins = Vec::new();
         let mut groups = Vec::new();
         for (id, p) in &st.plugins {
@@ -271,7 +283,7 @@ impl DeviceManager {
                 fingerprinted: p.fingerprinted,
                 invalid: p.invalid.clone(),
             });
-            let unusable = p.unusable_reason();
+            let unusable = p.unusable_reason("its plugin");
             for g in &p.groups {
                 let gid = g.id();
                 let source = AssignedSource::Plugin {
@@ -295,7 +307,7 @@ impl DeviceManager {
                             healthy,
                             health_description,
                             locality: i.locality.clone(),
-                            reserved_by: holders.get(&key).map(|h| h.alloc_id.clone()),
+                            reserved_by: st.reservations.get(&key).cloned(),
                             stats: p.stats.get(&(gid.clone(), i.id.clone())).cloned(),
                         }
                     })
@@ -326,11 +338,11 @@ impl DeviceManager {
         }
     }
 
-    /// [`view`](Self::view) with the CDI devices and the refused CDI spec files, read from the
-    /// spec directories now.
+    /// [`view`](Self::view) with the CDI devices and the refused CDI spec files
+    /// ([`cdi_registry`](Self::cdi_registry)).
     pub fn view_with_cdi(&self) -> DevicesView {
         let mut view = self.view();
-        let registry = crate::cdi::CdiRegistry::load(&self.config.cdi_dirs);
+        let registry = self.cdi_registry();
         view.cdi_devices = registry
             .devices()
             .into_iter()
@@ -338,6 +350,63 @@ impl DeviceManager {
             .collect();
         view.cdi_errors = registry.errors().iter().map(ToString::to_string).collect();
         view
+    }
+
+    /// The CDI specs of the spec directories: read again only when a file there was added,
+    /// removed or changed (by modification time and length) since the last read.
+    pub fn cdi_registry(&self) -> Arc<CdiRegistry> {
+        let stamp = cdi_stamp(&self.config.cdi_dirs);
+        if let Some((seen, registry)) = &self.lock().cdi
+            && *seen == stamp
+        {
+            return Arc::clone(registry);
+        }
+        let registry = Arc::new(CdiRegistry::load(&self.config.cdi_dirs));
+        self.lock().cdi = Some((stamp, Arc::clone(&registry)));
+        registry
+    }
+
+    /// What metrics export of every plugin and instance: cheaper than [`view`](Self::view),
+    /// which copies every statistic.
+    pub fn metrics(&self) -> DeviceMetrics {
+        let st = self.lock();
+        let mut out = DeviceMetrics::default();
+        for (id, p) in &st.plugins {
+            let plugin = id.to_string();
+            out.plugins.push(crate::view::PluginMetrics {
+                plugin: plugin.clone(),
+                ready: p.unusable_reason("").is_none(),
+                attachments: p.attachments,
+            });
+            let usable = p.unusable_reason("").is_none();
+            for g in &p.groups {
+                let gid = g.id();
+                let source = AssignedSource::Plugin {
+                    plugin: id.clone(),
+                    group: gid.clone(),
+                };
+                for i in &g.instances {
+                    let key = DeviceKey {
+                        source: source.clone(),
+                        id: i.id.clone(),
+                    };
+                    let summary = p
+                        .stats
+                        .get(&(gid.clone(), i.id.clone()))
+                        .and_then(|s| s.summary.as_ref())
+                        .and_then(|v| v.number().map(|n| (n, v.unit.clone())));
+                    out.instances.push(crate::view::InstanceMetrics {
+                        plugin: plugin.clone(),
+                        device: gid.to_string(),
+                        instance: i.id.clone(),
+                        healthy: usable && i.healthy,
+                        reserved: st.reservations.contains_key(&key),
+                        summary,
+                    });
+                }
+            }
+        }
+        out
     }
 
     /// The device groups of every plugin (restored and down ones included): what the node's
@@ -350,32 +419,20 @@ impl DeviceManager {
             .collect()
     }
 
-    /// Takes the devices of `assignments` for `task` of `alloc_id` (after an agent restart,
-    /// from the persisted alloc records). Devices another alloc holds stay with it; the
-    /// conflicts are returned (they cannot happen unless the store was edited).
-    pub fn restore(
-        &self,
-        alloc_id: &str,
-        task: &str,
-        assignments: &[DeviceAssignment],
-    ) -> Vec<String> {
+    /// Takes the devices of `assignments` for `alloc_id` (after an agent restart, from the
+    /// persisted alloc records). Devices another alloc holds stay with it; the conflicts are
+    /// returned (they cannot happen unless the store was edited).
+    pub fn restore(&self, alloc_id: &str, assignments: &[DeviceAssignment]) -> Vec<String> {
         let mut conflicts = Vec::new();
         {
             let mut st = self.lock();
-            for a in assignments {
-                for key in a.keys() {
-                    match st.reservations.get(&key) {
-                        Some(h) if h.alloc_id != alloc_id => conflicts
-                            .push(format!("{} is held by alloc {} too", key.id, h.alloc_id)),
-                        _ => {
-                            st.reservations.insert(
-                                key,
-                                Holder {
-                                    alloc_id: alloc_id.to_string(),
-                                    task: task.to_string(),
-                                },
-                            );
-                        }
+            for key in assignments.iter().flat_map(DeviceAssignment::keys) {
+                match st.reservations.get(&key) {
+                    Some(holder) if holder != alloc_id => {
+                        conflicts.push(format!("{} is held by alloc {holder} too", key.id));
+                    }
+                    _ => {
+                        st.reservations.insert(key, alloc_id.to_string());
                     }
                 }
             }
@@ -389,7 +446,7 @@ impl DeviceManager {
         let freed = {
             let mut st = self.lock();
             let before = st.reservations.len();
-            st.reservations.retain(|_, h| h.alloc_id != alloc_id);
+            st.reservations.retain(|_, holder| holder != alloc_id);
             before - st.reservations.len()
         };
         if freed > 0 {
@@ -402,8 +459,8 @@ impl DeviceManager {
     /// The allocs holding devices, with how many each holds.
     pub fn holders(&self) -> BTreeMap<String, usize> {
         let mut out = BTreeMap::new();
-        for h in self.lock().reservations.values() {
-            *out.entry(h.alloc_id.clone()).or_insert(0) += 1;
+        for holder in self.lock().reservations.values() {
+            *out.entry(holder.clone()).or_insert(0) += 1;
         }
         out
     }
@@ -415,12 +472,12 @@ impl DeviceManager {
             .plugins
             .get(plugin)
             .ok_or_else(|| format!("device plugin {plugin} is not known on this node"))?;
+        let subject = format!("device plugin {plugin}");
         match (&p.ops, p.state) {
             (Some(ops), PluginState::Ready) => Ok(Arc::clone(ops)),
             _ => Err(p
-                .unusable_reason()
-                .unwrap_or_else(|| "it is not ready".into())
-                .replace("its plugin", &format!("device plugin {plugin}"))),
+                .unusable_reason(&subject)
+                .unwrap_or_else(|| format!("{subject} is not ready"))),
         }
     }
 
@@ -514,11 +571,17 @@ impl DeviceManager {
                 }
                 PluginEvent::Stats(stats) => {
                     for gs in stats {
-                        let Some(group) = p.groups.iter().find(|g| g.id() == gs.group) else {
+                        let Some(group) = p.groups.iter().find(|g| {
+                            g.vendor == gs.group.vendor
+                                && g.device_type == gs.group.device_type
+                                && g.name == gs.group.name
+                        }) else {
                             continue;
                         };
+                        let known: BTreeSet<&str> =
+                            group.instances.iter().map(|i| i.id.as_str()).collect();
                         for (iid, s) in gs.instances {
-                            if group.instances.iter().any(|i| i.id == iid) {
+                            if known.contains(iid.as_str()) {
                                 p.stats.insert((gs.group.clone(), iid), bounded_stats(s));
                             }
                         }
@@ -564,40 +627,40 @@ impl DeviceManager {
     pub fn expire_unregistered(&self, grace: std::time::Duration) {
         let grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
         let now = now_ms();
-        let mut events = Vec::new();
-        {
-            let mut st = self.lock();
-            let gone: Vec<PluginId> = st
-                .plugins
-                .iter()
-                .filter(|(id, p)| {
-                    id.protocol == crate::plugin::Protocol::Kubernetes
-                        && (p.state == PluginState::Restored
-                            || (p.state == PluginState::Down && p.awaiting_registration))
-                        && now.saturating_sub(p.since_ms) >= grace_ms
-                })
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in gone {
-                st.plugins.remove(&id);
-                events.push(DeviceEvent {
-                    kind: DeviceEventKind::PluginRemoved,
-                    plugin: id,
-                    device: None,
-                    message: format!(
-                        "did not register again within {}: its devices are removed",
-                        berth_sys::short_duration(grace)
-                    ),
-                });
-            }
-        }
-        for e in &events {
-            self.records.remove(&e.plugin);
-        }
-        if !events.is_empty() {
-            self.changed(events);
-        }
+        self.remove_plugins(
+            |id, p| {
+                id.protocol == crate::plugin::Protocol::Kubernetes
+                    && (p.state == PluginState::Restored
+                        || (p.state == PluginState::Down && p.awaiting_registration))
+                    && now.saturating_sub(p.since_ms) >= grace_ms
+            },
+            &format!(
+                "did not register again within {}: its devices are removed",
+                berth_sys::short_duration(grace)
+            ),
+        );
     }
+}
+
+/// Every spec file of `dirs` with its modification time and length, in order.
+fn cdi_stamp(dirs: &[PathBuf]) -> CdiStamp {
+    let mut stamp = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: CdiStamp = entries
+            .flatten()
+            .filter_map(|e| {
+                let meta = std::fs::metadata(e.path()).ok()?;
+                Some((e.path(), meta.modified().ok(), meta.len()))
+            })
+            .collect();
+        files.sort();
+        stamp.push((dir.clone(), None, 0));
+        stamp.extend(files);
+    }
+    stamp
 }
 
 /// Most problems of one device list reported.

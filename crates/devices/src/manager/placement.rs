@@ -11,12 +11,11 @@ use berth_input::Quoted;
 
 use super::DeviceManager;
 use crate::{
-    assignment::{AssignedSource, DeviceAssignment, DeviceKey, Holder},
+    assignment::{AssignedSource, DeviceAssignment, DeviceKey},
     cdi::{CdiRegistry, QualifiedName},
     model::{ContainerEdits, DeviceGroup},
     plugin::{PluginId, PluginOps},
     request::{DeviceRequest, DeviceTarget, affinity_score, check_group, instance_fits},
-    view::PluginState,
 };
 
 /// The `device` blocks of one task of an alloc being placed.
@@ -66,15 +65,9 @@ impl DeviceManager {
         if !changed.is_empty() {
             return Err(changed);
         }
-        for ((alloc_id, task), assignments) in &chosen {
+        for ((alloc_id, _), assignments) in &chosen {
             for key in assignments.iter().flat_map(DeviceAssignment::keys) {
-                st.reservations.insert(
-                    key,
-                    Holder {
-                        alloc_id: alloc_id.clone(),
-                        task: task.clone(),
-                    },
-                );
+                st.reservations.insert(key, alloc_id.clone());
             }
         }
         drop(st);
@@ -82,27 +75,23 @@ impl DeviceManager {
         Ok(chosen)
     }
 
-    /// Every reason the requests of `tasks` could not be placed now, taking nothing: for a
-    /// job refused for other reasons (its volumes, its drivers), so that all of them are said
-    /// at once.
+    /// Every reason the requests of `tasks` could not be placed now, taking nothing and asking
+    /// no plugin: for a job refused for other reasons (its volumes, its drivers), so that all
+    /// of them are said at once.
     pub async fn check(&self, tasks: &[TaskRequests<'_>]) -> Vec<String> {
         if tasks.iter().all(|t| t.requests.is_empty()) {
             return Vec::new();
         }
-        let _placing = self.placing.lock().await;
         self.plan(tasks, false).await.err().unwrap_or_default()
     }
 
     /// Chooses devices for every request of `tasks` (all or nothing) without taking them;
-    /// `ask` lets it ask plugins for their preferred allocation. Legal only while holding
-    /// `placing`.
+    /// `ask` lets it ask plugins for their preferred allocation (then only while holding
+    /// `placing`, so that what it chooses is still free when it is taken).
     async fn plan(&self, tasks: &[TaskRequests<'_>], ask: bool) -> Result<Chosen, Vec<String>> {
         let (candidates, held, not_ready) = self.candidates();
-        let needs_cdi = tasks
-            .iter()
-            .flat_map(|t| t.requests)
-            .any(|r| matches!(r.target, DeviceTarget::Cdi(_)));
-        let registry = needs_cdi.then(|| CdiRegistry::load(&self.config.cdi_dirs));
+        // Read (or taken from the cache) when a request names a CDI device.
+        let mut registry: Option<std::sync::Arc<CdiRegistry>> = None;
         let mut taken: BTreeSet<DeviceKey> = BTreeSet::new();
         let mut chosen = Chosen::new();
         let mut reasons = Vec::new();
@@ -111,7 +100,8 @@ impl DeviceManager {
                 let at = format!("{}, device {}", t.at, Quoted(&req.name));
                 let result = match &req.target {
                     DeviceTarget::Cdi(name) => {
-                        cdi_choice(req, name, registry.as_ref(), &held, &taken)
+                        let registry = registry.get_or_insert_with(|| self.cdi_registry());
+                        cdi_choice(req, name, registry, &held, &taken)
                     }
                     DeviceTarget::Plugin(_) => {
                         self.plugin_choice(req, &candidates, &held, &taken, &not_ready, ask)
@@ -143,8 +133,8 @@ impl DeviceManager {
         let mut out = Vec::new();
         let mut not_ready = Vec::new();
         for (id, p) in &st.plugins {
-            let unusable = p.unusable_reason();
-            if p.state != PluginState::Ready || !p.fingerprinted {
+            let unusable = p.unusable_reason("its plugin");
+            if unusable.is_some() {
                 not_ready.push(format!("{id} ({})", p.state.as_str()));
             }
             for g in &p.groups {
@@ -156,11 +146,8 @@ impl DeviceManager {
                 });
             }
         }
-        let held = st
-            .reservations
-            .iter()
-            .map(|(k, h)| (k.clone(), h.alloc_id.clone()))
-            .collect();
+        // A copy: plugins may be asked before anything is taken.
+        let held = st.reservations.clone();
         (out, held, not_ready)
     }
 
@@ -235,7 +222,10 @@ impl DeviceManager {
                     c.group.instances.len()
                 );
                 if !busy.is_empty() {
-                    why.push_str(&format!(" ({})", list(&busy)));
+                    why.push_str(&format!(
+                        " ({})",
+                        berth_input::shown_list(busy.iter().map(String::as_str))
+                    ));
                 }
                 reasons.push(why);
             }
@@ -251,13 +241,16 @@ impl DeviceManager {
                     if known.is_empty() {
                         "it has no devices".to_owned()
                     } else {
-                        format!("it has {}", list(&known.into_iter().collect::<Vec<_>>()))
+                        format!(
+                            "it has {}",
+                            berth_input::shown_list(known.iter().map(String::as_str))
+                        )
                     }
                 );
                 if !not_ready.is_empty() {
                     why.push_str(&format!(
                         "; device plugins not ready yet: {}",
-                        list(not_ready)
+                        berth_input::shown_list(not_ready.iter().map(String::as_str))
                     ));
                 }
                 reasons.push(why);
@@ -314,36 +307,54 @@ impl DeviceManager {
         }
     }
 
-    /// What a task gets for `assignments`: each plugin's answer (Nomad's `Reserve`,
-    /// Kubernetes' `Allocate`) merged in order, then every CDI device (named in the job or in
-    /// a plugin's answer) resolved from the CDI spec directories. The names resolved stay in
-    /// the result's `cdi_devices` for status; `Err` says which device failed and why.
+    /// What a task of `alloc_id` gets for `assignments`: each plugin's answer (Nomad's
+    /// `Reserve`, Kubernetes' `Allocate`) merged in order, then every CDI device (named in the
+    /// job or in a plugin's answer) resolved from the CDI spec directories, and the whole
+    /// checked ([`ContainerEdits::check`]). The names resolved stay in the result's
+    /// `cdi_devices` for status. Every device must be held by `alloc_id`; `Err` says which
+    /// device failed and why.
     pub async fn reserve(
         &self,
+        alloc_id: &str,
         assignments: &[DeviceAssignment],
     ) -> Result<ContainerEdits, String> {
+        {
+            let st = self.lock();
+            for key in assignments.iter().flat_map(DeviceAssignment::keys) {
+                let holder = st.reservations.get(&key);
+                if holder.map(String::as_str) != Some(alloc_id) {
+                    let by = holder.map_or_else(|| "nobody".to_string(), |h| format!("alloc {h}"));
+                    let key = shown_key(&key);
+                    return Err(format!("{key} is held by {by}, not by alloc {alloc_id}"));
+                }
+            }
+        }
         let mut edits = ContainerEdits::default();
-        let mut cdi: Vec<String> = Vec::new();
         for a in assignments {
             match &a.source {
                 AssignedSource::Plugin { plugin, .. } => {
                     let ops = self.ops(plugin)?;
-                    let mut answer = ops.reserve(&a.ids).await.map_err(|e| e.to_string())?;
-                    cdi.append(&mut answer.cdi_devices);
-                    edits.merge(answer);
+                    edits.merge(ops.reserve(&a.ids).await.map_err(|e| e.to_string())?);
                 }
-                AssignedSource::Cdi => cdi.extend(a.ids.iter().cloned()),
+                AssignedSource::Cdi => edits.merge(ContainerEdits {
+                    cdi_devices: a.ids.clone(),
+                    ..ContainerEdits::default()
+                }),
             }
         }
-        if !cdi.is_empty() {
-            let registry = CdiRegistry::load(&self.config.cdi_dirs);
-            let resolved = registry
-                .resolve_names(&cdi)
+        // Every CDI name once (`merge` keeps one of each), from the job and from plugins.
+        if !edits.cdi_devices.is_empty() {
+            let resolved = self
+                .cdi_registry()
+                .resolve_names(&edits.cdi_devices)
                 .map_err(|e| format!("CDI: {e}"))?;
+            let names = std::mem::take(&mut edits.cdi_devices);
             edits.merge(resolved);
-            edits.cdi_devices = cdi;
-            edits.cdi_devices.dedup();
+            edits.cdi_devices = names;
         }
+        edits
+            .check()
+            .map_err(|e| format!("what the devices give the task is not usable: {e}"))?;
         Ok(edits)
     }
 
@@ -418,28 +429,40 @@ pub const PRE_START_WAIT: std::time::Duration = std::time::Duration::from_secs(3
 /// `Ok` when the device of `key` is still held by nobody and, for a plugin's, still listed
 /// and healthy with its plugin ready; else why not.
 fn still_free(st: &super::State, key: &DeviceKey) -> Result<(), String> {
-    if let Some(h) = st.reservations.get(key) {
+    if let Some(holder) = st.reservations.get(key) {
         return Err(format!(
-            "{} was taken by alloc {} while this job was placed; run it again",
-            key.id, h.alloc_id
+            "{} was taken by alloc {holder} while this job was placed; run it again",
+            key.id
         ));
     }
+    usable(st, key).map_err(|()| {
+        format!(
+            "{}: its health or its plugin changed while this job was placed; run it again",
+            shown_key(key)
+        )
+    })
+}
+
+/// `Ok` when the device of `key` is a CDI device, or is listed and healthy by its plugin,
+/// which is ready.
+fn usable(st: &super::State, key: &DeviceKey) -> Result<(), ()> {
     let AssignedSource::Plugin { plugin, group } = &key.source else {
         return Ok(());
     };
     let ok = st.plugins.get(plugin).is_some_and(|p| {
-        p.unusable_reason().is_none()
+        p.unusable_reason("its plugin").is_none()
             && p.groups.iter().any(|g| {
                 g.id() == *group && g.instances.iter().any(|i| i.id == key.id && i.healthy)
             })
     });
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{group}/{}: its health or its plugin changed while this job was placed; run it again",
-            key.id
-        ))
+    if ok { Ok(()) } else { Err(()) }
+}
+
+/// `vendor/type/name/id`, or a CDI device's name.
+fn shown_key(key: &DeviceKey) -> String {
+    match &key.source {
+        AssignedSource::Plugin { group, .. } => format!("{group}/{}", key.id),
+        AssignedSource::Cdi => key.id.clone(),
     }
 }
 
@@ -447,13 +470,10 @@ fn still_free(st: &super::State, key: &DeviceKey) -> Result<(), String> {
 fn cdi_choice(
     req: &DeviceRequest,
     name: &QualifiedName,
-    registry: Option<&CdiRegistry>,
+    registry: &CdiRegistry,
     held: &BTreeMap<DeviceKey, String>,
     taken: &BTreeSet<DeviceKey>,
 ) -> Result<DeviceAssignment, Vec<String>> {
-    let Some(registry) = registry else {
-        return Err(vec!["no CDI registry".into()]);
-    };
     if let Err(e) = registry.resolve(std::slice::from_ref(name)) {
         return Err(vec![e.to_string()]);
     }
@@ -474,20 +494,4 @@ fn cdi_choice(
         source: AssignedSource::Cdi,
         ids: vec![name.to_string()],
     })
-}
-
-/// At most 8 items, then `and N more`.
-fn list(items: &[String]) -> String {
-    const MAX: usize = 8;
-    let shown = items
-        .iter()
-        .take(MAX)
-        .cloned()
-        .collect::<Vec<_>>()
-        .join(", ");
-    if items.len() > MAX {
-        format!("{shown} and {} more", items.len() - MAX)
-    } else {
-        shown
-    }
 }

@@ -361,8 +361,8 @@ pub fn check_group(req: &DeviceRequest, group: &DeviceGroup) -> Result<(), Vec<S
 }
 
 /// The affinities of a request against one group: the sum of the weights of those that hold,
-/// and the sum of the absolute weights of all. Placement adds these up over every request of
-/// an alloc and divides, as Nomad ranks a node.
+/// and the sum of the absolute weights of all; [`affinity_score`] divides them (Nomad adds
+/// them up over every request of an alloc to rank a node).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AffinityWeights {
     /// Sum of the weights of the affinities that hold (negative ones included).

@@ -11,13 +11,14 @@ use berth_drivers::{
     ProcessConfig, TaskConfig, TaskDirs, TaskEvent, TaskEventKind,
 };
 use nix::{
-    sys::{
-        signal::{Signal, kill},
-        stat::{Mode, SFlag, makedev, mknod},
-    },
+    sys::signal::{Signal, kill},
     unistd::Pid,
 };
 use tokio::sync::mpsc;
+
+/// Device nodes, made as in every berth test.
+#[allow(unused_imports)] // Not every test binary makes device nodes.
+pub use berth_testkit::{mknod_block, mknod_char};
 
 /// A task of `exec` as root, in the host's PID namespace (its pid is the command's), with its
 /// root at `<dir>/root` and its alloc directory at `<dir>/alloc`.
@@ -135,27 +136,6 @@ impl Drop for CgroupGuard {
             let _ = fs::remove_dir(dir);
         }
     }
-}
-
-/// Makes a character device node `major:minor` at `path`, readable and writable by all.
-pub fn mknod_char(path: &Path, major: u64, minor: u64) {
-    mknod_kind(path, SFlag::S_IFCHR, major, minor);
-}
-
-/// Makes a block device node `major:minor` at `path`, readable and writable by all.
-pub fn mknod_block(path: &Path, major: u64, minor: u64) {
-    mknod_kind(path, SFlag::S_IFBLK, major, minor);
-}
-
-fn mknod_kind(path: &Path, kind: SFlag, major: u64, minor: u64) {
-    mknod(
-        path,
-        kind,
-        Mode::from_bits_truncate(0o666),
-        makedev(major, minor),
-    )
-    .expect("mknod");
-    fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o666)).unwrap();
 }
 
 /// The events already sent (without waiting).

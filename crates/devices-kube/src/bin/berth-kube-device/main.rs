@@ -233,6 +233,7 @@ async fn run(args: Args, shutdown: CancellationToken) -> anyhow::Result<()> {
         resource: args.resource.clone(),
         options,
         no_register: args.no_register,
+        state: Arc::clone(&state),
     };
     let result = registrar.run(&mut listener, &log, &shutdown).await;
 

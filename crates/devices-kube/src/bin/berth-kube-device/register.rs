@@ -2,7 +2,7 @@
 //! `<kubelet-dir>/kubelet.sock` once it exists, again whenever `kubelet.sock` is re-created,
 //! and after re-creating the plugin's own socket when it was deleted.
 
-use std::{path::PathBuf, time::Duration};
+use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use berth_devices_kube::proto::{
@@ -18,6 +18,7 @@ use tonic::Code;
 use crate::{
     calllog::CallLog,
     listen::{FileId, Listener, socket_id},
+    state::State,
 };
 
 /// How often the sockets are checked when no filesystem event comes.
@@ -34,12 +35,16 @@ pub struct Registrar {
     pub options: DevicePluginOptions,
     /// Serve only (a test switch: the agent must find the plugin by re-dialing).
     pub no_register: bool,
+    /// Told of every registration, so calls are checked against what was sent since.
+    pub state: Arc<State>,
 }
 
 enum Failure {
-    /// Worth another try (the agent is not there yet).
+    /// Worth another try: the agent is not there yet, or not ready for this registration
+    /// (`Unavailable`: e.g. the plugin's socket was removed by an agent starting, between the
+    /// check above and the call; it is bound again on the next round).
     Retry(String),
-    /// The agent refused the registration itself.
+    /// The agent refused the registration itself (`InvalidArgument`).
     Refused(String),
 }
 
@@ -92,12 +97,6 @@ impl Registrar {
                         registered_with = kubelet;
                         last_failure.clear();
                     }
-                    Err(Failure::Refused(msg)) if !listener.is_current() => {
-                        // A new agent removed the plugin's socket (as kubelet does at start)
-                        // between the check above and the call: serve again, then register.
-                        log.record(&json!({"call": "Register", "ok": false, "error": msg}));
-                        tracing::info!(error = %msg, "refused while the socket was being replaced; registering again");
-                    }
                     Err(Failure::Refused(msg)) => {
                         log.record(&json!({"call": "Register", "ok": false, "error": msg}));
                         anyhow::bail!("the agent refused the registration: {msg}");
@@ -119,6 +118,8 @@ impl Registrar {
     }
 
     async fn register(&self) -> Result<(), Failure> {
+        // Before the call: the agent dials back and opens ListAndWatch as soon as it answers.
+        self.state.new_registration();
         let mut client =
             RegistrationClient::new(berth_devices::grpc::unix_channel(&self.kubelet_socket));
         let req = RegisterRequest {

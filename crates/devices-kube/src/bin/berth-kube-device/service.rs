@@ -1,6 +1,8 @@
-//! The `DevicePlugin` service, strict about the caller's duties: every id must be one it
-//! listed as healthy, every request must make sense, and the optional calls may only come
-//! when the plugin asked for them.
+//! The `DevicePlugin` service, strict about the caller's duties: every id `Allocate` and
+//! `GetPreferredAllocation` name must be healthy in the list `ListAndWatch` last sent on this
+//! registration (none sent yet: `FailedPrecondition`), every id `PreStartContainer` names
+//! healthy now; every request must make sense, and the optional calls may only come when the
+//! plugin asked for them.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -9,11 +11,15 @@ use std::{
     sync::Arc,
 };
 
-use berth_devices_kube::proto::v1beta1::{
-    AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
-    ContainerPreferredAllocationResponse, DevicePluginOptions, DeviceSpec, Empty,
-    ListAndWatchResponse, Mount, PreStartContainerRequest, PreStartContainerResponse,
-    PreferredAllocationRequest, PreferredAllocationResponse, device_plugin_server::DevicePlugin,
+use berth_devices_kube::proto::{
+    HEALTHY,
+    v1beta1::{
+        AllocateRequest, AllocateResponse, CdiDevice, ContainerAllocateResponse,
+        ContainerPreferredAllocationResponse, Device, DevicePluginOptions, DeviceSpec, Empty,
+        ListAndWatchResponse, Mount, PreStartContainerRequest, PreStartContainerResponse,
+        PreferredAllocationRequest, PreferredAllocationResponse,
+        device_plugin_server::DevicePlugin,
+    },
 };
 use futures::Stream;
 use serde_json::json;
@@ -50,6 +56,38 @@ impl Settings {
     fn mount_dir(&self) -> String {
         format!("{}s", self.kind)
     }
+}
+
+/// Every id known and healthy by `health` (`None`: unknown), none twice; `when` says which
+/// list the ids were checked against.
+fn check_ids(
+    what: &str,
+    ids: &[String],
+    when: &str,
+    health: impl Fn(&str) -> Option<bool>,
+) -> Result<(), Status> {
+    let mut seen = HashSet::new();
+    for id in ids {
+        match health(id) {
+            None => {
+                return Err(Status::invalid_argument(format!(
+                    "{what}: device {id:?} is unknown to this plugin ({when})"
+                )));
+            }
+            Some(false) => {
+                return Err(Status::invalid_argument(format!(
+                    "{what}: device {id:?} is unhealthy {when}"
+                )));
+            }
+            Some(true) => {}
+        }
+        if !seen.insert(id) {
+            return Err(Status::invalid_argument(format!(
+                "{what}: device {id:?} is named twice"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Upper-cased, every character other than a letter or a digit as `_`.
@@ -104,30 +142,25 @@ impl Service {
         self.log.record(&entry);
     }
 
-    /// Every id listed and healthy, none twice.
-    fn check_ids(snap: &Snapshot, what: &str, ids: &[String]) -> Result<(), Status> {
-        let mut seen = HashSet::new();
-        for id in ids {
-            match snap.healthy(id) {
-                None => {
-                    return Err(Status::invalid_argument(format!(
-                        "{what}: device {id:?} is unknown to this plugin"
-                    )));
-                }
-                Some(false) => {
-                    return Err(Status::invalid_argument(format!(
-                        "{what}: device {id:?} is unhealthy in the latest list"
-                    )));
-                }
-                Some(true) => {}
-            }
-            if !seen.insert(id) {
-                return Err(Status::invalid_argument(format!(
-                    "{what}: device {id:?} is named twice"
-                )));
-            }
-        }
-        Ok(())
+    /// Every id healthy in the current snapshot, none twice (`PreStartContainer`).
+    fn check_current(snap: &Snapshot, what: &str, ids: &[String]) -> Result<(), Status> {
+        check_ids(what, ids, "now", |id| snap.healthy(id))
+    }
+
+    /// Every id healthy in the list `ListAndWatch` last sent on this registration, none twice
+    /// (`Allocate`, `GetPreferredAllocation`): the caller may only name what it was told.
+    fn check_sent(&self, what: &str, ids: &[String]) -> Result<(), Status> {
+        let Some(list) = self.state.last_sent() else {
+            return Err(Status::failed_precondition(format!(
+                "{what}: no device list was sent on ListAndWatch since this plugin registered: \
+                 there is no device to name yet"
+            )));
+        };
+        check_ids(what, ids, "in the list last sent on ListAndWatch", |id| {
+            list.iter()
+                .find(|d| d.id == id)
+                .map(|d| d.health == HEALTHY)
+        })
     }
 
     fn allocate_one(
@@ -142,7 +175,7 @@ impl Service {
                 "{what}: names no devices"
             )));
         }
-        Self::check_ids(snap, &what, ids)?;
+        self.check_sent(&what, ids)?;
         let s = &self.settings;
         let prefix = s.env_prefix();
         let mut envs = HashMap::from([(format!("{prefix}_IDS"), ids.join(","))]);
@@ -208,6 +241,8 @@ impl DevicePlugin for Service {
             .record(&json!({"call": "ListAndWatch", "event": "start"}));
         let stream = Watch {
             rx: self.state.subscribe(),
+            state: Arc::clone(&self.state),
+            registration: self.state.registration(),
             last: None,
             shutdown: self.shutdown.clone(),
             log: Arc::clone(&self.log),
@@ -246,7 +281,7 @@ impl DevicePlugin for Service {
                 let what = format!("container_requests[{i}]");
                 let available = &r.available_device_i_ds;
                 let must = &r.must_include_device_i_ds;
-                Self::check_ids(&snap, &format!("{what}.available_deviceIDs"), available)?;
+                self.check_sent(&format!("{what}.available_deviceIDs"), available)?;
                 let size = usize::try_from(r.allocation_size)
                     .ok()
                     .filter(|s| *s > 0)
@@ -331,7 +366,7 @@ impl DevicePlugin for Service {
             if req.devices_ids.is_empty() {
                 Err(Status::invalid_argument("devices_ids: names no devices"))
             } else {
-                Self::check_ids(&snap, "devices_ids", &req.devices_ids)
+                Self::check_current(&snap, "devices_ids", &req.devices_ids)
             }
         } else {
             Err(Status::failed_precondition(
@@ -348,10 +383,14 @@ impl DevicePlugin for Service {
 }
 
 /// One `ListAndWatch` stream: the full list at once, then on every change; nothing while
-/// `hang` is on; ends at shutdown. Its end is recorded in the call log.
+/// `hang` is on; ends at shutdown. What it sends is what calls on its registration are checked
+/// against. Its end is recorded in the call log.
 struct Watch {
     rx: watch::Receiver<Snapshot>,
-    last: Option<Vec<berth_devices_kube::proto::v1beta1::Device>>,
+    state: Arc<State>,
+    /// The registration it was opened on.
+    registration: u64,
+    last: Option<Vec<Device>>,
     shutdown: CancellationToken,
     log: Arc<CallLog>,
 }
@@ -364,6 +403,7 @@ impl Watch {
                 (snap.faults.hang, snap.reported())
             };
             if !hang && self.last.as_ref() != Some(&list) {
+                self.state.record_sent(self.registration, &list);
                 self.last = Some(list.clone());
                 self.log.record(
                     &json!({"call": "ListAndWatch", "event": "send", "devices": list.len()}),

@@ -4,7 +4,7 @@
 use std::{
     cmp::Ordering,
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
@@ -92,7 +92,15 @@ pub enum Source {
     Dir(PathBuf),
 }
 
-/// The owner of the snapshot.
+/// What `ListAndWatch` last sent, per registration: a registration (each `Register` the
+/// plugin makes) starts with nothing sent, and only streams opened since count.
+#[derive(Debug, Default)]
+struct Sent {
+    registration: u64,
+    list: Option<Vec<Device>>,
+}
+
+/// The owner of the snapshot, and of what was last sent.
 #[derive(Debug)]
 pub struct State {
     source: Source,
@@ -100,6 +108,7 @@ pub struct State {
     fault_file: PathBuf,
     env_faults: Faults,
     tx: watch::Sender<Snapshot>,
+    sent: Mutex<Sent>,
 }
 
 impl State {
@@ -110,6 +119,7 @@ impl State {
             fault_file,
             env_faults,
             tx: watch::Sender::new(Snapshot::default()),
+            sent: Mutex::new(Sent::default()),
         };
         state.refresh_list();
         state.refresh_faults();
@@ -118,6 +128,39 @@ impl State {
 
     pub fn subscribe(&self) -> watch::Receiver<Snapshot> {
         self.tx.subscribe()
+    }
+
+    fn sent(&self) -> std::sync::MutexGuard<'_, Sent> {
+        self.sent
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Starts a new registration (called before every `Register`): nothing is sent on it yet,
+    /// and streams opened before it no longer count. Returns its number.
+    pub fn new_registration(&self) -> u64 {
+        let mut sent = self.sent();
+        sent.registration += 1;
+        sent.list = None;
+        sent.registration
+    }
+
+    /// The registration streams opened now belong to.
+    pub fn registration(&self) -> u64 {
+        self.sent().registration
+    }
+
+    /// A stream of `registration` is sending `list`; ignored when a newer registration began.
+    pub fn record_sent(&self, registration: u64, list: &[Device]) {
+        let mut sent = self.sent();
+        if sent.registration == registration {
+            sent.list = Some(list.to_vec());
+        }
+    }
+
+    /// What `ListAndWatch` last sent on the current registration, if anything.
+    pub fn last_sent(&self) -> Option<Vec<Device>> {
+        self.sent().list.clone()
     }
 
     /// Re-reads the fault file and returns the snapshot. Exits the process on `crash`.

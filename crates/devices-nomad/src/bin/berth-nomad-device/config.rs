@@ -53,7 +53,6 @@ pub struct Settings {
     pub dir: PathBuf,
     pub list_period: Duration,
     pub unhealthy_perm: String,
-    pub stats_period: Duration,
     pub vendor: String,
     pub device_type: String,
     pub name: String,
@@ -153,11 +152,14 @@ pub fn decode(bytes: &[u8]) -> Result<Settings, String> {
         }
     };
     let fault_file = string("fault_file")?;
+    // Kept from Nomad's example plugin for its configs to work; checked, then unused: the
+    // host's collection interval says how often statistics are sent.
+    period("stats_period")?;
     Ok(Settings {
         dir: PathBuf::from(string("dir")?),
         list_period: period("list_period")?,
         unhealthy_perm: string("unhealthy_perm")?,
-        stats_period: period("stats_period")?,
+
         vendor: string("vendor")?,
         device_type: string("type")?,
         name: string("name")?,

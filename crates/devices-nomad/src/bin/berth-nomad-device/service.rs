@@ -1,7 +1,8 @@
 //! The services: BasePlugin, DevicePlugin, go-plugin's GRPCController and the gRPC health
 //! check, over one shared plugin state. Strict about what the host owes: no device call
 //! before `SetConfig`, no `SetConfig` without every key or of an API version it does not
-//! speak.
+//! speak, no `Stats` without a positive collection interval, and no `Reserve` but of
+//! distinct devices healthy in the list `Fingerprint` last sent.
 
 use std::{
     collections::HashMap,
@@ -37,11 +38,16 @@ pub const TYPE_VAR: &str = "BERTH_NOMAD_DEVICE_TYPE";
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
+/// One device as `Fingerprint` sent it: the device, whether healthy, why not.
+type Sent = (Device, bool, String);
+
 /// The plugin's state, shared by its services.
 #[derive(Debug)]
 pub struct Plugin {
     kind: base::PluginType,
     settings: RwLock<Option<Arc<Settings>>>,
+    /// The device list `Fingerprint` last sent (by any stream); `None` before the first.
+    sent: RwLock<Option<Arc<Vec<Sent>>>>,
     /// Cancelled by `GRPCController.Shutdown` or a signal: streams end, the server stops.
     pub shutdown: CancellationToken,
 }
@@ -59,6 +65,7 @@ impl Plugin {
         Arc::new(Self {
             kind,
             settings: RwLock::new(None),
+            sent: RwLock::new(None),
             shutdown,
         })
     }
@@ -101,7 +108,7 @@ impl Plugin {
 }
 
 /// The devices now, with their health under `faults`.
-fn current(settings: &Settings, faults: &Faults) -> Result<Vec<(Device, bool, String)>, Status> {
+fn current(settings: &Settings, faults: &Faults) -> Result<Vec<Sent>, Status> {
     let listed = devices::list(&settings.dir)
         .map_err(|e| Status::internal(format!("cannot list {}: {e}", settings.dir.display())))?;
     Ok(listed
@@ -119,7 +126,11 @@ fn current(settings: &Settings, faults: &Faults) -> Result<Vec<(Device, bool, St
         .collect())
 }
 
-fn fingerprint(settings: &Settings, faults: &Faults) -> Result<pb::FingerprintResponse, Status> {
+/// The message `Fingerprint` sends, and the devices it lists.
+fn fingerprint(
+    settings: &Settings,
+    faults: &Faults,
+) -> Result<(pb::FingerprintResponse, Vec<Sent>), Status> {
     let devices = current(settings, faults)?;
     let mut groups = Vec::new();
     if !devices.is_empty() {
@@ -128,11 +139,11 @@ fn fingerprint(settings: &Settings, faults: &Faults) -> Result<pb::FingerprintRe
             device_type: settings.device_type.clone(),
             device_name: settings.name.clone(),
             devices: devices
-                .into_iter()
+                .iter()
                 .map(|(d, healthy, why)| pb::DetectedDevice {
-                    id: d.id,
-                    healthy,
-                    health_description: why,
+                    id: d.id.clone(),
+                    healthy: *healthy,
+                    health_description: why.clone(),
                     hw_locality: None,
                 })
                 .collect(),
@@ -157,9 +168,12 @@ fn fingerprint(settings: &Settings, faults: &Faults) -> Result<pb::FingerprintRe
             attributes: HashMap::new(),
         });
     }
-    Ok(pb::FingerprintResponse {
-        device_group: groups,
-    })
+    Ok((
+        pb::FingerprintResponse {
+            device_group: groups,
+        },
+        devices,
+    ))
 }
 
 fn stats(settings: &Settings, faults: &Faults) -> Result<pb::StatsResponse, Status> {
@@ -336,8 +350,8 @@ impl DevicePlugin for Services {
                     let status = Status::internal("injected fault: fingerprint-error");
                     return Some((Err(status), st));
                 }
-                let msg = match fingerprint(&st.settings, &faults) {
-                    Ok(msg) => msg,
+                let (msg, devices) = match fingerprint(&st.settings, &faults) {
+                    Ok(found) => found,
                     Err(status) => {
                         st.done = true;
                         return Some((Err(status), st));
@@ -345,6 +359,9 @@ impl DevicePlugin for Services {
                 };
                 if st.last.as_ref() != Some(&msg) {
                     st.last = Some(msg.clone());
+                    // What the host may name in Reserve from now on.
+                    *st.plugin.sent.write().unwrap_or_else(|p| p.into_inner()) =
+                        Some(Arc::new(devices));
                     return Some((Ok(msg), st));
                 }
             }
@@ -356,21 +373,39 @@ impl DevicePlugin for Services {
         &self,
         request: Request<pb::ReserveRequest>,
     ) -> Result<Response<pb::ReserveResponse>, Status> {
-        let faults = self.0.gate(None).await?;
-        let settings = self.0.configured()?;
+        self.0.gate(None).await?;
+        self.0.configured()?;
         let ids = request.into_inner().device_ids;
         if ids.is_empty() {
             return Err(Status::invalid_argument("no device ids given"));
         }
-        let devices = current(&settings, &faults)?;
+        // The host may only name what it was told: the list last sent, not a fresh listing.
+        let Some(devices) = self
+            .0
+            .sent
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        else {
+            return Err(Status::failed_precondition(
+                "no device list was sent on Fingerprint yet: there is no device to reserve",
+            ));
+        };
         let mut res = pb::ContainerReservation::default();
-        for id in &ids {
+        for (i, id) in ids.iter().enumerate() {
+            if ids[..i].contains(id) {
+                return Err(Status::invalid_argument(format!(
+                    "device {id:?} is named twice"
+                )));
+            }
             let Some((d, healthy, why)) = devices.iter().find(|(d, ..)| &d.id == id) else {
-                return Err(Status::not_found(format!("unknown device {id:?}")));
+                return Err(Status::not_found(format!(
+                    "unknown device {id:?} (not in the list last sent on Fingerprint)"
+                )));
             };
             if !healthy {
                 return Err(Status::failed_precondition(format!(
-                    "device {id:?} is unhealthy: {why}"
+                    "device {id:?} is unhealthy in the list last sent on Fingerprint: {why}"
                 )));
             }
             let host = d.path.display().to_string();
@@ -400,12 +435,20 @@ impl DevicePlugin for Services {
     ) -> Result<Response<Self::StatsStream>, Status> {
         self.0.gate(None).await?;
         let settings = self.0.configured()?;
-        let interval = request
-            .into_inner()
-            .collection_interval
-            .and_then(|d| Duration::try_from(d).ok())
-            .filter(|d| !d.is_zero())
-            .unwrap_or(settings.stats_period);
+        // The host owes the interval it wants: Nomad's client always sends one.
+        let interval = match request.into_inner().collection_interval {
+            None => {
+                return Err(Status::invalid_argument(
+                    "collection_interval is missing: the host must say how often to collect",
+                ));
+            }
+            Some(d) => Duration::try_from(d)
+                .ok()
+                .filter(|d| !d.is_zero())
+                .ok_or_else(|| {
+                    Status::invalid_argument(format!("collection_interval {d} must be positive"))
+                })?,
+        };
         let state = Follow {
             plugin: Arc::clone(&self.0),
             period: interval,
