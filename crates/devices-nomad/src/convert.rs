@@ -351,47 +351,24 @@ mod tests {
             matches!(&err, PluginError::BadAnswer { reason, .. } if reason == "mount 0: task_path \"\" is not an absolute path"),
             "{err}"
         );
-        let err = container_edits(
-            &id,
-            res(
-                vec![],
-                vec![pb::DeviceSpec {
-                    task_path: "/dev/../etc/x".into(),
-                    host_path: "/dev/null".into(),
-                    permissions: "rw".into(),
-                }],
+        // Device nodes are checked as every converter's answer is (`ContainerEdits::check`).
+        for (task_path, host_path, permissions, want) in [
+            ("/dev/../etc/x", "/dev/null", "rw", "holds \"..\""),
+            (
+                "/dev/x",
+                "dev/null",
+                "rw",
+                "device 0: host_path \"dev/null\"",
             ),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("holds \"..\""), "{err}");
-        let err = container_edits(
-            &id,
-            res(
-                vec![],
-                vec![pb::DeviceSpec {
-                    task_path: "/dev/x".into(),
-                    host_path: "dev/null".into(),
-                    permissions: "rw".into(),
-                }],
-            ),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("device 0: host_path \"dev/null\""),
-            "{err}"
-        );
-        let err = container_edits(
-            &id,
-            res(
-                vec![],
-                vec![pb::DeviceSpec {
-                    task_path: "/dev/x".into(),
-                    host_path: "/dev/null".into(),
-                    permissions: "rx".into(),
-                }],
-            ),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("permissions \"rx\""), "{err}");
+            ("/dev/x", "/dev/null", "rx", "permissions \"rx\""),
+        ] {
+            let spec = pb::DeviceSpec {
+                task_path: task_path.into(),
+                host_path: host_path.into(),
+                permissions: permissions.into(),
+            };
+            let err = container_edits(&id, res(vec![], vec![spec])).unwrap_err();
+            assert!(err.to_string().contains(want), "{err}");
+        }
     }
 }

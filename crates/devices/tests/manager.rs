@@ -128,6 +128,13 @@ struct Setup {
     ops: Arc<Ops>,
 }
 
+impl Setup {
+    /// Tells the manager `event` of the plugin's current generation.
+    fn send(&self, event: PluginEvent) {
+        self.manager.event(&self.plugin, self.generation, event);
+    }
+}
+
 fn setup(groups: Vec<DeviceGroup>, prefer_last: bool) -> Setup {
     setup_as(PluginId::nomad("gpus"), groups, prefer_last)
 }
@@ -364,11 +371,11 @@ async fn the_plugins_preferred_allocation_is_used() {
 async fn health_changes_and_plugin_state_decide_what_may_be_given() {
     let s = setup(vec![gpus("k80", 12, &[("g0", true)])], false);
     s.events.take();
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", false)])]),
-    );
+    s.send(PluginEvent::Devices(vec![gpus(
+        "k80",
+        12,
+        &[("g0", false)],
+    )]));
     let events = s.events.take();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].kind, DeviceEventKind::DeviceUnhealthy);
@@ -377,21 +384,13 @@ async fn health_changes_and_plugin_state_decide_what_may_be_given() {
     let reqs = [request("gpu", 1, None)];
     assert!(s.manager.place(&[task("a1", &reqs)]).await.is_err());
 
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]),
-    );
+    s.send(PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]));
     assert_eq!(s.events.take()[0].kind, DeviceEventKind::DeviceHealthy);
     // The plugin goes down: its devices stay listed, unusable, with the reason.
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Down {
-            reason: "exited (signal 9)".into(),
-            retry_in: Some(std::time::Duration::from_millis(500)),
-        },
-    );
+    s.send(PluginEvent::Down {
+        reason: "exited (signal 9)".into(),
+        retry_in: Some(std::time::Duration::from_millis(500)),
+    });
     let view = s.manager.view();
     assert_eq!(view.plugins[0].state, PluginState::Down);
     assert!(!view.groups[0].instances[0].healthy);
@@ -412,8 +411,7 @@ async fn health_changes_and_plugin_state_decide_what_may_be_given() {
 
     // A new instance: events of the old generation are dropped.
     let g2 = s.manager.attach(&s.plugin, s.ops.clone());
-    s.manager
-        .event(&s.plugin, s.generation, PluginEvent::Devices(Vec::new()));
+    s.send(PluginEvent::Devices(Vec::new()));
     assert_eq!(
         s.manager.view().groups.len(),
         1,
@@ -442,11 +440,7 @@ async fn an_invalid_device_list_is_reported_and_its_entries_never_given() {
     bad.instances.push(instance("g1", true));
     let mut empty_vendor = gpus("t4", 16, &[("t0", true)]);
     empty_vendor.vendor.clear();
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Devices(vec![bad, empty_vendor]),
-    );
+    s.send(PluginEvent::Devices(vec![bad, empty_vendor]));
     let events = s.events.take();
     let invalid = events
         .iter()
@@ -660,11 +654,7 @@ async fn cdi_devices_named_in_a_job_resolve_from_the_spec_dirs() {
 async fn attribute_changes_are_events_and_unregistered_plugins_expire() {
     let s = setup(vec![gpus("k80", 12, &[("g0", true)])], false);
     s.events.take();
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Devices(vec![gpus("k80", 24, &[("g0", true)])]),
-    );
+    s.send(PluginEvent::Devices(vec![gpus("k80", 24, &[("g0", true)])]));
     let events = s.events.take();
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].kind, DeviceEventKind::DevicesChanged);
@@ -712,14 +702,10 @@ async fn attribute_changes_are_events_and_unregistered_plugins_expire() {
     assert_eq!(view.groups.len(), 1, "{view:?}");
     assert_eq!(view.plugins.len(), 1);
     // Nomad plugins are the agent's to restart: never expired this way.
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Down {
-            reason: "exited".into(),
-            retry_in: None,
-        },
-    );
+    s.send(PluginEvent::Down {
+        reason: "exited".into(),
+        retry_in: None,
+    });
     s.manager.expire_unregistered(std::time::Duration::ZERO);
     assert_eq!(s.manager.view().plugins.len(), 1);
 }
@@ -735,17 +721,12 @@ async fn statistics_and_invalid_reports_are_bounded() {
         })
         .collect();
     s.events.take();
-    s.manager
-        .event(&s.plugin, s.generation, PluginEvent::Devices(many));
+    s.send(PluginEvent::Devices(many));
     let view = s.manager.view();
     assert_eq!(view.plugins[0].invalid.len(), 17, "16 problems and a count");
     assert!(view.plugins[0].invalid[16].contains("and 24 more"));
 
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]),
-    );
+    s.send(PluginEvent::Devices(vec![gpus("k80", 12, &[("g0", true)])]));
     let mut huge = berth_devices::model::StatObject::default();
     for i in 0..10_000 {
         huge.attributes.insert(
@@ -761,14 +742,10 @@ async fn statistics_and_invalid_reports_are_bounded() {
         stats: Some(huge),
         timestamp_ms: 1,
     };
-    s.manager.event(
-        &s.plugin,
-        s.generation,
-        PluginEvent::Stats(vec![berth_devices::model::GroupStats {
-            group: gpus("k80", 12, &[]).id(),
-            instances: BTreeMap::from([("g0".to_string(), stats)]),
-        }]),
-    );
+    s.send(PluginEvent::Stats(vec![berth_devices::model::GroupStats {
+        group: gpus("k80", 12, &[]).id(),
+        instances: BTreeMap::from([("g0".to_string(), stats)]),
+    }]));
     let view = s.manager.view();
     let kept = view.groups[0].instances[0]
         .stats

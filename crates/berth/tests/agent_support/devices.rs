@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use berth_api::NodeStatus;
+use berth_api::{Client, NodeStatus};
 use berth_devices::view::GroupView;
 
 use super::AgentProcess;
@@ -118,28 +118,17 @@ pub async fn wait_node(
     wait_node_before(agent, what, deadline, pred).await
 }
 
-/// Polls the node until `pred` holds for it; returns it. Panics (with the node's devices and
-/// the agent's log) when `deadline` passes first.
+/// Polls the node until `pred` holds for it; returns it. Panics (with the node and the
+/// agent's log) when `deadline` passes first.
 pub async fn wait_node_before(
     agent: &AgentProcess,
     what: &str,
     deadline: tokio::time::Instant,
     pred: impl Fn(&NodeStatus) -> bool,
 ) -> NodeStatus {
-    let client = agent.client();
-    loop {
-        let node = client.node().await.expect("node status");
-        if pred(&node) {
-            return node;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the node did not show {what} in time: {:#?}\nagent log:\n{}",
-            node.devices,
-            agent.log()
-        );
-        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
-    }
+    let what = format!("the node to show {what}");
+    let fetch = |c: Client| async move { c.node().await.expect("node status") };
+    super::poll_api(agent, &what, deadline, fetch, pred).await
 }
 
 /// The group `vendor/type/name` of the node, if shown.

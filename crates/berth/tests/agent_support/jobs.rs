@@ -99,19 +99,9 @@ pub async fn wait_job_before(
     deadline: tokio::time::Instant,
     pred: impl Fn(&JobStatus) -> bool,
 ) -> JobStatus {
-    let client = agent.client();
-    loop {
-        let s = client.job(id).await.expect("job status");
-        if pred(&s) {
-            return s;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "job {id} did not get there in time: {s:#?}\nagent log:\n{}",
-            agent.log()
-        );
-        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
-    }
+    let what = format!("job {id}");
+    let fetch = |c: Client| async move { c.job(id).await.expect("job status") };
+    super::poll_api(agent, &what, deadline, fetch, pred).await
 }
 
 /// Polls the first alloc of job `id` until `pred` holds (at most 30 s).

@@ -273,6 +273,34 @@ impl Drop for AgentProcess {
     }
 }
 
+/// Polls what `fetch` gets from the agent's API until `pred` holds for it; returns it. Panics
+/// (with `what`, the last answer and the agent's log) when `deadline` passes first.
+pub async fn poll_api<T, Fut>(
+    agent: &AgentProcess,
+    what: &str,
+    deadline: tokio::time::Instant,
+    fetch: impl Fn(Client) -> Fut,
+    pred: impl Fn(&T) -> bool,
+) -> T
+where
+    T: std::fmt::Debug,
+    Fut: std::future::Future<Output = T>,
+{
+    let client = agent.client();
+    loop {
+        let got = fetch(client.clone()).await;
+        if pred(&got) {
+            return got;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}: {got:#?}\nagent log:\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}
+
 /// Whether a process is alive.
 pub fn alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
