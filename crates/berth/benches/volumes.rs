@@ -37,7 +37,7 @@ use berth_csi::{
 };
 use berth_testkit::HostpathPlugin;
 use common::{
-    Agent, CpuMeter, PLUGIN, Phase, hostpath_binary, mounts_under, ms, report_phase, row,
+    Agent, CpuMeter, Options, PLUGIN, Phase, hostpath_binary, mounts_under, ms, report_phase, row,
 };
 
 const USAGE: &str = "\
@@ -57,40 +57,18 @@ struct Opts {
 }
 
 fn parse_args() -> Result<Opts, String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
-    let mut o = if quick {
-        Opts {
-            samples: 20,
-            warmup: 2,
-            volumes: 4,
-            allocs: 20,
-        }
+    let args = Options::parse(&["--samples", "--warmup", "--volumes", "--allocs"])?;
+    let (samples, warmup, volumes, allocs) = if args.quick {
+        (20, 2, 4, 20)
     } else {
-        Opts {
-            samples: 200,
-            warmup: 10,
-            volumes: 20,
-            allocs: 200,
-        }
+        (200, 10, 20, 200)
     };
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let slot = match a.as_str() {
-            "--samples" => &mut o.samples,
-            "--warmup" => &mut o.warmup,
-            "--volumes" => &mut o.volumes,
-            "--allocs" => &mut o.allocs,
-            // `cargo bench` passes --bench to every bench binary.
-            "--quick" | "--bench" => continue,
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other:?}")),
-        };
-        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-        *slot = v
-            .parse()
-            .map_err(|_| format!("{a}: {v:?} is not a count"))?;
-    }
+    let o = Opts {
+        samples: args.count("--samples", samples)?,
+        warmup: args.count("--warmup", warmup)?,
+        volumes: args.count("--volumes", volumes)?,
+        allocs: args.count("--allocs", allocs)?,
+    };
     if o.samples == 0 || o.volumes == 0 || o.allocs == 0 {
         return Err("--samples, --volumes and --allocs must be at least 1".into());
     }
