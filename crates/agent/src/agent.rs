@@ -267,6 +267,9 @@ impl Agent {
         let tasks = TaskTracker::new();
         let volumes = Arc::new(Volumes::new(
             Arc::clone(&store),
+            Arc::new(berth_controlplane::backend::StoreCatalog::new(Arc::clone(
+                &store,
+            ))),
             node_id.clone(),
             data_dir.clone(),
             Arc::clone(&registry),

@@ -46,7 +46,7 @@ use berth_api::{
 };
 use berth_controlplane::{
     Claim, ClaimMode, ClaimRecord, ClaimState, ControlPlane, ControlPlaneError, ControllerAccess,
-    ControllerHandle, Controllers, Embedded, NodeClaim, Origin, VolumeRecord,
+    ControllerHandle, Controllers, NodeClaim, Origin, Plane, VolumeRecord, backend::CatalogBackend,
 };
 use berth_csi::{
     CapacityRange, CsiClient, Endpoint,
@@ -87,7 +87,7 @@ struct NodePlugin {
 
 /// Volumes on this node; see the module docs.
 pub struct Volumes {
-    cp: Embedded<AgentControllers>,
+    cp: Plane<AgentControllers>,
     node_id: String,
     data_dir: PathBuf,
     store: Arc<Store>,
@@ -124,10 +124,12 @@ fn alloc_key(volume_id: &str, alloc_id: &str) -> String {
 }
 
 impl Volumes {
-    /// Volumes over the agent's store and plugins. Nothing runs until [`Volumes::start`].
+    /// Volumes over the agent's store and plugins, with the catalog in `catalog` (the store's
+    /// own, or a fleet's). Nothing runs until [`Volumes::start`].
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         store: Arc<Store>,
+        catalog: Arc<dyn CatalogBackend>,
         node_id: String,
         data_dir: PathBuf,
         registry: Arc<Registry>,
@@ -143,8 +145,8 @@ impl Volumes {
             cancel: shutdown.clone(),
         });
         let hook = CrashHook::from_env();
-        let mut cp = Embedded::new(
-            Arc::clone(&store),
+        let mut cp = Plane::new(
+            catalog,
             AgentControllers {
                 registry: Arc::clone(&registry),
                 manager: Arc::clone(&manager),

@@ -1,5 +1,7 @@
-//! The control plane embedded in the agent: the catalog in the agent's store, claims under the
-//! access-mode rules, and controller RPCs routed to a healthy controller instance.
+//! The control plane's volume side: the catalog (in the agent's store, or in etcd for a fleet),
+//! claims under the access-mode rules, and controller RPCs routed to a healthy controller
+//! instance. One set of rules for both backends: every change is a read, a decision and a
+//! conditional write, decided again on a fresh read when another writer got there first.
 
 use std::{collections::BTreeMap, future::Future, sync::Arc};
 
@@ -7,13 +9,18 @@ use berth_csi::{
     CapacityRange, ControllerPublish, CsiClient, CsiError, Validation,
     model::{ControllerCapabilities, ControllerCapability, Secrets, Snapshot},
 };
-use berth_state::{KeyedLocks, StateError, Store, Table};
+use berth_state::{KeyedLocks, StateError, Store};
 use berth_volume::{SpecKind, StoredMountOptions, VolumeSpec};
 
 use crate::{
+    backend::{CatalogBackend, StoreCatalog, Version, Written},
     catalog::{ClaimRecord, ClaimState, Origin, Publication, PublicationState, VolumeRecord},
     claims::{Claim, ClaimError},
 };
+
+/// How many times in a row a change is decided again because another writer changed the
+/// volume first, before the caller is told to try later.
+const MAX_RACES: usize = 32;
 
 /// A healthy controller instance of a plugin.
 #[derive(Debug, Clone)]
@@ -202,17 +209,19 @@ pub trait ControlPlane: Send + Sync + 'static {
     ) -> Result<Vec<(VolumeRecord, Vec<ClaimRecord>)>, ControlPlaneError>;
 }
 
-/// The embedded control plane.
-pub struct Embedded<C> {
-    store: Arc<Store>,
+/// The control plane over a catalog backend.
+pub struct Plane<C> {
+    catalog: Arc<dyn CatalogBackend>,
     controllers: C,
     locks: KeyedLocks,
     hook: Option<Hook>,
 }
 
-impl<C> std::fmt::Debug for Embedded<C> {
+impl<C> std::fmt::Debug for Plane<C> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Embedded").finish_non_exhaustive()
+        f.debug_struct("Plane")
+            .field("catalog", &self.catalog)
+            .finish_non_exhaustive()
     }
 }
 
@@ -223,11 +232,16 @@ fn publishes(access: &ControllerAccess) -> bool {
 
 use berth_sys::now_ms;
 
-impl<C: Controllers> Embedded<C> {
-    /// A control plane over the store's catalog.
-    pub fn new(store: Arc<Store>, controllers: C) -> Self {
+impl<C: Controllers> Plane<C> {
+    /// The embedded control plane: the catalog in the agent's store.
+    pub fn embedded(store: Arc<Store>, controllers: C) -> Self {
+        Self::new(Arc::new(StoreCatalog::new(store)), controllers)
+    }
+
+    /// A control plane over `catalog`.
+    pub fn new(catalog: Arc<dyn CatalogBackend>, controllers: C) -> Self {
         Self {
-            store,
+            catalog,
             controllers,
             locks: KeyedLocks::default(),
             hook: None,
@@ -246,24 +260,45 @@ impl<C: Controllers> Embedded<C> {
         }
     }
 
-    fn load(&self, id: &str) -> Result<VolumeRecord, ControlPlaneError> {
-        self.store
-            .get(Table::VOLUMES, id)?
+    /// The volume as stored now, with its version.
+    async fn load(&self, id: &str) -> Result<(VolumeRecord, Version), ControlPlaneError> {
+        self.catalog
+            .load(id)
+            .await?
             .ok_or_else(|| ControlPlaneError::NoVolume(id.to_string()))
     }
 
-    fn save(&self, rec: &VolumeRecord) -> Result<(), ControlPlaneError> {
-        Ok(self.store.put(Table::VOLUMES, &rec.id, rec)?)
+    /// Applies `f` to the volume's newest record and writes the result back when it changed.
+    /// When another writer changed the volume in between, `f` decides again on a fresh read;
+    /// an error from `f` changes nothing. Returns `f`'s answer and the record as written.
+    async fn modify<T>(
+        &self,
+        id: &str,
+        mut f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
+    ) -> Result<(T, VolumeRecord), ControlPlaneError> {
+        for _ in 0..MAX_RACES {
+            let (mut rec, version) = self.load(id).await?;
+            let before = rec.clone();
+            let out = f(&mut rec)?;
+            if rec == before {
+                return Ok((out, rec));
+            }
+            match self.catalog.store(&rec, version).await? {
+                Written::Done(_) => return Ok((out, rec)),
+                Written::Changed => {
+                    tracing::debug!(
+                        volume_id = id,
+                        "volume changed by another writer; deciding again"
+                    );
+                }
+            }
+        }
+        Err(raced(id))
     }
 
     /// Every volume, by id.
     pub fn list(&self) -> Result<Vec<VolumeRecord>, ControlPlaneError> {
-        Ok(self
-            .store
-            .list::<VolumeRecord>(Table::VOLUMES)?
-            .into_iter()
-            .map(|(_, v)| v)
-            .collect())
+        self.catalog.list()
     }
 
     fn healthy_controller(
@@ -292,7 +327,10 @@ impl<C: Controllers> Embedded<C> {
     /// unclaimed registered volume and is refused for a claimed one. Nothing is stored on error.
     pub async fn put(&self, spec: &VolumeSpec) -> Result<VolumeRecord, ControlPlaneError> {
         let _guard = self.locks.lock(&spec.id).await;
-        let existing: Option<VolumeRecord> = self.store.get(Table::VOLUMES, &spec.id)?;
+        let (existing, version) = match self.catalog.load(&spec.id).await? {
+            Some((rec, version)) => (Some(rec), version),
+            None => (None, 0),
+        };
         let access = self.controllers.controller(&spec.plugin_id);
         if matches!(access, ControllerAccess::UnknownPlugin) {
             return Err(ControlPlaneError::Invalid(format!(
@@ -405,7 +443,16 @@ impl<C: Controllers> Embedded<C> {
                 rec
             }
         };
-        self.save(&rec)?;
+        if self.catalog.store(&rec, version).await? == Written::Changed {
+            // Another node registered or created this id at the same time.
+            return match self.catalog.load(&spec.id).await? {
+                Some((other, _)) if other.same_definition(&rec) => Ok(other),
+                _ => Err(ControlPlaneError::Conflict(format!(
+                    "volume {:?} was changed by another node at the same time; look at it and try again",
+                    spec.id
+                ))),
+            };
+        }
         tracing::info!(volume_id = %rec.id, plugin_id = %rec.plugin_id, origin = ?rec.origin, "volume in the catalog");
         Ok(rec)
     }
@@ -439,26 +486,30 @@ impl<C: Controllers> Embedded<C> {
     /// claims is refused; `Ok(false)` when there was no such volume.
     pub async fn deregister(&self, id: &str) -> Result<bool, ControlPlaneError> {
         let _guard = self.locks.lock(id).await;
-        let Some(rec) = self.store.get::<VolumeRecord>(Table::VOLUMES, id)? else {
-            return Ok(false);
-        };
-        if !rec.claims.is_empty() {
-            return Err(ControlPlaneError::Conflict(format!(
-                "volume {id:?} has {} claim(s) ({}); release them, detach, or deregister with force",
-                rec.claims.len(),
-                rec.claims.keys().cloned().collect::<Vec<_>>().join(", ")
-            )));
+        for _ in 0..MAX_RACES {
+            let Some((rec, version)) = self.catalog.load(id).await? else {
+                return Ok(false);
+            };
+            if !rec.claims.is_empty() {
+                return Err(ControlPlaneError::Conflict(format!(
+                    "volume {id:?} has {} claim(s) ({}); release them, detach, or deregister with force",
+                    rec.claims.len(),
+                    rec.claims.keys().cloned().collect::<Vec<_>>().join(", ")
+                )));
+            }
+            if let Written::Done(_) = self.catalog.remove(id, version).await? {
+                tracing::info!(volume_id = id, "volume deregistered");
+                return Ok(true);
+            }
         }
-        self.store.delete(Table::VOLUMES, id)?;
-        tracing::info!(volume_id = id, "volume deregistered");
-        Ok(true)
+        Err(raced(id))
     }
 
     /// Deletes an unclaimed volume at the provider (DeleteVolume; NOT_FOUND = already gone)
     /// and from the catalog.
     pub async fn delete(&self, id: &str) -> Result<(), ControlPlaneError> {
         let _guard = self.locks.lock(id).await;
-        let rec = self.load(id)?;
+        let (rec, version) = self.load(id).await?;
         if !rec.claims.is_empty() {
             return Err(ControlPlaneError::Conflict(format!(
                 "volume {id:?} has {} claim(s); release them first",
@@ -507,9 +558,27 @@ impl<C: Controllers> Embedded<C> {
         {
             return Err(csi_failed(&rec.plugin_id, Some(id), None, source));
         }
-        self.store.delete(Table::VOLUMES, id)?;
-        tracing::info!(volume_id = id, "volume deleted");
-        Ok(())
+        let mut version = version;
+        for _ in 0..MAX_RACES {
+            if let Written::Done(_) = self.catalog.remove(id, version).await? {
+                tracing::info!(volume_id = id, "volume deleted");
+                return Ok(());
+            }
+            // Another node changed the record while DeleteVolume ran (a claim, say): the
+            // volume is gone at the provider, so the record goes all the same.
+            match self.catalog.load(id).await? {
+                Some((other, v)) => {
+                    tracing::warn!(
+                        volume_id = id,
+                        claims = other.claims.len(),
+                        "volume changed while it was deleted; removing its record"
+                    );
+                    version = v;
+                }
+                None => return Ok(()),
+            }
+        }
+        Err(raced(id))
     }
 
     /// ControllerExpandVolume when the controller offers it; records the new size. Returns the
@@ -520,7 +589,7 @@ impl<C: Controllers> Embedded<C> {
         capacity: CapacityRange,
     ) -> Result<(i64, bool), ControlPlaneError> {
         let _guard = self.locks.lock(id).await;
-        let mut rec = self.load(id)?;
+        let (rec, _) = self.load(id).await?;
         let (bytes, node) = match self.controllers.controller(&rec.plugin_id) {
             ControllerAccess::Healthy(h)
                 if h.capabilities.has(ControllerCapability::ExpandVolume) =>
@@ -547,9 +616,13 @@ impl<C: Controllers> Embedded<C> {
             }
             _ => (capacity.required_bytes, true),
         };
-        rec.capacity_bytes = bytes.max(rec.capacity_bytes);
-        self.save(&rec)?;
-        Ok((rec.capacity_bytes, node))
+        let (capacity, _) = self
+            .modify(id, |r| {
+                r.capacity_bytes = bytes.max(r.capacity_bytes);
+                Ok(r.capacity_bytes)
+            })
+            .await?;
+        Ok((capacity, node))
     }
 
     /// CreateSnapshot of the volume (idempotent by name).
@@ -560,7 +633,7 @@ impl<C: Controllers> Embedded<C> {
         parameters: &BTreeMap<String, String>,
         secrets: Option<&Secrets>,
     ) -> Result<(VolumeRecord, Snapshot), ControlPlaneError> {
-        let rec = self.load(id)?;
+        let (rec, _) = self.load(id).await?;
         let h =
             self.healthy_controller(&rec.plugin_id, ControllerCapability::CreateDeleteSnapshot)?;
         let secrets = secrets.cloned().unwrap_or_else(|| rec.secrets.to_secrets());
@@ -609,16 +682,6 @@ impl<C: Controllers> Embedded<C> {
         }
     }
 
-    fn update<T>(
-        &self,
-        rec: &mut VolumeRecord,
-        f: impl FnOnce(&mut VolumeRecord) -> T,
-    ) -> Result<T, ControlPlaneError> {
-        let out = f(rec);
-        self.save(rec)?;
-        Ok(out)
-    }
-
     fn controller_err(
         &self,
         rec: &VolumeRecord,
@@ -629,50 +692,70 @@ impl<C: Controllers> Embedded<C> {
     }
 }
 
-impl<C: Controllers> ControlPlane for Embedded<C> {
+/// The error of a change that kept losing races.
+fn raced(id: &str) -> ControlPlaneError {
+    ControlPlaneError::Conflict(format!(
+        "volume {id:?} was changed by other nodes {MAX_RACES} times while this change was decided; try again"
+    ))
+}
+
+/// The claim of `alloc_id`, or the error of a claim that vanished (a forced detach) while
+/// its controller step ran.
+fn held<'r>(
+    rec: &'r mut VolumeRecord,
+    alloc_id: &str,
+) -> Result<&'r mut ClaimRecord, ControlPlaneError> {
+    let id = rec.id.clone();
+    rec.claims.get_mut(alloc_id).ok_or_else(|| {
+        ControlPlaneError::Conflict(format!("volume {id:?}: alloc {alloc_id:?} holds no claim"))
+    })
+}
+
+impl<C: Controllers> ControlPlane for Plane<C> {
     async fn claim(&self, req: NodeClaim) -> Result<Grant, ControlPlaneError> {
         let _guard = self.locks.lock(&req.volume_id).await;
-        let mut rec = self.load(&req.volume_id)?;
         let alloc_id = req.claim.alloc_id.clone();
         let node_id = req.claim.node_id.clone();
-        let refused = |source| ControlPlaneError::Refused {
-            volume_id: req.volume_id.clone(),
-            alloc_id: alloc_id.clone(),
-            source: Box::new(source),
-        };
-        match rec.claims.get(&alloc_id) {
-            Some(c) if c.state == ClaimState::Releasing => {
-                return Err(ControlPlaneError::Conflict(format!(
-                    "volume {:?}: the claim of alloc {alloc_id:?} is being released; try again when it is gone",
-                    rec.id
-                )));
-            }
-            Some(c) if c.claim == req.claim && c.mount_options == req.mount_options => {}
-            Some(c) => {
-                return Err(ControlPlaneError::Conflict(format!(
-                    "volume {:?}: alloc {alloc_id:?} already holds a {} claim as {}/{} (or with other mount options); release it first",
-                    rec.id, c.claim.mode, c.claim.access_mode, c.claim.attachment_mode
-                )));
-            }
-            None => {
-                let mut set = rec
-                    .claim_set()
-                    .map_err(|e| ControlPlaneError::Conflict(e.to_string()))?;
-                set.claim(&rec.capability_pairs(), req.claim.clone())
-                    .map_err(refused)?;
-                self.update(&mut rec, |r| {
-                    r.claims.insert(
-                        alloc_id.clone(),
-                        ClaimRecord {
-                            claim: req.claim.clone(),
-                            state: ClaimState::Claiming,
-                            error: None,
-                            mount_options: req.mount_options.clone(),
-                        },
-                    )
-                })?;
-            }
-        }
+        let ((), rec) = self
+            .modify(&req.volume_id, |rec| {
+                match rec.claims.get(&alloc_id) {
+                    Some(c) if c.state == ClaimState::Releasing => {
+                        Err(ControlPlaneError::Conflict(format!(
+                            "volume {:?}: the claim of alloc {alloc_id:?} is being released; try again when it is gone",
+                            rec.id
+                        )))
+                    }
+                    Some(c) if c.claim == req.claim && c.mount_options == req.mount_options => {
+                        Ok(())
+                    }
+                    Some(c) => Err(ControlPlaneError::Conflict(format!(
+                        "volume {:?}: alloc {alloc_id:?} already holds a {} claim as {}/{} (or with other mount options); release it first",
+                        rec.id, c.claim.mode, c.claim.access_mode, c.claim.attachment_mode
+                    ))),
+                    None => {
+                        let mut set = rec
+                            .claim_set()
+                            .map_err(|e| ControlPlaneError::Conflict(e.to_string()))?;
+                        set.claim(&rec.capability_pairs(), req.claim.clone())
+                            .map_err(|source| ControlPlaneError::Refused {
+                                volume_id: req.volume_id.clone(),
+                                alloc_id: alloc_id.clone(),
+                                source: Box::new(source),
+                            })?;
+                        rec.claims.insert(
+                            alloc_id.clone(),
+                            ClaimRecord {
+                                claim: req.claim.clone(),
+                                state: ClaimState::Claiming,
+                                error: None,
+                                mount_options: req.mount_options.clone(),
+                            },
+                        );
+                        Ok(())
+                    }
+                }
+            })
+            .await?;
 
         // The controller step, once per node.
         if let Some(p) = rec.publications.get(&node_id)
@@ -720,18 +803,22 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                 .capabilities
                 .has(ControllerCapability::PublishReadonly);
         let csi_node_id = req.csi_node_id.clone();
-        self.update(&mut rec, |r| {
-            r.controller_publish = true;
-            r.publications.insert(
-                node_id.clone(),
-                Publication {
-                    csi_node_id: csi_node_id.clone(),
-                    state: PublicationState::Publishing,
-                    publish_context: BTreeMap::new(),
-                    read_only,
-                },
-            )
-        })?;
+        let ((), rec) = self
+            .modify(&req.volume_id, |r| {
+                held(r, &alloc_id)?;
+                r.controller_publish = true;
+                r.publications.insert(
+                    node_id.clone(),
+                    Publication {
+                        csi_node_id: csi_node_id.clone(),
+                        state: PublicationState::Publishing,
+                        publish_context: BTreeMap::new(),
+                        read_only,
+                    },
+                );
+                Ok(())
+            })
+            .await?;
         self.step("ControllerPublishVolume:before");
         let publish = ControllerPublish {
             external_id: rec.external_id.clone(),
@@ -747,12 +834,15 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
             .await
             .map_err(|e| self.controller_err(&rec, &req.claim.alloc_id, e))?;
         self.step("ControllerPublishVolume:after");
-        self.update(&mut rec, |r| {
-            if let Some(p) = r.publications.get_mut(&node_id) {
-                p.state = PublicationState::Published;
-                p.publish_context = context.clone();
-            }
-        })?;
+        let ((), rec) = self
+            .modify(&req.volume_id, |r| {
+                if let Some(p) = r.publications.get_mut(&node_id) {
+                    p.state = PublicationState::Published;
+                    p.publish_context = context.clone();
+                }
+                Ok(())
+            })
+            .await?;
         tracing::info!(volume_id = %rec.id, node_id, "controller published");
         Ok(Grant {
             volume: rec,
@@ -762,23 +852,19 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
 
     async fn confirm(&self, volume_id: &str, alloc_id: &str) -> Result<(), ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
-        let mut rec = self.load(volume_id)?;
-        match rec.claims.get_mut(alloc_id) {
-            Some(c) if c.state == ClaimState::Releasing => Err(ControlPlaneError::Conflict(
-                format!("volume {volume_id:?}: the claim of alloc {alloc_id:?} is being released"),
-            )),
-            Some(c) if c.state == ClaimState::Claiming || c.error.is_some() => {
-                if c.state == ClaimState::Claiming {
-                    c.state = ClaimState::Claimed;
-                }
-                c.error = None;
-                self.save(&rec)
+        self.modify(volume_id, |rec| {
+            let c = held(rec, alloc_id)?;
+            if c.state == ClaimState::Releasing {
+                return Err(ControlPlaneError::Conflict(format!(
+                    "volume {volume_id:?}: the claim of alloc {alloc_id:?} is being released"
+                )));
             }
-            Some(_) => Ok(()),
-            None => Err(ControlPlaneError::Conflict(format!(
-                "volume {volume_id:?}: alloc {alloc_id:?} holds no claim"
-            ))),
-        }
+            c.state = ClaimState::Claimed;
+            c.error = None;
+            Ok(())
+        })
+        .await
+        .map(drop)
     }
 
     async fn begin_release(
@@ -787,17 +873,15 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
         alloc_id: &str,
     ) -> Result<Option<ClaimRecord>, ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
-        let mut rec = self.load(volume_id)?;
-        let Some(c) = rec.claims.get_mut(alloc_id) else {
-            return Ok(None);
-        };
-        if c.state != ClaimState::Releasing {
-            c.state = ClaimState::Releasing;
-            let out = c.clone();
-            self.save(&rec)?;
-            return Ok(Some(out));
-        }
-        Ok(Some(c.clone()))
+        let (out, _) = self
+            .modify(volume_id, |rec| {
+                Ok(rec.claims.get_mut(alloc_id).map(|c| {
+                    c.state = ClaimState::Releasing;
+                    c.clone()
+                }))
+            })
+            .await?;
+        Ok(out)
     }
 
     async fn finish_release(
@@ -806,7 +890,7 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
         alloc_id: &str,
     ) -> Result<(), ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
-        let mut rec = self.load(volume_id)?;
+        let (rec, _) = self.load(volume_id).await?;
         let Some(c) = rec.claims.get(alloc_id) else {
             return Ok(());
         };
@@ -816,10 +900,13 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
             )));
         }
         let node_id = c.claim.node_id.clone();
+        // Claims from this node are all made by this agent, which holds the volume's lock:
+        // none can appear until the release is done.
         let last_on_node = !rec
             .claims
             .values()
             .any(|o| o.claim.alloc_id != alloc_id && o.claim.node_id == node_id);
+        let mut unpublished = false;
         if last_on_node && let Some(p) = rec.publications.get(&node_id).cloned() {
             let handle = match self.controllers.controller(&rec.plugin_id) {
                 ControllerAccess::Healthy(h) => h,
@@ -839,11 +926,14 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                     });
                 }
             };
-            self.update(&mut rec, |r| {
-                if let Some(p) = r.publications.get_mut(&node_id) {
-                    p.state = PublicationState::Unpublishing;
-                }
-            })?;
+            let ((), rec) = self
+                .modify(volume_id, |r| {
+                    if let Some(p) = r.publications.get_mut(&node_id) {
+                        p.state = PublicationState::Unpublishing;
+                    }
+                    Ok(())
+                })
+                .await?;
             self.step("ControllerUnpublishVolume:before");
             match handle
                 .client
@@ -855,11 +945,17 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
                 Err(e) => return Err(self.controller_err(&rec, alloc_id, e)),
             }
             self.step("ControllerUnpublishVolume:after");
-            rec.publications.remove(&node_id);
+            unpublished = true;
             tracing::info!(volume_id, node_id, "controller unpublished");
         }
-        rec.claims.remove(alloc_id);
-        self.save(&rec)?;
+        self.modify(volume_id, |r| {
+            if unpublished {
+                r.publications.remove(&node_id);
+            }
+            r.claims.remove(alloc_id);
+            Ok(())
+        })
+        .await?;
         tracing::info!(volume_id, alloc_id, "claim freed");
         Ok(())
     }
@@ -871,18 +967,18 @@ impl<C: Controllers> ControlPlane for Embedded<C> {
         error: Option<String>,
     ) -> Result<(), ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
-        let mut rec = self.load(volume_id)?;
-        if let Some(c) = rec.claims.get_mut(alloc_id)
-            && c.error != error
-        {
-            c.error = error;
-            self.save(&rec)?;
-        }
-        Ok(())
+        self.modify(volume_id, |rec| {
+            if let Some(c) = rec.claims.get_mut(alloc_id) {
+                c.error = error.clone();
+            }
+            Ok(())
+        })
+        .await
+        .map(drop)
     }
 
     fn volume(&self, volume_id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError> {
-        Ok(self.store.get(Table::VOLUMES, volume_id)?)
+        self.catalog.cached(volume_id)
     }
 
     fn node_claims(
