@@ -5,6 +5,7 @@
 //! ([`eventually`], [`assert_eventually!`]) instead of sleeps, clean-up of what an agent left
 //! running, found by the mark in its environment ([`kill_marked`]), and device nodes
 //! ([`mknod_char`], [`mknod_block`]).
+//! Real etcd clusters on 127.0.0.1 (Debian's `etcd-server`, etcd 3.4): [`EtcdCluster`].
 //!
 //! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
 
@@ -12,6 +13,7 @@
 #![warn(missing_docs)]
 
 mod devnode;
+mod etcd;
 mod marks;
 mod mountns;
 mod plugin;
@@ -23,6 +25,7 @@ use std::{
 };
 
 pub use devnode::{mknod_block, mknod_char};
+pub use etcd::{ETCD_READY_TIMEOUT, EtcdCluster, EtcdError};
 pub use marks::{ALLOC_DIR_VAR, KILL_WAIT, kill_marked, kill_tasks_under};
 pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError, attached_loops_under};
