@@ -1,7 +1,9 @@
 # Sourced by scripts/dev and scripts/test: the set-up a fresh Debian machine needs, as root.
 # What berth and its tests use: unshare, nsenter, setpriv and losetup (util-linux, mount) to
 # keep every mount in a private mount namespace; mkfs.ext4 and resize2fs (e2fsprogs) for
-# berth-hostpath's image backing; curl for the README's API examples.
+# berth-hostpath's image backing; curl for the README's API examples; protoc
+# (protobuf-compiler), which the etcd client crate needs to build; etcd (etcd-server), which
+# the fleet's tests and the README's fleet example run.
 
 if [ "$(id -u)" != 0 ]; then
   echo "berth makes real mounts: run this as root" >&2
@@ -19,6 +21,8 @@ berth_install_missing() {
   berth_need mkfs.ext4 || missing+=(e2fsprogs)
   berth_need resize2fs || missing+=(e2fsprogs)
   berth_need curl || missing+=(curl)
+  berth_need protoc || missing+=(protobuf-compiler)
+  berth_need etcd || missing+=(etcd-server)
   if [ "${#missing[@]}" -gt 0 ]; then
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
     echo "installing: ${missing[*]}" >&2

@@ -61,6 +61,8 @@ pub struct AgentOptions {
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
     /// Device plugins and device settings.
     pub devices: DevicesConfig,
+    /// A fleet on etcd; `None`: the embedded control plane.
+    pub etcd: Option<berth_fleet::EtcdSettings>,
 }
 
 impl AgentOptions {
@@ -79,6 +81,7 @@ impl AgentOptions {
             node: config.node,
             chroot_env: config.chroot_env,
             devices: config.devices,
+            etcd: config.etcd,
         }
     }
 
@@ -132,6 +135,9 @@ pub enum AgentError {
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
+    /// The fleet's etcd cannot be reached.
+    #[error("control plane: {0}")]
+    Fleet(#[from] berth_fleet::FleetError),
     /// The device settings or a device plugin cannot be used.
     #[error("devices: {0}")]
     Devices(String),
@@ -180,6 +186,8 @@ pub struct Agent {
     volumes: Arc<Volumes>,
     jobs: Arc<Jobs>,
     devices: Arc<Devices>,
+    /// This node's membership of a fleet (`None`: the embedded control plane).
+    fleet: Option<Arc<berth_fleet::Membership>>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -265,11 +273,22 @@ impl Agent {
             opts.health,
         ));
         let tasks = TaskTracker::new();
+        let (catalog, fleet) = match &opts.etcd {
+            None => (
+                Arc::new(berth_controlplane::backend::StoreCatalog::new(Arc::clone(
+                    &store,
+                ))) as Arc<dyn berth_controlplane::backend::CatalogBackend>,
+                None,
+            ),
+            Some(settings) => {
+                let (catalog, membership) =
+                    join_fleet(settings, &node_id, &tasks, &shutdown).await?;
+                (catalog, Some(membership))
+            }
+        };
         let volumes = Arc::new(Volumes::new(
             Arc::clone(&store),
-            Arc::new(berth_controlplane::backend::StoreCatalog::new(Arc::clone(
-                &store,
-            ))),
+            catalog,
             node_id.clone(),
             data_dir.clone(),
             Arc::clone(&registry),
@@ -333,8 +352,20 @@ impl Agent {
             volumes,
             jobs,
             devices,
+            fleet,
         });
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
+        if let Some(m) = &agent.fleet {
+            let me = Arc::clone(&agent);
+            let snapshot: berth_fleet::Snapshot = Arc::new(move || me.fleet_node());
+            tasks.spawn(Arc::clone(m).run(snapshot, shutdown.clone()));
+            // Claims are fenced by the registration: recovery writes nothing before it.
+            let mut registered = m.subscribe();
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                _ = registered.wait_for(Option::is_some) => {}
+            }
+        }
 
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
         agent
@@ -492,6 +523,35 @@ impl Agent {
     }
 }
 
+/// Connects to the fleet's etcd and starts the mirrors of its volumes, nodes and alive keys;
+/// returns once each has its first listing, so nothing reads an empty catalog.
+async fn join_fleet(
+    settings: &berth_fleet::EtcdSettings,
+    node_id: &str,
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<
+    (
+        Arc<dyn berth_controlplane::backend::CatalogBackend>,
+        Arc<berth_fleet::Membership>,
+    ),
+    AgentError,
+> {
+    let etcd = berth_fleet::Etcd::connect(settings).await?;
+    let membership =
+        berth_fleet::Membership::new(etcd.clone(), node_id.to_string(), settings.lease_ttl);
+    let volumes = berth_fleet::WatchedDir::new(berth_fleet::EtcdCatalog::dir(&etcd));
+    tasks.spawn(Arc::clone(&volumes).run(etcd.clone(), shutdown.clone()));
+    tasks.spawn(Arc::clone(membership.node_dir()).run(etcd.clone(), shutdown.clone()));
+    tasks.spawn(Arc::clone(membership.alive_dir()).run(etcd.clone(), shutdown.clone()));
+    volumes.wait_synced(shutdown).await;
+    membership.node_dir().wait_synced(shutdown).await;
+    membership.alive_dir().wait_synced(shutdown).await;
+    tracing::info!(endpoints = %settings.endpoints.join(","), prefix = %settings.prefix, "joined the fleet's etcd");
+    let catalog = berth_fleet::EtcdCatalog::new(etcd, volumes, Arc::clone(&membership));
+    Ok((Arc::new(catalog), membership))
+}
+
 fn pending() -> berth_api::Health {
     crate::manager::InstanceState::pending().health
 }
@@ -507,6 +567,19 @@ fn node_id(store: &Store) -> Result<String, AgentError> {
 }
 
 impl Agent {
+    /// This node as the fleet sees it: its own view, its drivers and its healthy controllers.
+    fn fleet_node(&self) -> berth_api::nodes::FleetNode {
+        let mut n = berth_api::nodes::FleetNode::from_status(&self.node());
+        n.drivers = self.jobs.driver_states();
+        n.csi_controllers = self
+            .plugins()
+            .into_iter()
+            .filter(|p| p.plugin_type.is_controller() && p.health.healthy)
+            .map(|p| p.id)
+            .collect();
+        n
+    }
+
     /// Stops every job and waits up to `timeout` for their allocs to finish (see
     /// [`Jobs::stop_all`]).
     pub async fn stop_all_jobs(&self, timeout: Duration) -> bool {
@@ -706,6 +779,36 @@ impl AgentView for Agent {
             meta: node.meta,
             computed_class,
             devices: manager.view_with_cdi(),
+        }
+    }
+
+    fn nodes(&self) -> berth_api::nodes::NodeList {
+        match &self.fleet {
+            Some(m) => berth_api::nodes::NodeList {
+                fleet: true,
+                nodes: m.nodes(),
+            },
+            None => berth_api::nodes::NodeList {
+                fleet: false,
+                nodes: vec![self.fleet_node()],
+            },
+        }
+    }
+
+    async fn set_drain(
+        &self,
+        id: &str,
+        enable: bool,
+    ) -> Result<berth_api::nodes::FleetNode, ApiError> {
+        let Some(m) = &self.fleet else {
+            return Err(ApiError::Conflict(
+                "drain is a fleet operation; this agent has no etcd control plane".into(),
+            ));
+        };
+        match m.set_drain(id, enable).await {
+            Ok(Some(n)) => Ok(n),
+            Ok(None) => Err(ApiError::NotFound(format!("no node {id:?}"))),
+            Err(e) => Err(ApiError::Unavailable(e.to_string())),
         }
     }
 

@@ -16,8 +16,10 @@ use berth_api::PluginType;
 use berth_input::{Quoted, Shown, Syntax, serde_message};
 use serde::Deserialize;
 
+mod control_plane;
 mod devices;
 
+pub use control_plane::check as check_etcd;
 pub use devices::{DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig, NomadPluginDecl};
 
 /// Default interval between health probes.
@@ -119,6 +121,9 @@ pub struct Config {
     pub chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
     /// `plugin_dir`, `plugin` blocks without `type` (Nomad device plugins) and `devices { … }`.
     pub devices: DevicesConfig,
+    /// `control_plane { etcd { endpoints, prefix, lease_ttl, tls { … } } }`: a fleet on etcd;
+    /// `None`: the embedded control plane.
+    pub etcd: Option<berth_fleet::EtcdSettings>,
 }
 
 /// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
@@ -170,6 +175,7 @@ struct Raw {
     client: Option<RawClient>,
     plugin_dir: Option<PathBuf>,
     devices: Option<devices::RawDevices>,
+    control_plane: Option<control_plane::RawControlPlane>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -438,6 +444,8 @@ impl Config {
                 .sort_by_key(|p| block_line(text, "plugin", &p.name, 0).unwrap_or(usize::MAX));
         }
         devices::devices_block(&mut cfg.devices, raw.plugin_dir, raw.devices)
+            .map_err(|(field, m)| err(None, &field, m))?;
+        cfg.etcd = control_plane::etcd_settings(raw.control_plane)
             .map_err(|(field, m)| err(None, &field, m))?;
         if !cfg.devices.nomad_plugins.is_empty() && cfg.devices.plugin_dir.is_none() {
             let name = &cfg.devices.nomad_plugins[0].name;

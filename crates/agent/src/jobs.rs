@@ -421,6 +421,22 @@ impl Jobs {
         node
     }
 
+    /// Each driver with its health, by name.
+    pub fn driver_states(&self) -> Vec<berth_api::nodes::DriverState> {
+        self.drivers
+            .driver_names()
+            .into_iter()
+            .map(|name| {
+                let fp = self.drivers.fingerprint(&name);
+                berth_api::nodes::DriverState {
+                    healthy: fp.as_ref().is_some_and(|f| f.health == Health::Healthy),
+                    description: fp.map(|f| f.description).unwrap_or_default(),
+                    name,
+                }
+            })
+            .collect()
+    }
+
     /// Waits until every driver has fingerprinted once (each fingerprint is bounded by the
     /// drivers' timeout) or the agent shuts down.
     pub async fn drivers_ready(&self) {

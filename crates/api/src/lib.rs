@@ -44,6 +44,7 @@
 mod checks;
 pub mod client;
 pub mod jobs;
+pub mod nodes;
 pub mod server;
 pub mod types;
 pub mod volumes;

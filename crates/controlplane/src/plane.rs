@@ -105,6 +105,10 @@ pub enum ControlPlaneError {
     /// The store failed.
     #[error("state store: {0}")]
     Store(#[from] StateError),
+    /// The fleet's store (etcd) cannot be reached or answered an error; nothing is known to
+    /// have changed.
+    #[error("control plane store: {0}")]
+    Backend(String),
 }
 
 fn csi_failure_text(plugin_id: &str, volume_id: Option<&str>, source: &CsiError) -> String {

@@ -33,7 +33,9 @@ fn cp_api_error(e: &ControlPlaneError) -> ApiError {
         ControlPlaneError::Refused { .. } | ControlPlaneError::Conflict(_) => {
             ApiError::Conflict(e.to_string())
         }
-        ControlPlaneError::Unavailable { .. } => ApiError::Unavailable(e.to_string()),
+        ControlPlaneError::Unavailable { .. } | ControlPlaneError::Backend(_) => {
+            ApiError::Unavailable(e.to_string())
+        }
         ControlPlaneError::Csi { .. } | ControlPlaneError::Store(_) => {
             ApiError::Internal(error_chain(e))
         }
@@ -90,7 +92,11 @@ impl StepError {
     /// Whether trying again may help.
     pub(super) fn is_retryable(&self) -> bool {
         match self {
-            Self::Cp(ControlPlaneError::Unavailable { .. } | ControlPlaneError::Store(_)) => true,
+            Self::Cp(
+                ControlPlaneError::Unavailable { .. }
+                | ControlPlaneError::Store(_)
+                | ControlPlaneError::Backend(_),
+            ) => true,
             Self::Cp(ControlPlaneError::Csi { source, .. }) => source.is_retryable(),
             Self::Cp(_) => false,
             Self::Node(VolumeError::Csi { source, .. }) => source.is_retryable(),

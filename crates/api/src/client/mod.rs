@@ -331,6 +331,32 @@ impl Client {
         self.call_json(Method::GET, "/v1/node".into(), None).await
     }
 
+    /// `GET /v1/nodes`: every node of the fleet (this node alone without one).
+    pub async fn nodes(&self) -> Result<crate::nodes::NodeList, ClientError> {
+        self.call_json(Method::GET, "/v1/nodes".into(), None).await
+    }
+
+    /// `GET /v1/nodes/{id}`: one node, by id or unique id prefix.
+    pub async fn fleet_node(&self, id: &str) -> Result<crate::nodes::FleetNode, ClientError> {
+        self.call_json(
+            Method::GET,
+            format!("/v1/nodes/{}", encode_segment(id)),
+            None,
+        )
+        .await
+    }
+
+    /// `POST /v1/nodes/{id}/drain`.
+    pub async fn drain_node(
+        &self,
+        id: &str,
+        enable: bool,
+    ) -> Result<crate::nodes::FleetNode, ClientError> {
+        let path = format!("/v1/nodes/{}/drain", encode_segment(id));
+        let body = encode(&Method::POST, &path, &crate::nodes::DrainRequest { enable })?;
+        self.call_json(Method::POST, path, Some(body)).await
+    }
+
     /// `POST /v1/plugins`: registers one plugin instance and returns the plugin's status.
     pub async fn register(&self, req: &RegisterRequest) -> Result<PluginStatus, ClientError> {
         let path = "/v1/plugins".to_string();

@@ -137,6 +137,7 @@ bodies!(
     SnapshotCreateRequest => "snapshot request",
     SnapshotDeleteRequest => "snapshot delete request",
     JobRunRequest => "job run request",
+    crate::nodes::DrainRequest => "drain request",
 );
 
 /// The request's JSON body as a `T` that passed [`Body::check`]. 413 when it is too large, 408

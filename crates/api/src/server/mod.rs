@@ -187,6 +187,26 @@ pub trait AgentView: VolumeView + JobView {
     fn plugin(&self, id: &str) -> Option<PluginStatus>;
     /// This node.
     fn node(&self) -> NodeStatus;
+    /// Every node of the fleet; without a fleet, this node alone.
+    fn nodes(&self) -> crate::nodes::NodeList {
+        crate::nodes::NodeList {
+            fleet: false,
+            nodes: vec![crate::nodes::FleetNode::from_status(&self.node())],
+        }
+    }
+    /// Sets or clears `drain` on a node of the fleet (`id` is a whole node id).
+    fn set_drain(
+        &self,
+        id: &str,
+        enable: bool,
+    ) -> impl Future<Output = Result<crate::nodes::FleetNode, ApiError>> + Send {
+        let _ = (id, enable);
+        async {
+            Err(ApiError::Conflict(
+                "drain is a fleet operation; this agent has no etcd control plane".into(),
+            ))
+        }
+    }
     /// Live events from now on. The router calls it once per `GET /v1/events`, before it
     /// answers, so an event sent after the client has the response head reaches it. A reader
     /// that falls behind the channel's capacity loses the oldest events and is told how many.

@@ -44,6 +44,9 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
             axum::routing::delete(deregister::<V>),
         )
         .route("/v1/node", get(node::<V>))
+        .route("/v1/nodes", get(list_nodes::<V>))
+        .route("/v1/nodes/{id}", get(get_node::<V>))
+        .route("/v1/nodes/{id}/drain", axum::routing::post(drain_node::<V>))
         .route("/v1/events", get(events::<V>))
         .route("/v1/metrics", get(metrics::<V>))
         .merge(super::volume_routes::routes::<V>())
@@ -91,6 +94,58 @@ async fn deregister<V: AgentView>(
 
 async fn node<V: AgentView>(State(view): State<Arc<V>>) -> Json<crate::types::NodeStatus> {
     Json(view.node())
+}
+
+async fn list_nodes<V: AgentView>(State(view): State<Arc<V>>) -> Json<crate::nodes::NodeList> {
+    let mut list = view.nodes();
+    list.nodes.sort_by(|a, b| a.id.cmp(&b.id));
+    Json(list)
+}
+
+/// The node whose id is `id` or the only one that starts with it.
+fn find_node<V: AgentView>(view: &V, id: &str) -> Result<crate::nodes::FleetNode, ApiError> {
+    let nodes = view.nodes().nodes;
+    if let Some(n) = nodes.iter().find(|n| n.id == id) {
+        return Ok(n.clone());
+    }
+    let mut matches: Vec<&crate::nodes::FleetNode> =
+        nodes.iter().filter(|n| n.id.starts_with(id)).collect();
+    match matches.len() {
+        1 => Ok(matches.remove(0).clone()),
+        0 => Err(ApiError::NotFound(format!(
+            "no node {}",
+            berth_input::quoted(id)
+        ))),
+        _ => {
+            let mut ids: Vec<&str> = matches.iter().map(|n| n.id.as_str()).collect();
+            ids.sort_unstable();
+            Err(ApiError::BadRequest(format!(
+                "node id prefix {} matches {} nodes: {}",
+                berth_input::quoted(id),
+                ids.len(),
+                ids.join(", ")
+            )))
+        }
+    }
+}
+
+async fn get_node<V: AgentView>(
+    State(view): State<Arc<V>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<crate::nodes::FleetNode>, ApiError> {
+    let id = path_id("node id", id)?;
+    find_node(&*view, &id).map(Json)
+}
+
+async fn drain_node<V: AgentView>(
+    State(view): State<Arc<V>>,
+    id: Result<Path<String>, PathRejection>,
+    req: Request,
+) -> Result<Json<crate::nodes::FleetNode>, Refusal> {
+    let id = path_id("node id", id)?;
+    let body: crate::nodes::DrainRequest = json_body(req).await?;
+    let node = find_node(&*view, &id)?;
+    Ok(Json(view.set_drain(&node.id, body.enable).await?))
 }
 
 async fn metrics<V: AgentView>(State(view): State<Arc<V>>) -> Response {

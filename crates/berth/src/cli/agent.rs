@@ -36,19 +36,36 @@ pub struct AgentArgs {
     /// exits.
     #[arg(long)]
     dev: bool,
+    /// Join a fleet on etcd at these client URLs (comma-separated): overrides
+    /// `control_plane.etcd.endpoints` of the config, keeping its other settings.
+    #[arg(long, value_name = "URL,…", value_delimiter = ',')]
+    etcd: Vec<String>,
 }
 
 /// The config file, if any, read before logging starts (it may set the log level): a regular
 /// file of at most [`input::MAX_INPUT_BYTES`]. Any problem with it is a usage error.
 pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
-    match &args.config {
+    let mut config = match &args.config {
         Some(file) => {
             let text = input::read_file_text(file, "--config")
                 .map_err(|e| UsageError(format!("{:#}", anyhow::Error::new(e))))?;
-            Config::parse(file, &text).map_err(|e| UsageError(e.to_string()).into())
+            Config::parse(file, &text).map_err(|e| UsageError(e.to_string()))?
         }
-        None => Ok(Config::default()),
+        None => Config::default(),
+    };
+    if !args.etcd.is_empty() {
+        let mut etcd = config.etcd.take().unwrap_or(berth_fleet::EtcdSettings {
+            endpoints: Vec::new(),
+            prefix: berth_fleet::settings::DEFAULT_PREFIX.into(),
+            tls: None,
+            lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
+        });
+        etcd.endpoints.clone_from(&args.etcd);
+        berth_agent::config::check_etcd(&etcd)
+            .map_err(|(field, m)| UsageError(format!("--etcd: {field}: {m}")))?;
+        config.etcd = Some(etcd);
     }
+    Ok(config)
 }
 
 /// Runs the agent with `config` until a signal; a second signal exits at once.

@@ -1,6 +1,9 @@
-//! `berth node …`: this node as the agent sees it.
+//! `berth node …`: this node as the agent sees it, and the fleet's nodes.
 
-use berth_api::NodeStatus;
+use berth_api::{
+    NodeStatus,
+    nodes::{FleetNode, NodeList},
+};
 use berth_devices::view::DevicesView;
 use clap::{Args, Subcommand};
 
@@ -21,8 +24,23 @@ pub struct NodeArgs {
 
 #[derive(Debug, Subcommand)]
 enum NodeCommand {
-    /// The node's ids, computed class, what its CSI node plugins report, and its devices.
+    /// Without an id: in a fleet, every node with its status (ready, draining, down);
+    /// otherwise this node's ids, computed class, CSI node plugins and devices. With an id
+    /// (or a unique prefix of one): that node.
     Status {
+        /// A node id, or a unique prefix of one.
+        id: Option<String>,
+        /// Print the API's JSON document instead.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stops placing new work on a node of the fleet (`--disable`: places it again).
+    Drain {
+        /// A node id, or a unique prefix of one.
+        id: String,
+        /// Clear the drain instead of setting it.
+        #[arg(long)]
+        disable: bool,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -33,14 +51,146 @@ enum NodeCommand {
 pub async fn run(address: &api_client::AgentAddress, args: NodeArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
-        NodeCommand::Status { json } => {
-            let node = client.node().await?;
+        NodeCommand::Status { id: None, json } => {
+            let list = client.nodes().await?;
+            if !list.fleet {
+                let node = client.node().await?;
+                return if json {
+                    output::json(&node)
+                } else {
+                    print_node(&node)
+                };
+            }
+            if json {
+                output::json(&list)
+            } else {
+                print_fleet(&list)
+            }
+        }
+        NodeCommand::Status { id: Some(id), json } => {
+            let node = client.fleet_node(&id).await?;
             if json {
                 output::json(&node)
             } else {
-                print_node(&node)
+                print_fleet_node(&node)
             }
         }
+        NodeCommand::Drain { id, disable, json } => {
+            let node = client.drain_node(&id, !disable).await?;
+            if json {
+                output::json(&node)
+            } else {
+                say!(
+                    "node {} ({}): {}",
+                    node.id,
+                    output::escape(&node.name),
+                    node.status.as_str()
+                )
+            }
+        }
+    }
+}
+
+/// The first 8 characters of an id, as Nomad shows them in lists.
+fn short(id: &str) -> &str {
+    id.get(..8).unwrap_or(id)
+}
+
+fn or_dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".into()
+    } else {
+        output::escape(s).into_owned()
+    }
+}
+
+fn print_fleet(list: &NodeList) -> anyhow::Result<()> {
+    if list.nodes.is_empty() {
+        say!("no nodes")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = list
+        .nodes
+        .iter()
+        .map(|n| {
+            let drivers: Vec<&str> = n
+                .drivers
+                .iter()
+                .filter(|d| d.healthy)
+                .map(|d| d.name.as_str())
+                .collect();
+            vec![
+                short(&n.id).to_string(),
+                or_dash(&n.name),
+                or_dash(&n.datacenter),
+                or_dash(&n.node_class),
+                n.status.as_str().into(),
+                if n.drain { "true" } else { "false" }.into(),
+                or_dash(&drivers.join(",")),
+                n.csi_plugins.len().to_string(),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "ID",
+            "NAME",
+            "DC",
+            "CLASS",
+            "STATUS",
+            "DRAIN",
+            "DRIVERS",
+            "CSI PLUGINS",
+        ],
+        &rows,
+    )
+}
+
+fn print_fleet_node(n: &FleetNode) -> anyhow::Result<()> {
+    output::fields(&[
+        ("id", n.id.clone()),
+        ("name", or_dash(&n.name)),
+        ("hostname", or_dash(&n.hostname)),
+        ("status", n.status.as_str().into()),
+        ("drain", n.drain.to_string()),
+        ("datacenter", or_dash(&n.datacenter)),
+        ("class", or_dash(&n.node_class)),
+        ("computed class", or_dash(&n.computed_class)),
+        ("csi controllers", or_dash(&n.csi_controllers.join(", "))),
+    ])?;
+    say!()?;
+    let rows: Vec<Vec<String>> = n
+        .drivers
+        .iter()
+        .map(|d| {
+            vec![
+                d.name.clone(),
+                health_word(d.healthy).into(),
+                or_dash(&d.description),
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        say!("no drivers")?;
+    } else {
+        output::table(&["DRIVER", "HEALTHY", "DETAIL"], &rows)?;
+    }
+    say!()?;
+    let status = NodeStatus {
+        csi_plugins: n.csi_plugins.clone(),
+        ..NodeStatus::default()
+    };
+    print_csi(&status)?;
+    say!()?;
+    let rows: Vec<Vec<String>> = n
+        .devices
+        .iter()
+        .map(|d| vec![d.id.clone(), format!("{}/{}", d.healthy, d.total)])
+        .collect();
+    if rows.is_empty() {
+        say!("no devices")
+    } else {
+        output::table(&["DEVICE", "HEALTHY/TOTAL"], &rows)
     }
 }
 

@@ -1,0 +1,85 @@
+//! The `control_plane { etcd { … } }` block: a fleet on etcd instead of the embedded control
+//! plane.
+
+use std::path::PathBuf;
+
+use berth_fleet::{EtcdSettings, TlsFiles, settings::DEFAULT_PREFIX};
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawControlPlane {
+    etcd: Option<RawEtcd>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEtcd {
+    #[serde(default)]
+    endpoints: Vec<String>,
+    prefix: Option<String>,
+    lease_ttl: Option<String>,
+    tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    ca_file: Option<PathBuf>,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+}
+
+const FIELD: &str = "control_plane.etcd";
+
+/// The etcd settings of the block, checked; `Err((field, message))`.
+pub(super) fn etcd_settings(
+    raw: Option<RawControlPlane>,
+) -> Result<Option<EtcdSettings>, (String, String)> {
+    let Some(etcd) = raw.and_then(|r| r.etcd) else {
+        return Ok(None);
+    };
+    let mut s = EtcdSettings {
+        endpoints: etcd.endpoints,
+        prefix: etcd.prefix.unwrap_or_else(|| DEFAULT_PREFIX.into()),
+        tls: None,
+        lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
+    };
+    if let Some(ttl) = etcd.lease_ttl {
+        s.lease_ttl = super::duration(&ttl).map_err(|m| (format!("{FIELD}.lease_ttl"), m))?;
+    }
+    if let Some(t) = etcd.tls {
+        for (name, p) in [
+            ("ca_file", &t.ca_file),
+            ("cert_file", &t.cert_file),
+            ("key_file", &t.key_file),
+        ] {
+            if let Some(p) = p
+                && !p.is_absolute()
+            {
+                return Err((
+                    format!("{FIELD}.tls.{name}"),
+                    format!(
+                        "{} must be an absolute path",
+                        berth_input::Shown(&p.to_string_lossy())
+                    ),
+                ));
+            }
+        }
+        s.tls = Some(TlsFiles {
+            ca_file: t.ca_file,
+            cert_file: t.cert_file,
+            key_file: t.key_file,
+        });
+    }
+    check(&s)?;
+    Ok(Some(s))
+}
+
+/// Checks settings from the file or from `--etcd`; the field is named in full.
+pub fn check(s: &EtcdSettings) -> Result<(), (String, String)> {
+    s.check().map_err(|e| match e.split_once(": ") {
+        Some((field, m)) => (format!("{FIELD}.{field}"), m.to_string()),
+        None => (FIELD.to_string(), e),
+    })
+}

@@ -1,0 +1,332 @@
+//! The connection to the fleet's etcd: keys under the fleet's prefix, reads, and the one
+//! write berth makes — a transaction that compares the key's `mod_revision` with the one
+//! the writer read.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse,
+};
+use serde::{Serialize, de::DeserializeOwned};
+
+use crate::settings::EtcdSettings;
+
+/// How long one etcd request may take before it is given up (an unknown outcome: the caller
+/// reads again before it decides anything).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long connecting may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Why a fleet operation failed. Texts name the key or endpoint, never a value.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    /// The settings are invalid (names the field).
+    #[error("control_plane.etcd.{0}")]
+    Settings(String),
+    /// A TLS file cannot be read.
+    #[error("control_plane.etcd.tls: {path}: {source}")]
+    TlsFile {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// No endpoint answered.
+    #[error("etcd at {endpoints}: {source}")]
+    Connect {
+        /// The endpoints, joined.
+        endpoints: String,
+        /// etcd's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A request failed or timed out.
+    #[error("etcd {op} {key:?}: {source}")]
+    Request {
+        /// What was asked (get, txn, watch, lease…).
+        op: &'static str,
+        /// The key (or prefix).
+        key: String,
+        /// etcd's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A value under berth's prefix is not what berth wrote.
+    #[error("etcd key {key:?} holds no valid record: {source}")]
+    Decode {
+        /// The key.
+        key: String,
+        /// Why.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// A connection to the fleet's etcd, with its key prefix. Cheap to clone.
+#[derive(Clone)]
+pub struct Etcd {
+    client: Client,
+    prefix: String,
+}
+
+impl std::fmt::Debug for Etcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Etcd")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A value read with the revision a conditional write compares.
+#[derive(Debug, Clone)]
+pub struct Versioned<T> {
+    /// The value.
+    pub value: T,
+    /// The key's `mod_revision`.
+    pub mod_revision: i64,
+}
+
+impl Etcd {
+    /// Connects (and checks the settings first). Fails when no endpoint answers within
+    /// [`CONNECT_TIMEOUT`].
+    pub async fn connect(settings: &EtcdSettings) -> Result<Self, FleetError> {
+        settings.check().map_err(FleetError::Settings)?;
+        let mut opts = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(5), Duration::from_secs(3))
+            .with_keep_alive_while_idle(true);
+        if let Some(tls) = &settings.tls {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).map_err(|source| FleetError::TlsFile {
+                    path: p.display().to_string(),
+                    source,
+                })
+            };
+            let mut t = TlsOptions::new();
+            if let Some(ca) = &tls.ca_file {
+                t = t.ca_certificate(Certificate::from_pem(read(ca)?));
+            }
+            if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+                t = t.identity(Identity::from_pem(read(cert)?, read(key)?));
+            }
+            opts = opts.with_tls(t);
+        }
+        let endpoints: Vec<&str> = settings
+            .endpoints
+            .iter()
+            .map(|e| e.trim_end_matches('/'))
+            .collect();
+        let mut client = Client::connect(&endpoints, Some(opts))
+            .await
+            .map_err(|source| FleetError::Connect {
+                endpoints: endpoints.join(","),
+                source,
+            })?;
+        // Connecting is lazy: one request proves an endpoint answers.
+        client
+            .status()
+            .await
+            .map_err(|source| FleetError::Connect {
+                endpoints: endpoints.join(","),
+                source,
+            })?;
+        Ok(Self {
+            client,
+            prefix: settings.prefix.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The raw client (leases, watches, elections).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// The key of `parts` under the prefix: `<prefix>/<a>/<b>`.
+    pub fn key(&self, parts: &[&str]) -> String {
+        let mut k = self.prefix.clone();
+        for p in parts {
+            k.push('/');
+            k.push_str(p);
+        }
+        k
+    }
+
+    /// The prefix of a directory of keys: `<prefix>/<dir>/`.
+    pub fn dir(&self, dir: &str) -> String {
+        format!("{}/{dir}/", self.prefix)
+    }
+
+    /// The value at `key`, decoded, with its `mod_revision`.
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        key: &str,
+    ) -> Result<Option<Versioned<T>>, FleetError> {
+        let resp = self
+            .client
+            .clone()
+            .get(key, None)
+            .await
+            .map_err(request("get", key))?;
+        match resp.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some(Versioned {
+                value: decode(key, kv.value())?,
+                mod_revision: kv.mod_revision(),
+            })),
+        }
+    }
+
+    /// Every value under `dir` (a key prefix), decoded, and the revision of the read.
+    pub async fn list<T: DeserializeOwned>(
+        &self,
+        dir: &str,
+    ) -> Result<(Vec<(String, Versioned<T>)>, i64), FleetError> {
+        let resp = self
+            .client
+            .clone()
+            .get(dir, Some(GetOptions::new().with_prefix()))
+            .await
+            .map_err(request("list", dir))?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        let mut out = Vec::with_capacity(resp.kvs().len());
+        for kv in resp.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let value = decode(&key, kv.value())?;
+            out.push((
+                key,
+                Versioned {
+                    value,
+                    mod_revision: kv.mod_revision(),
+                },
+            ));
+        }
+        Ok((out, revision))
+    }
+
+    /// Writes `value` at `key` when its `mod_revision` is still `expected` (0: the key must
+    /// not exist) and, with a `fence`, only while this node's registration is the live one.
+    pub async fn put_if<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        expected: i64,
+        fence: Option<&Fence>,
+    ) -> Result<Outcome, FleetError> {
+        let bytes = serde_json::to_vec(value).map_err(|source| FleetError::Decode {
+            key: key.to_string(),
+            source,
+        })?;
+        self.txn_if(
+            key,
+            expected,
+            TxnOp::put(key, bytes, None),
+            fence,
+            "txn put",
+        )
+        .await
+    }
+
+    /// Deletes `key` when its `mod_revision` is still `expected`; as [`Etcd::put_if`].
+    pub async fn delete_if(
+        &self,
+        key: &str,
+        expected: i64,
+        fence: Option<&Fence>,
+    ) -> Result<Outcome, FleetError> {
+        self.txn_if(key, expected, TxnOp::delete(key, None), fence, "txn delete")
+            .await
+    }
+
+    /// Puts `value` at `key`, on `lease` when given, whatever was there.
+    pub async fn put<T: Serialize>(
+        &self,
+        key: &str,
+        value: &T,
+        lease: Option<i64>,
+    ) -> Result<i64, FleetError> {
+        let bytes = serde_json::to_vec(value).map_err(|source| FleetError::Decode {
+            key: key.to_string(),
+            source,
+        })?;
+        let resp = self
+            .client
+            .clone()
+            .put(key, bytes, lease.map(|l| PutOptions::new().with_lease(l)))
+            .await
+            .map_err(request("put", key))?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    async fn txn_if(
+        &self,
+        key: &str,
+        expected: i64,
+        op: TxnOp,
+        fence: Option<&Fence>,
+        what: &'static str,
+    ) -> Result<Outcome, FleetError> {
+        let mut when = vec![Compare::mod_revision(key, CompareOp::Equal, expected)];
+        let mut otherwise = Vec::new();
+        if let Some(f) = fence {
+            when.push(Compare::lease(f.key.as_str(), CompareOp::Equal, f.lease));
+            otherwise.push(TxnOp::get(f.key.as_str(), None));
+        }
+        let txn = Txn::new().when(when).and_then([op]).or_else(otherwise);
+        let resp = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(request(what, key))?;
+        if resp.succeeded() {
+            return Ok(Outcome::Done(resp.header().map_or(0, |h| h.revision())));
+        }
+        if let Some(f) = fence {
+            let live = resp.op_responses().into_iter().any(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| kv.lease() == f.lease),
+                _ => false,
+            });
+            if !live {
+                return Ok(Outcome::Fenced);
+            }
+        }
+        Ok(Outcome::Changed)
+    }
+}
+
+/// A condition every fleet write of a node carries: its registration key is still on the
+/// lease it holds, so a node whose lease lapsed (a partition, a long pause) writes nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fence {
+    /// The node's registration key.
+    pub key: String,
+    /// The lease it must be on.
+    pub lease: i64,
+}
+
+/// The outcome of a conditional write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Written at this revision.
+    Done(i64),
+    /// The key had changed since it was read; nothing written.
+    Changed,
+    /// The writer's registration lapsed; nothing written.
+    Fenced,
+}
+
+fn request(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> FleetError {
+    let key = key.to_string();
+    move |source| FleetError::Request { op, key, source }
+}
+
+/// Decodes a value berth wrote.
+pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, FleetError> {
+    serde_json::from_slice(bytes).map_err(|source| FleetError::Decode {
+        key: key.to_string(),
+        source,
+    })
+}

@@ -1,0 +1,16 @@
+//! berth's fleet control plane on etcd (DESIGN.md component 6): node registration under
+//! leases ([`Membership`]), and the volume catalog with its claims as etcd keys changed only
+//! by `mod_revision` transactions ([`EtcdCatalog`], a backend of the one set of claim rules in
+//! `berth-controlplane`). Reads come from watched mirrors ([`WatchedDir`]), never from polling.
+
+pub mod cache;
+pub mod catalog;
+pub mod etcd;
+pub mod nodes;
+pub mod settings;
+
+pub use cache::WatchedDir;
+pub use catalog::EtcdCatalog;
+pub use etcd::{Etcd, Fence, FleetError, Outcome};
+pub use nodes::{Membership, Snapshot};
+pub use settings::{EtcdSettings, TlsFiles};

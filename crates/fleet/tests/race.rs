@@ -1,0 +1,223 @@
+//! Two nodes, each with its own etcd connection and lease, race for one single-node-writer
+//! volume: exactly one claim wins every time, and the loser's refusal names the rule.
+//! Against a real etcd.
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use berth_controlplane::{
+    Claim, ClaimMode, ControlPlane, ControlPlaneError, ControllerAccess, Controllers, NodeClaim,
+    Origin, Plane, VolumeRecord,
+};
+use berth_csi::model::{AccessMode, AttachmentMode};
+use berth_fleet::{Etcd, EtcdCatalog, EtcdSettings, Membership, WatchedDir};
+use berth_testkit::EtcdCluster;
+use berth_volume::{Operation, StoredMountOptions, VolumeSpec};
+use tokio_util::sync::CancellationToken;
+
+/// A plugin with no controller: claims need no controller step.
+struct NodeOnly;
+
+impl Controllers for NodeOnly {
+    fn controller(&self, _plugin_id: &str) -> ControllerAccess {
+        ControllerAccess::NodeOnly
+    }
+}
+
+struct Node {
+    id: String,
+    plane: Plane<NodeOnly>,
+    membership: Arc<Membership>,
+}
+
+async fn node(cluster: &EtcdCluster, id: &str, shutdown: &CancellationToken) -> Node {
+    let settings = EtcdSettings::new(cluster.endpoints()).unwrap();
+    let etcd = Etcd::connect(&settings).await.unwrap();
+    let membership = Membership::new(etcd.clone(), id.into(), settings.lease_ttl);
+    let volumes = WatchedDir::new(EtcdCatalog::dir(&etcd));
+    tokio::spawn(Arc::clone(&volumes).run(etcd.clone(), shutdown.clone()));
+    volumes.wait_synced(shutdown).await;
+    let snapshot: berth_fleet::Snapshot = {
+        let id = id.to_string();
+        Arc::new(move || berth_api::nodes::FleetNode {
+            id: id.clone(),
+            name: id.clone(),
+            ..Default::default()
+        })
+    };
+    tokio::spawn(Arc::clone(&membership).run(snapshot, shutdown.clone()));
+    let mut registered = membership.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        registered.wait_for(Option::is_some),
+    )
+    .await
+    .expect("registered in time")
+    .unwrap();
+    let catalog = EtcdCatalog::new(etcd, volumes, Arc::clone(&membership));
+    Node {
+        id: id.into(),
+        plane: Plane::new(Arc::new(catalog), NodeOnly),
+        membership,
+    }
+}
+
+fn record() -> VolumeRecord {
+    let spec = VolumeSpec::parse_hcl(
+        Operation::Register,
+        Path::new("v.hcl"),
+        r#"
+id          = "shared"
+name        = "shared"
+type        = "csi"
+plugin_id   = "hp"
+external_id = "ext-1"
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+"#,
+    )
+    .unwrap();
+    VolumeRecord::from_spec(
+        &spec,
+        Origin::Registered,
+        "ext-1".to_string().try_into().unwrap(),
+        0,
+        Default::default(),
+        Vec::new(),
+        0,
+    )
+}
+
+fn claim(node: &Node, alloc: &str) -> NodeClaim {
+    NodeClaim {
+        volume_id: "shared".into(),
+        claim: Claim {
+            alloc_id: alloc.into(),
+            node_id: node.id.clone(),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        },
+        csi_node_id: node.id.clone(),
+        mount_options: StoredMountOptions::default(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_race_fifty_times_for_one_writer_volume_and_one_wins_each_time() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let shutdown = CancellationToken::new();
+    let a = node(&cluster, "node-a", &shutdown).await;
+    let b = node(&cluster, "node-b", &shutdown).await;
+    // The volume goes into the catalog as `volume register` would put it (no controller).
+    let etcd = Etcd::connect(&EtcdSettings::new(cluster.endpoints()).unwrap())
+        .await
+        .unwrap();
+    let fence = a.membership.fence().unwrap();
+    let put = etcd
+        .put_if(
+            &etcd.key(&["volumes", "shared"]),
+            &record(),
+            0,
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
+    // The same write again finds the key there: nothing is written twice.
+    let again = etcd
+        .put_if(
+            &etcd.key(&["volumes", "shared"]),
+            &record(),
+            0,
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again, berth_fleet::Outcome::Changed);
+
+    let mut wins = [0usize; 2];
+    for round in 0..50 {
+        let (ra, rb) = tokio::join!(
+            a.plane.claim(claim(&a, &format!("a-{round}"))),
+            b.plane.claim(claim(&b, &format!("b-{round}"))),
+        );
+        let (winner, loser_err) = match (ra, rb) {
+            (Ok(_), Err(e)) => (&a, e),
+            (Err(e), Ok(_)) => (&b, e),
+            (ra, rb) => panic!("round {round}: not exactly one winner: {ra:?} / {rb:?}"),
+        };
+        assert!(
+            matches!(loser_err, ControlPlaneError::Refused { .. }),
+            "round {round}: {loser_err}"
+        );
+        assert!(
+            loser_err.to_string().contains("single-node-writer"),
+            "{loser_err}"
+        );
+        wins[usize::from(winner.id == "node-b")] += 1;
+        // The record holds the winner's claim only.
+        let stored = etcd
+            .get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
+            .await
+            .unwrap()
+            .unwrap()
+            .value;
+        assert_eq!(
+            stored.claims.len(),
+            1,
+            "round {round}: {:?}",
+            stored.claims.keys()
+        );
+        let alloc = stored.claims.keys().next().unwrap().clone();
+        assert!(alloc.starts_with(if winner.id == "node-a" { "a-" } else { "b-" }));
+        winner.plane.begin_release("shared", &alloc).await.unwrap();
+        winner.plane.finish_release("shared", &alloc).await.unwrap();
+    }
+    assert_eq!(wins[0] + wins[1], 50);
+    eprintln!("wins: node-a {} node-b {}", wins[0], wins[1]);
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_registration_lapsed_changes_nothing() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let shutdown = CancellationToken::new();
+    let a = node(&cluster, "node-a", &shutdown).await;
+    let etcd = Etcd::connect(&EtcdSettings::new(cluster.endpoints()).unwrap())
+        .await
+        .unwrap();
+    let fence = a.membership.fence().unwrap();
+    etcd.put_if(
+        &etcd.key(&["volumes", "shared"]),
+        &record(),
+        0,
+        Some(&fence),
+    )
+    .await
+    .unwrap();
+    // The lease is revoked behind the node's back (as when it expires during a pause).
+    etcd.client().lease_revoke(fence.lease).await.unwrap();
+    let err = a.plane.claim(claim(&a, "a-1")).await.unwrap_err();
+    assert!(matches!(err, ControlPlaneError::Backend(_)), "{err}");
+    assert!(err.to_string().contains("lapsed"), "{err}");
+    let stored = etcd
+        .get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
+        .await
+        .unwrap()
+        .unwrap()
+        .value;
+    assert!(stored.claims.is_empty(), "{:?}", stored.claims);
+    // It registers again with a new lease, and then its claims go through.
+    let mut lease = a.membership.subscribe();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        lease.wait_for(|l| l.is_some_and(|l| l != fence.lease)),
+    )
+    .await
+    .expect("registered again in time")
+    .unwrap();
+    a.plane.claim(claim(&a, "a-1")).await.unwrap();
+    shutdown.cancel();
+}
