@@ -32,7 +32,8 @@ struct RawTls {
 
 const FIELD: &str = "control_plane.etcd";
 
-/// The etcd settings of the block, checked; `Err((field, message))`.
+/// The etcd settings of the block, checked; `Err((field, message))`. The endpoints may be
+/// left out (`--etcd` gives them); the agent refuses to start without any.
 pub(super) fn etcd_settings(
     raw: Option<RawControlPlane>,
 ) -> Result<Option<EtcdSettings>, (String, String)> {
@@ -72,7 +73,16 @@ pub(super) fn etcd_settings(
             key_file: t.key_file,
         });
     }
-    check(&s)?;
+    if s.endpoints.is_empty() {
+        // `--etcd` may give them; every other field is checked now.
+        let with_one = EtcdSettings {
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+            ..s.clone()
+        };
+        check(&with_one)?;
+    } else {
+        check(&s)?;
+    }
     Ok(Some(s))
 }
 

@@ -65,6 +65,11 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
             .map_err(|(field, m)| UsageError(format!("--etcd: {field}: {m}")))?;
         config.etcd = Some(etcd);
     }
+    if let Some(etcd) = &config.etcd {
+        berth_agent::config::check_etcd(etcd).map_err(|(field, m)| {
+            UsageError(format!("{field}: {m} (in the config, or with --etcd)"))
+        })?;
+    }
     Ok(config)
 }
 
