@@ -5,13 +5,9 @@
 
 mod agent_support;
 
-use std::{
-    path::Path,
-    process::{Output, Stdio},
-    time::Duration,
-};
+use std::{path::Path, process::Output};
 
-use agent_support::AgentProcess;
+use agent_support::{AgentProcess, berth};
 use berth_api::{
     Client, ClientError,
     jobs::JobRunRequest,
@@ -207,24 +203,6 @@ async fn deep_jobs_through_the_api_are_refused_and_the_agent_stays_up() {
         &format!("deep-job.hcl:{DEEP_JOB_LINE}: nesting deeper than 64 levels"),
     );
     assert_up_and_empty(&agent, &client).await;
-}
-
-/// Runs `berth --address <agent> <args>`.
-async fn berth(agent: &AgentProcess, args: &[&str]) -> Output {
-    let address = format!("unix://{}", agent.socket().display());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["--address", &address])
-        .args(args)
-        .env_remove("BERTH_ADDR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run berth");
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("berth finishes within 60s")
-        .expect("berth output")
 }
 
 fn assert_cli_refused(out: &Output, file: &Path, line: usize) {

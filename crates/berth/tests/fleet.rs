@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use agent_support::{AgentProcess, poll_api};
+use agent_support::{AgentProcess, berth, poll_api};
 use berth_api::nodes::{NodeList, NodeState};
 use berth_testkit::EtcdCluster;
 use nix::{
@@ -41,24 +41,6 @@ async fn nodes(agent: &AgentProcess, what: &str, pred: impl Fn(&NodeList) -> boo
 
 fn state_of(list: &NodeList, name: &str) -> Option<NodeState> {
     list.nodes.iter().find(|n| n.name == name).map(|n| n.status)
-}
-
-/// Runs `berth --address <agent> <args>`.
-async fn berth(agent: &AgentProcess, args: &[&str]) -> Output {
-    let address = format!("unix://{}", agent.socket().display());
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-        .args(["--address", &address])
-        .args(args)
-        .env_remove("BERTH_ADDR")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run berth");
-    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("berth finishes within 60s")
-        .expect("berth output")
 }
 
 fn stdout(o: &Output) -> String {

@@ -89,6 +89,15 @@ capability {
     )
 }
 
+/// The volume's record as etcd holds it now.
+async fn stored(etcd: &Etcd) -> VolumeRecord {
+    etcd.get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
+        .await
+        .unwrap()
+        .expect("the volume is in the catalog")
+        .value
+}
+
 fn claim(node: &Node, alloc: &str) -> NodeClaim {
     NodeClaim {
         volume_id: "shared".into(),
@@ -158,12 +167,7 @@ async fn two_nodes_race_fifty_times_for_one_writer_volume_and_one_wins_each_time
         );
         wins[usize::from(winner.id == "node-b")] += 1;
         // The record holds the winner's claim only.
-        let stored = etcd
-            .get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
-            .await
-            .unwrap()
-            .unwrap()
-            .value;
+        let stored = stored(&etcd).await;
         assert_eq!(
             stored.claims.len(),
             1,
@@ -202,12 +206,7 @@ async fn a_node_whose_registration_lapsed_changes_nothing() {
     let err = a.plane.claim(claim(&a, "a-1")).await.unwrap_err();
     assert!(matches!(err, ControlPlaneError::Backend(_)), "{err}");
     assert!(err.to_string().contains("lapsed"), "{err}");
-    let stored = etcd
-        .get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
-        .await
-        .unwrap()
-        .unwrap()
-        .value;
+    let stored = stored(&etcd).await;
     assert!(stored.claims.is_empty(), "{:?}", stored.claims);
     // It registers again with a new lease, and then its claims go through.
     let mut lease = a.membership.subscribe();

@@ -301,6 +301,24 @@ where
     }
 }
 
+/// Runs `berth --address <agent> <args>` (bounded: 60 s) and returns what it printed.
+pub async fn berth(agent: &AgentProcess, args: &[&str]) -> std::process::Output {
+    let address = format!("unix://{}", agent.socket().display());
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["--address", &address])
+        .args(args)
+        .env_remove("BERTH_ADDR")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run berth");
+    tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("berth finishes within 60s")
+        .expect("berth output")
+}
+
 /// Whether a process is alive.
 pub fn alive(pid: i32) -> bool {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
