@@ -523,7 +523,7 @@ impl Agent {
     }
 }
 
-/// Connects to the fleet's etcd and starts the mirrors of its volumes, nodes and alive keys;
+/// Connects to the fleet's etcd (waiting for it while it does not answer) and starts the mirrors of its volumes, nodes and alive keys;
 /// returns once each has its first listing, so nothing reads an empty catalog.
 async fn join_fleet(
     settings: &berth_fleet::EtcdSettings,
@@ -537,7 +537,23 @@ async fn join_fleet(
     ),
     AgentError,
 > {
-    let etcd = berth_fleet::Etcd::connect(settings).await?;
+    // etcd may come up after the agent (started together, or restarting): wait for it, as a
+    // client waits for its servers. Settings that cannot work fail at once.
+    let mut wait = Duration::from_millis(200);
+    let etcd = loop {
+        match berth_fleet::Etcd::connect(settings).await {
+            Ok(etcd) => break etcd,
+            Err(e @ berth_fleet::FleetError::Connect { .. }) => {
+                tracing::warn!(error = %e, retry_in = ?wait, "the fleet's etcd does not answer; trying again");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Err(e.into()),
+                    () = tokio::time::sleep(wait) => {}
+                }
+                wait = (wait * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
     let membership =
         berth_fleet::Membership::new(etcd.clone(), node_id.to_string(), settings.lease_ttl);
     let volumes = berth_fleet::WatchedDir::new(berth_fleet::EtcdCatalog::dir(&etcd));

@@ -147,6 +147,27 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_started_before_etcd_waits_for_it() {
+    let mut cluster = EtcdCluster::single().expect("etcd");
+    cluster.kill(0);
+    let mut a = AgentProcess::start_unready(
+        &fleet_config("early"),
+        &["--etcd", &cluster.endpoints_csv()],
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !a.log().contains("does not answer; trying again") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", a.log());
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+    cluster.restart(0).expect("etcd again");
+    a.wait_ready().await;
+    nodes(&a, "the early node ready", |l| {
+        state_of(l, "early") == Some(NodeState::Ready)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_etcd_the_node_list_is_this_node() {
     let a = AgentProcess::start("").await;
     let list = a.client().nodes().await.unwrap();

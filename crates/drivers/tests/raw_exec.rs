@@ -265,6 +265,18 @@ async fn stats_count_cpu_and_memory_of_the_group() {
     );
     let handle = driver.start(config.clone()).await.unwrap();
     reaper.track(&handle);
+    // Right after start the task may still be exec'ing (no resident pages yet): the first
+    // sample counted is the first one taken once it runs.
+    assert_eventually!(
+        TIMEOUT,
+        || async {
+            driver
+                .stats(&config.id)
+                .await
+                .is_ok_and(|s| s.rss_bytes > 0)
+        },
+        "the task has resident memory"
+    );
     let first = driver.stats(&config.id).await.expect("stats");
     assert!(first.pids.contains(&handle.pid));
     assert!(first.rss_bytes > 0);

@@ -66,6 +66,22 @@ impl AgentProcess {
         extra: &[&str],
         ns: Option<berth_testkit::MountNamespace>,
     ) -> AgentProcess {
+        let mut a = Self::spawn_only(config, extra, ns);
+        a.wait_ready().await;
+        a
+    }
+
+    /// Like [`start_with`](Self::start_with), without waiting for the API (call
+    /// [`wait_ready`](Self::wait_ready)).
+    pub fn start_unready(config: &str, extra: &[&str]) -> AgentProcess {
+        Self::spawn_only(config, extra, None)
+    }
+
+    fn spawn_only(
+        config: &str,
+        extra: &[&str],
+        ns: Option<berth_testkit::MountNamespace>,
+    ) -> AgentProcess {
         let tmp = tempfile::Builder::new()
             .prefix("ba")
             .tempdir_in("/tmp")
@@ -84,7 +100,6 @@ impl AgentProcess {
             ns,
         };
         a.spawn();
-        a.wait_ready().await;
         a
     }
 
