@@ -11,7 +11,8 @@ use std::{
 
 use berth_csi::model::{AccessMode, AttachmentMode, MountFlags};
 use berth_devices::request::{
-    AffinityInput, ConstraintInput, DeviceRequest, Field, Part as RulePart, RequestInput,
+    AFFINITY_WEIGHT_RANGE, AffinityInput, ConstraintInput, DEFAULT_AFFINITY_WEIGHT, DeviceRequest,
+    Field, Operand, Part as RulePart, RequestInput,
 };
 use berth_input::{Quoted, Shown, quoted_list};
 use berth_volume::{SpecError, StoredMountOptions, check_fs_type, check_mount_flags};
@@ -20,6 +21,10 @@ use crate::{
     duration::{GoDuration, parse_duration},
     input::{Node, V},
     path::FieldPath,
+    rules::{
+        DEFAULT_PRIORITY, DEFAULT_SPREAD_WEIGHT, NODE_REFERENCES, NodeAffinity, NodeConstraint,
+        Rules, Spread, SpreadTarget, is_node_reference, side_references,
+    },
     spec::*,
     template::{NODE_VARIABLES, Part, RUNTIME_VARIABLES, Template},
 };
@@ -418,9 +423,8 @@ pub(crate) fn job(file: &Path, root: Node, opts: &ParseOptions) -> Result<JobSpe
     let mut errors = cx.errors.into_inner();
     match spec {
         Ok(spec) if errors.is_empty() => Ok(spec),
-        Ok(_) => Err(SpecErrors::new(errors)),
-        Err(e) => {
-            errors.push(e);
+        spec => {
+            errors.extend(spec.err());
             // In file order.
             errors.sort_by_key(|e| e.line.unwrap_or(usize::MAX));
             Err(SpecErrors::new(errors))
@@ -504,6 +508,9 @@ fn job_of(cx: &Cx<'_>, root: Node) -> Res<JobSpec> {
             "namespace",
             "priority",
             "meta",
+            "constraint",
+            "affinity",
+            "spread",
         ],
     )?;
 
@@ -514,12 +521,25 @@ fn job_of(cx: &Cx<'_>, root: Node) -> Res<JobSpec> {
             .parse()
             .map_err(|e: String| cx.err(&job_path.key("type"), line, e))?,
     };
-    // Accepted for Nomad's files; berth places by its own rules.
-    j.strings(cx, "datacenters")?;
-    j.number(cx, "priority", 1, 100)?;
+    let datacenters_line = j.line_of("datacenters");
+    let datacenters = j.strings(cx, "datacenters")?.unwrap_or_default();
+    for (i, dc) in datacenters.iter().enumerate() {
+        if dc.is_empty() {
+            cx.record(cx.err(
+                &job_path.key("datacenters").at(i),
+                datacenters_line,
+                "is empty: a datacenter name (where `*` matches any text and `?` any one \
+                 character)",
+            ));
+        }
+    }
+    let priority = j
+        .number(cx, "priority", 1, 100)?
+        .map_or(DEFAULT_PRIORITY, small);
     let region = j.string(cx, "region")?;
     let namespace = j.string(cx, "namespace")?;
     let meta = meta(cx, &mut j, &BTreeMap::new())?;
+    let rules = node_rules(cx, &mut j, job_type);
 
     let mut groups: Vec<GroupSpec> = Vec::new();
     let mut lines: BTreeMap<String, Option<usize>> = BTreeMap::new();
@@ -547,6 +567,9 @@ fn job_of(cx: &Cx<'_>, root: Node) -> Res<JobSpec> {
         groups,
         region,
         namespace,
+        priority,
+        datacenters,
+        rules,
     })
 }
 
@@ -603,11 +626,35 @@ fn group(
 ) -> Res<GroupSpec> {
     segment(cx, &g.path, g.line, "group name", &name)?;
     misplaced_devices(cx, &mut g);
-    g.deny_unknown(cx, &["count", "volume", "restart", "task", "meta"])?;
+    g.deny_unknown(
+        cx,
+        &[
+            "count",
+            "volume",
+            "restart",
+            "task",
+            "meta",
+            "constraint",
+            "affinity",
+            "spread",
+        ],
+    )?;
     let group_meta = meta(cx, &mut g, job_meta)?;
+    let count_line = g.line_of("count");
     let count = g
         .number(cx, "count", *COUNT_RANGE.start(), *COUNT_RANGE.end())?
         .unwrap_or(1);
+    if job_type == JobType::System && count > 1 {
+        cx.record(cx.err(
+            &g.path.key("count"),
+            count_line,
+            format!(
+                "is {count}, but count cannot exceed 1 with the system scheduler (a system job \
+                 runs one alloc on every eligible node)"
+            ),
+        ));
+    }
+    let rules = node_rules(cx, &mut g, job_type);
 
     let mut volumes: BTreeMap<String, VolumeRequest> = BTreeMap::new();
     let mut lines = BTreeMap::new();
@@ -701,6 +748,7 @@ fn group(
         volumes,
         restart,
         tasks,
+        rules,
     })
 }
 
@@ -1340,6 +1388,12 @@ struct RuleAt {
 }
 
 impl RuleAt {
+    /// A problem of `part`.
+    fn err(&self, cx: &Cx<'_>, part: RulePart, message: impl Into<String>) -> SpecError {
+        let (path, line) = self.of(part);
+        cx.err(&path, line, message)
+    }
+
     fn of(&self, part: RulePart) -> (FieldPath, Option<usize>) {
         match part {
             RulePart::Block => (self.path.clone(), self.block),
@@ -1382,8 +1436,15 @@ fn rule_text(cx: &Cx<'_>, f: &mut Fields, key: &str) -> Res<Option<(String, Opti
     Ok(Some((text, line)))
 }
 
-/// One `constraint` or `affinity` block, as written.
-fn rule(cx: &Cx<'_>, mut f: Fields, affinity: bool) -> (ConstraintInput, Option<i64>, RuleAt) {
+/// One `constraint` or `affinity` block, as written. `distinct_hosts` and `distinct_property`
+/// still in `f` are refused as a device block's (a job's or group's rules take them out first);
+/// `also_known` are fields taken out before, named among the expected ones.
+fn rule(
+    cx: &Cx<'_>,
+    mut f: Fields,
+    affinity: bool,
+    also_known: &[&str],
+) -> (ConstraintInput, Option<i64>, RuleAt) {
     let mut at = RuleAt {
         path: f.path.clone(),
         block: f.line,
@@ -1401,13 +1462,14 @@ fn rule(cx: &Cx<'_>, mut f: Fields, affinity: bool) -> (ConstraintInput, Option<
                 &f.path.key(key),
                 n.line,
                 "places allocs on distinct nodes; it does not select devices (put it in a \
-                 constraint of the job or group, which berth does not read)",
+                 constraint of the job or group)",
             ));
             at.broken = true;
         }
     }
     let mut known = vec!["attribute", "operator", "value"];
     known.extend(RULE_SHORTCUTS);
+    known.extend(also_known);
     if affinity {
         known.push("weight");
     }
@@ -1480,13 +1542,13 @@ fn device(cx: &Cx<'_>, label: String, mut d: Fields) -> Res<Option<DeviceRequest
     };
     let mut constraints = Vec::new();
     for c in kept(cx, &mut broken, d.blocks(cx, "constraint").map(Some)).unwrap_or_default() {
-        let (c, _, at) = rule(cx, c, false);
+        let (c, _, at) = rule(cx, c, false, &[]);
         input.constraints.push(c);
         constraints.push(at);
     }
     let mut affinities = Vec::new();
     for a in kept(cx, &mut broken, d.blocks(cx, "affinity").map(Some)).unwrap_or_default() {
-        let (c, weight, at) = rule(cx, a, true);
+        let (c, weight, at) = rule(cx, a, true, &[]);
         input.affinities.push(AffinityInput {
             attribute: c.attribute,
             operator: c.operator,
@@ -1520,4 +1582,486 @@ fn device(cx: &Cx<'_>, label: String, mut d: Fields) -> Res<Option<DeviceRequest
             Ok(None)
         }
     }
+}
+
+/// A whole number already checked to be at most 100.
+fn small(n: u32) -> u8 {
+    u8::try_from(n).unwrap_or(u8::MAX)
+}
+
+/// The `constraint`, `affinity` and `spread` blocks of a job or a group. A rule with problems is
+/// left out, its problems recorded; the others are checked on.
+fn node_rules(cx: &Cx<'_>, f: &mut Fields, job_type: JobType) -> Rules {
+    let mut blocks = |key: &str| {
+        let all = f.blocks(cx, key).unwrap_or_else(|e| {
+            cx.record(e);
+            Vec::new()
+        });
+        if job_type != JobType::System || key == "constraint" {
+            return all;
+        }
+        // As in Nomad: a system job places an alloc on every eligible node, so there is
+        // nothing to prefer or to spread.
+        for b in &all {
+            cx.record(cx.err(
+                &b.path,
+                b.line,
+                format!(
+                    "a system job takes no {key} block: it runs on every eligible node \
+                     (constraints choose which)"
+                ),
+            ));
+        }
+        Vec::new()
+    };
+    let constraints = blocks("constraint")
+        .into_iter()
+        .filter_map(|c| node_constraint(cx, c))
+        .collect();
+    let affinities = blocks("affinity")
+        .into_iter()
+        .filter_map(|a| node_affinity(cx, a))
+        .collect();
+    let spreads = blocks("spread")
+        .into_iter()
+        .filter_map(|s| spread(cx, s))
+        .collect();
+    Rules {
+        constraints,
+        affinities,
+        spreads,
+    }
+}
+
+/// "unknown operator …", with the operators a node constraint (or affinity) takes.
+fn unknown_node_operator(text: &str, affinity: bool) -> String {
+    let mut all: Vec<&str> = Operand::ALL
+        .iter()
+        .filter(|o| !affinity || o.for_affinity())
+        .map(|o| o.as_str())
+        .collect();
+    if !affinity {
+        all.extend(["distinct_hosts", "distinct_property"]);
+    }
+    format!(
+        "unknown operator {} (expected one of {}; or ==, is, not)",
+        Quoted(text),
+        all.join(", ")
+    )
+}
+
+/// One side of a node rule: its `${…}` references must be among [`NODE_REFERENCES`]. Problems
+/// are recorded; false when there was one. A node lacking an `attr.` or `meta.` key is no
+/// problem: the rule is for every node of a fleet.
+fn node_side(cx: &Cx<'_>, (path, line): (FieldPath, Option<usize>), text: &str) -> bool {
+    let names = match side_references(text) {
+        Ok(names) => names,
+        Err(why) => {
+            cx.record(cx.err(&path, line, why));
+            return false;
+        }
+    };
+    let mut ok = true;
+    for name in names.into_iter().filter(|n| !is_node_reference(n)) {
+        let hint = if name.starts_with("device.") {
+            " (${device.…} references go in a device block's constraint or affinity)"
+        } else {
+            ""
+        };
+        cx.record(cx.err(
+            &path,
+            line,
+            format!(
+                "unknown reference {}: a job's or group's constraint, affinity or spread can \
+                 use {NODE_REFERENCES}{hint}",
+                Quoted(&format!("${{{name}}}"))
+            ),
+        ));
+        ok = false;
+    }
+    ok
+}
+
+/// Why a literal value of `regexp`, `version` or `semver` does not compile or parse. A device
+/// request checks these values the same way, so one is asked.
+fn literal_value_problem(op: Operand, value: &str) -> Option<String> {
+    if !matches!(op, Operand::Regexp | Operand::Version | Operand::Semver) || value.contains("${") {
+        return None;
+    }
+    let probe = RequestInput {
+        name: "gpu".into(),
+        constraints: vec![ConstraintInput {
+            attribute: "${device.model}".into(),
+            operator: Some(op.as_str().into()),
+            value: value.into(),
+        }],
+        ..Default::default()
+    };
+    DeviceRequest::build(&probe)
+        .err()?
+        .into_iter()
+        .find(|e| e.field == Field::Constraint(0, RulePart::Value))
+        .map(|e| e.message)
+}
+
+/// The sides of a node constraint or affinity comparing with `op`; false when one has a problem
+/// (recorded).
+fn node_sides(cx: &Cx<'_>, at: &RuleAt, input: &ConstraintInput, op: Operand) -> bool {
+    let mut ok = true;
+    if input.attribute.is_empty() {
+        cx.record(at.err(
+            cx,
+            RulePart::Attribute,
+            format!("is required (a literal or {NODE_REFERENCES})"),
+        ));
+        ok = false;
+    } else {
+        ok &= node_side(cx, at.of(RulePart::Attribute), &input.attribute);
+    }
+    if !op.takes_value() {
+        if !input.value.is_empty() {
+            cx.record(at.err(
+                cx,
+                RulePart::Value,
+                format!("{op} takes no value: it only asks whether the attribute is set"),
+            ));
+            ok = false;
+        }
+        return ok;
+    }
+    if input.value.is_empty() {
+        cx.record(at.err(cx, RulePart::Value, format!("is required by operator {op}")));
+        return false;
+    }
+    if !node_side(cx, at.of(RulePart::Value), &input.value) {
+        return false;
+    }
+    if let Some(problem) = literal_value_problem(op, &input.value) {
+        cx.record(at.err(cx, RulePart::Value, problem));
+        return false;
+    }
+    ok
+}
+
+/// A `distinct_property` constraint on `attribute` (written at `attribute_at`), at most `limit`
+/// allocs (text, empty for 1) per value of it.
+fn distinct_property(
+    cx: &Cx<'_>,
+    at: &RuleAt,
+    attribute_at: (FieldPath, Option<usize>),
+    attribute: String,
+    limit: &str,
+) -> Option<NodeConstraint> {
+    let mut ok = true;
+    if attribute.is_empty() {
+        let (path, line) = attribute_at;
+        cx.record(cx.err(
+            &path,
+            line,
+            "is required by distinct_property: the property whose values hold a limited \
+             number of allocs each, e.g. \"${meta.rack}\"",
+        ));
+        ok = false;
+    } else {
+        ok &= node_side(cx, attribute_at, &attribute);
+    }
+    let limit = match limit {
+        "" => Some(1),
+        text => match text.parse::<u32>() {
+            Ok(0) => {
+                cx.record(at.err(
+                    cx,
+                    RulePart::Value,
+                    "must be at least 1: distinct_property's value is how many allocs one \
+                     value of the attribute may hold",
+                ));
+                None
+            }
+            Ok(n) => Some(n),
+            Err(_) => {
+                cx.record(at.err(
+                    cx,
+                    RulePart::Value,
+                    format!(
+                        "{} is not a whole number: distinct_property's value is how many allocs \
+                         one value of the attribute may hold (at least 1; 1 when not given)",
+                        Quoted(text)
+                    ),
+                ));
+                None
+            }
+        },
+    };
+    match limit {
+        Some(limit) if ok => Some(NodeConstraint::DistinctProperty { attribute, limit }),
+        _ => None,
+    }
+}
+
+/// One `constraint` block of a job or group; `None` when it has problems (recorded) or is
+/// `distinct_hosts = false`.
+fn node_constraint(cx: &Cx<'_>, mut c: Fields) -> Option<NodeConstraint> {
+    let mut broken = false;
+    let hosts_path = c.path.key("distinct_hosts");
+    let hosts_line = c.line_of("distinct_hosts");
+    let hosts = kept(cx, &mut broken, c.bool(cx, "distinct_hosts"));
+    let property_path = c.path.key("distinct_property");
+    let property = kept(cx, &mut broken, rule_text(cx, &mut c, "distinct_property"));
+    let (input, _, at) = rule(cx, c, false, &["distinct_hosts", "distinct_property"]);
+    if broken || at.broken {
+        return None;
+    }
+    let written =
+        input.operator.is_some() || !input.attribute.is_empty() || !input.value.is_empty();
+    match (hosts, property) {
+        (Some(_), Some((_, line))) => {
+            cx.record(cx.err(
+                &property_path,
+                line,
+                "give distinct_hosts or distinct_property, not both",
+            ));
+            None
+        }
+        (Some(_), None) if written => {
+            cx.record(cx.err(
+                &hosts_path,
+                hosts_line,
+                "distinct_hosts = true/false stands for a whole constraint: give it alone \
+                 (no attribute, operator, value or short form)",
+            ));
+            None
+        }
+        (Some(on), None) => on.then_some(NodeConstraint::DistinctHosts),
+        (None, Some((attribute, line))) => {
+            let both = "distinct_property = \"…\" is short for operator = \"distinct_property\" \
+                        and attribute = \"…\": give one form, not both (value is the limit)";
+            if input.operator.is_some() {
+                cx.record(at.err(cx, RulePart::Operator, both));
+                return None;
+            }
+            if !input.attribute.is_empty() {
+                cx.record(at.err(cx, RulePart::Attribute, both));
+                return None;
+            }
+            distinct_property(cx, &at, (property_path, line), attribute, &input.value)
+        }
+        (None, None) => match input.operator.as_deref().unwrap_or("=") {
+            "distinct_hosts" => {
+                let mut ok = true;
+                if !input.attribute.is_empty() {
+                    cx.record(at.err(
+                        cx,
+                        RulePart::Attribute,
+                        "distinct_hosts takes no attribute: it keeps the allocs on distinct \
+                         nodes",
+                    ));
+                    ok = false;
+                }
+                if !matches!(input.value.as_str(), "" | "true") {
+                    cx.record(at.err(
+                        cx,
+                        RulePart::Value,
+                        format!(
+                            "distinct_hosts takes no value but \"true\", found {} (leave the \
+                             constraint out to not apply it)",
+                            Quoted(&input.value)
+                        ),
+                    ));
+                    ok = false;
+                }
+                ok.then_some(NodeConstraint::DistinctHosts)
+            }
+            "distinct_property" => {
+                let attribute_at = at.of(RulePart::Attribute);
+                distinct_property(cx, &at, attribute_at, input.attribute, &input.value)
+            }
+            text => {
+                let Some(operator) = Operand::parse(text) else {
+                    cx.record(at.err(cx, RulePart::Operator, unknown_node_operator(text, false)));
+                    return None;
+                };
+                node_sides(cx, &at, &input, operator).then_some(NodeConstraint::Attribute {
+                    attribute: input.attribute,
+                    operator,
+                    value: input.value,
+                })
+            }
+        },
+    }
+}
+
+/// One `affinity` block of a job or group; `None` when it has problems (recorded).
+fn node_affinity(cx: &Cx<'_>, mut a: Fields) -> Option<NodeAffinity> {
+    let mut broken = false;
+    for key in ["distinct_hosts", "distinct_property"] {
+        for n in a.take(key) {
+            cx.record(cx.err(
+                &a.path.key(key),
+                n.line,
+                format!("{key} applies to constraints only, not to affinities"),
+            ));
+            broken = true;
+        }
+    }
+    let (input, weight, at) = rule(cx, a, true, &[]);
+    if broken || at.broken {
+        return None;
+    }
+    let text = input.operator.as_deref().unwrap_or("=");
+    let operator = match Operand::parse(text) {
+        Some(op) if op.for_affinity() => op,
+        Some(_) => {
+            cx.record(at.err(
+                cx,
+                RulePart::Operator,
+                format!("{text} applies to constraints only, not to affinities"),
+            ));
+            return None;
+        }
+        None if matches!(text, "distinct_hosts" | "distinct_property") => {
+            cx.record(at.err(
+                cx,
+                RulePart::Operator,
+                format!("{text} applies to constraints only, not to affinities"),
+            ));
+            return None;
+        }
+        None => {
+            cx.record(at.err(cx, RulePart::Operator, unknown_node_operator(text, true)));
+            return None;
+        }
+    };
+    let sides = node_sides(cx, &at, &input, operator);
+    let weight = match weight {
+        None => Some(DEFAULT_AFFINITY_WEIGHT),
+        Some(0) => {
+            cx.record(at.err(
+                cx,
+                RulePart::Weight,
+                "must not be 0: from -100 (avoid) to 100 (prefer)",
+            ));
+            None
+        }
+        Some(w) => match i8::try_from(w) {
+            Ok(w) if AFFINITY_WEIGHT_RANGE.contains(&w) => Some(w),
+            _ => {
+                cx.record(at.err(cx, RulePart::Weight, format!("{w} is outside -100 to 100")));
+                None
+            }
+        },
+    };
+    match weight {
+        Some(weight) if sides => Some(NodeAffinity {
+            attribute: input.attribute,
+            operator,
+            value: input.value,
+            weight,
+        }),
+        _ => None,
+    }
+}
+
+/// One `spread` block of a job or group; `None` when it has problems (recorded).
+fn spread(cx: &Cx<'_>, mut s: Fields) -> Option<Spread> {
+    if let Err(e) = s.deny_unknown(cx, &["attribute", "weight", "target"]) {
+        cx.record(e);
+        return None;
+    }
+    let mut broken = false;
+    let attribute_path = s.path.key("attribute");
+    let attribute_line = s.line_of("attribute");
+    let attribute = match kept(cx, &mut broken, rule_text(cx, &mut s, "attribute")) {
+        Some((a, line)) if !a.is_empty() => {
+            broken |= !node_side(cx, (attribute_path, line), &a);
+            a
+        }
+        written => {
+            if !broken {
+                cx.record(cx.err(
+                    &attribute_path,
+                    written.and_then(|(_, line)| line).or(attribute_line),
+                    format!(
+                        "is required: the property whose values the allocs spread over, e.g. \
+                         \"${{node.datacenter}}\" ({NODE_REFERENCES})"
+                    ),
+                ));
+                broken = true;
+            }
+            String::new()
+        }
+    };
+    let weight_path = s.path.key("weight");
+    let weight_line = s.line_of("weight");
+    let weight = match kept(cx, &mut broken, s.number(cx, "weight", 0, 100)) {
+        None => DEFAULT_SPREAD_WEIGHT,
+        Some(0) => {
+            cx.record(cx.err(
+                &weight_path,
+                weight_line,
+                "must be from 1 to 100: berth refuses a weight of 0 (Nomad takes it), which \
+                 gives the spread no say in placement",
+            ));
+            broken = true;
+            0
+        }
+        Some(w) => small(w),
+    };
+    let mut targets = Vec::new();
+    let mut seen: BTreeMap<String, Option<usize>> = BTreeMap::new();
+    let mut total = 0;
+    let mut over = None;
+    let labelled = kept(cx, &mut broken, s.labelled(cx, "target", "value").map(Some));
+    for (value, mut t) in labelled.unwrap_or_default() {
+        if let Some(first) = seen.get(&value) {
+            let at = first
+                .map(|l| format!(" (first at line {l})"))
+                .unwrap_or_default();
+            cx.record(cx.err(
+                &t.path,
+                t.line,
+                format!("target {} given more than once{at}", Quoted(&value)),
+            ));
+            broken = true;
+            continue;
+        }
+        seen.insert(value.clone(), t.line);
+        if value.is_empty() {
+            cx.record(cx.err(
+                &t.path,
+                t.line,
+                "needs a value as its label: target \"<value>\" { percent = <0 to 100> }",
+            ));
+            broken = true;
+            continue;
+        }
+        let percent_path = t.path.key("percent");
+        let percent_line = t.line_of("percent");
+        let percent = t
+            .deny_unknown(cx, &["percent"])
+            .and_then(|()| t.number(cx, "percent", 0, 100));
+        let Some(percent) = kept(cx, &mut broken, percent.map(|p| Some(p.unwrap_or(0)))) else {
+            continue;
+        };
+        total += percent;
+        if total > 100 && over.is_none() {
+            over = Some((percent_path, percent_line));
+        }
+        targets.push(SpreadTarget {
+            value,
+            percent: small(percent),
+        });
+    }
+    if let Some((path, line)) = over {
+        cx.record(cx.err(
+            &path,
+            line,
+            format!("the spread's target percents add up to {total}: at most 100"),
+        ));
+        broken = true;
+    }
+    (!broken).then_some(Spread {
+        attribute,
+        weight,
+        targets,
+    })
 }

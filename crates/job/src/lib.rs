@@ -38,8 +38,11 @@
 //!
 //! One `job "<id>"` block per file, with:
 //!
-//! - `type` (`service`, the default, or `batch`); `datacenters` (accepted and ignored);
-//! - `group "<name>"` blocks: `count` (1 to 100, default 1); `volume "<name>"` blocks with
+//! - `type` (`service`, the default, `batch` or `system`); `priority` (1 to 100, default
+//!   [`rules::DEFAULT_PRIORITY`]); `datacenters` (names, where `*` and `?` glob, kept as
+//!   written); `region`, `namespace`, `meta`; `constraint`, `affinity` and `spread` blocks;
+//! - `group "<name>"` blocks: `count` (1 to 100, default 1); `constraint`, `affinity` and
+//!   `spread` blocks (on top of the job's); `volume "<name>"` blocks with
 //!   `type = "csi"`, `source` (berth's volume id), `access_mode`, `attachment_mode` (default
 //!   `file-system`), `read_only` and `per_alloc` (default false), `mount_options { fs_type,
 //!   mount_flags }`; `restart { attempts, interval, delay, mode }`; `task "<name>"` blocks;
@@ -56,12 +59,26 @@
 //!   written for placement to resolve per device group (HCL2 variables in them are filled).
 //!   Nomad's short forms `regexp = "…"`, `version`, `semver`, `set_contains`,
 //!   `set_contains_all` and `set_contains_any` stand for the operator and its value.
+//! - a job's and a group's placement rules, kept in [`rules::Rules`] for a fleet's scheduler:
+//!   `constraint { attribute, operator, value }` (operator default `=`; besides the device
+//!   operators, `distinct_hosts`, which takes no attribute, and `distinct_property`, whose
+//!   `value` is how many allocs one value of the attribute may hold, default 1; Nomad's
+//!   `distinct_hosts = true` and `distinct_property = "<attribute>"` forms too, and
+//!   `distinct_hosts = false` is no constraint), `affinity { attribute, operator, value, weight
+//!   }` (weight -100 to 100, not 0, default 50) and `spread { attribute, weight, target
+//!   "<value>" { percent } }` (weight 1 to 100, default 50; percents 0 to 100, default 0, at
+//!   most 100 in all). Sides are literals or text with `${attr.<key>}`, `${meta.<key>}`,
+//!   `${node.unique.id}`, `${node.unique.name}`, `${node.datacenter}`, `${node.region}` or
+//!   `${node.class}` references ([`rules::NODE_REFERENCES`]), kept as written for the
+//!   scheduler to fill on each node (HCL2 variables in them are filled); the short forms above
+//!   apply.
 //!
 //! Durations are Go's form (`"30s"`, `"1m30s"`, `"1.5h"`, `"500ms"`), as in Nomad. Restart
-//! policies start from Nomad's defaults for the job type (service: 2 attempts in 30m; batch: 3
-//! in 24h; both a 15s delay and mode `fail`); a group's `restart` block changes the fields it
-//! gives, and a task's changes the group's result the same way. They are checked as Nomad
-//! checks them: `mode = "delay"` needs attempts, and `attempts × delay` must fit in `interval`.
+//! policies start from Nomad's defaults for the job type (service and system: 2 attempts in
+//! 30m; batch: 3 in 24h; all a 15s delay and mode `fail`); a group's `restart` block changes
+//! the fields it gives, and a task's changes the group's result the same way. They are checked
+//! as Nomad checks them: `mode = "delay"` needs attempts, and `attempts × delay` must fit in
+//! `interval`.
 //!
 //! # Errors
 //!
@@ -94,17 +111,35 @@
 //! [`Template`] references where Nomad interpolates at runtime (`config.command` and `args`,
 //! `env` values, `volume_mount.destination`, `csi_plugin` dirs), for the node to fill; anywhere
 //! else they are refused. `${device.…}` references are kept as text in a device block's
-//! constraints and affinities, and refused everywhere else. An unknown reference is refused with its line; with
-//! [`ParseOptions::node`], so is an attribute or meta key the node does not have.
+//! constraints and affinities, and refused everywhere else; `${attr.…}`, `${meta.…}` and
+//! `${node.…}` references are kept as text in a job's or group's `constraint`, `affinity` and
+//! `spread`. An unknown reference is refused with its line; with [`ParseOptions::node`], so is
+//! an attribute or meta key the node does not have, except in a job's or group's rules, which
+//! are for every node of a fleet.
 //!
 //! # How it differs from Nomad
 //!
 //! - JSON is HCL's JSON form (the HCL structure, a block as an object or a list of objects,
 //!   labelled blocks as objects keyed by label; strings are templates), not Nomad's API form
 //!   (`{"Job": {…}}`), which is refused with a hint.
-//! - Job types `system` and `sysbatch` are refused; `count` is at least 1. `datacenters`,
-//!   `priority`, `region`, `namespace` and `meta` are accepted (`region` and `namespace` feed
-//!   `NOMAD_REGION` and `NOMAD_NAMESPACE`).
+//! - Job type `sysbatch` is refused. As in Nomad, a `system` job's group has a count of 1
+//!   (more is an error naming the count) and a system job takes no `affinity` or `spread`.
+//!   `count` is at least 1. `priority` and `datacenters` are kept for a fleet's scheduler (a
+//!   single node runs what it is given); `region`, `namespace` and `meta` are accepted
+//!   (`region` and `namespace` feed `NOMAD_REGION` and `NOMAD_NAMESPACE`).
+//! - A job's and a group's `constraint`, `affinity` and `spread` blocks are checked when read,
+//!   as device blocks are: an unknown operator, a literal regexp that does not compile or
+//!   version or semver constraint that does not parse, a reference that is not one of
+//!   [`rules::NODE_REFERENCES`] (`${NOMAD_ALLOC_ID}`, `${device.model}`), `is_set`/`is_not_set`
+//!   with a value or another operator without one, a missing attribute, an affinity with
+//!   `is_set`, `is_not_set`, `distinct_hosts` or `distinct_property` or a weight of 0 or outside
+//!   -100 to 100, `distinct_hosts` with an attribute or a value other than `"true"`, a
+//!   `distinct_property` limit that is not a whole number of at least 1, a spread without an
+//!   attribute or with a weight of 0 (Nomad takes 0 to 100; berth wants the spread to count),
+//!   a target percent above 100, a repeated target or percents above 100 in all are errors;
+//!   so are a short form (`regexp = "…"`, `distinct_hosts = true`, `distinct_property = "…"`)
+//!   next to the fields it stands for (Nomad lets one silently win). A task's `constraint`,
+//!   `affinity` and `spread` are unknown fields.
 //! - Volumes are CSI volumes only; `access_mode` is required, `attachment_mode` defaults to
 //!   `file-system`. As in Nomad, a reader-only access mode needs `read_only = true`;
 //!   `mount_options` only go with `file-system`. A mount of a read-only volume is read-only.
@@ -128,9 +163,9 @@
 //!   and it takes no constraint or affinity. `${device.…}` anywhere else is an error.
 //! - `csi_plugin`: `id` and `type` are required; `mount_dir` and `stage_publish_base_dir` must
 //!   be absolute and neither may lie inside the other.
-//! - Everything else of Nomad's job specification (job, group and task constraints and
-//!   affinities, networks, services, templates, artifacts, update and reschedule policies…) is
-//!   an unknown field.
+//! - Everything else of Nomad's job specification (task constraints, affinities and spreads,
+//!   networks, services, templates, artifacts, update and reschedule policies…) is an unknown
+//!   field.
 //! - [`JobSpec::parse_with`] reports every problem (up to [`MAX_REPORTED`]); a volume spec
 //!   given as a job says which command takes it.
 
@@ -138,6 +173,7 @@ mod check;
 mod duration;
 mod input;
 mod path;
+pub mod rules;
 mod spec;
 mod template;
 mod vars;

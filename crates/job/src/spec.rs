@@ -18,6 +18,7 @@ use crate::{
     check,
     duration::go_form,
     input,
+    rules::Rules,
     template::Template,
     vars::{Eval, Inputs, VarFile},
 };
@@ -137,6 +138,8 @@ pub enum JobType {
     Service,
     /// Tasks that run to completion.
     Batch,
+    /// Long-running tasks, one alloc on every eligible node (`count` is at most 1).
+    System,
 }
 
 impl JobType {
@@ -145,6 +148,7 @@ impl JobType {
         match self {
             Self::Service => "service",
             Self::Batch => "batch",
+            Self::System => "system",
         }
     }
 }
@@ -161,11 +165,12 @@ impl FromStr for JobType {
         match s {
             "service" => Ok(Self::Service),
             "batch" => Ok(Self::Batch),
-            "system" | "sysbatch" => Err(format!(
-                "{s:?}: berth runs service and batch jobs only (it places each group itself)"
+            "system" => Ok(Self::System),
+            "sysbatch" => Err(format!(
+                "{s:?}: berth runs service, batch and system jobs only"
             )),
             _ => Err(format!(
-                "unknown job type {} (expected service or batch)",
+                "unknown job type {} (expected service, batch or system)",
                 berth_input::Quoted(s)
             )),
         }
@@ -196,6 +201,21 @@ pub struct JobSpec {
     /// `namespace` (`NOMAD_NAMESPACE`); `default` when not given.
     #[serde(default)]
     pub namespace: Option<String>,
+    /// `priority`, 1 to 100; [`DEFAULT_PRIORITY`](crate::rules::DEFAULT_PRIORITY) when not
+    /// given. A fleet may stop allocs of lower priority to place a job.
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// `datacenters`: a fleet places the job only on nodes of one of them (`*` and `?` glob);
+    /// every datacenter when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datacenters: Vec<String>,
+    /// The job's `constraint`, `affinity` and `spread` blocks.
+    #[serde(default, skip_serializing_if = "Rules::is_empty")]
+    pub rules: Rules,
+}
+
+fn default_priority() -> u8 {
+    crate::rules::DEFAULT_PRIORITY
 }
 
 /// A group: `count` allocs of its tasks, placed together, sharing its volumes.
@@ -212,6 +232,9 @@ pub struct GroupSpec {
     pub restart: RestartPolicy,
     /// `task` blocks, in file order (at least one).
     pub tasks: Vec<TaskSpec>,
+    /// The group's `constraint`, `affinity` and `spread` blocks (on top of the job's).
+    #[serde(default, skip_serializing_if = "Rules::is_empty")]
+    pub rules: Rules,
 }
 
 /// A group's `volume` block: a CSI volume its allocs claim.
@@ -268,11 +291,11 @@ pub struct RestartPolicy {
 }
 
 impl RestartPolicy {
-    /// Nomad's defaults: service jobs 2 attempts in 30m, batch jobs 3 in 24h; both with a 15s
-    /// delay and mode `fail`.
+    /// Nomad's defaults: service and system jobs 2 attempts in 30m, batch jobs 3 in 24h; all
+    /// with a 15s delay and mode `fail`.
     pub fn default_for(job_type: JobType) -> Self {
         let (attempts, interval) = match job_type {
-            JobType::Service => (2, Duration::from_secs(30 * 60)),
+            JobType::Service | JobType::System => (2, Duration::from_secs(30 * 60)),
             JobType::Batch => (3, Duration::from_secs(24 * 3600)),
         };
         Self {

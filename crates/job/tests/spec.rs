@@ -14,6 +14,7 @@ const FULL_HCL: &str = r#"# Every field berth reads.
 job "full" {
   type        = "batch"
   datacenters = ["dc1", "dc2"]
+  priority    = 70
 
   group "storage" {
     count = 3
@@ -119,6 +120,7 @@ const FULL_JSON: &str = r#"{
     "full": {
       "type": "batch",
       "datacenters": ["dc1", "dc2"],
+      "priority": 70,
       "group": [
         {
           "storage": {
@@ -292,6 +294,7 @@ fn full_expected() -> JobSpec {
         }),
     };
     let second = GroupSpec {
+        rules: Default::default(),
         name: "second".into(),
         count: 1,
         volumes: BTreeMap::new(),
@@ -314,10 +317,14 @@ fn full_expected() -> JobSpec {
         }],
     };
     JobSpec {
+        priority: 70,
+        datacenters: vec!["dc1".into(), "dc2".into()],
+        rules: Default::default(),
         id: "full".into(),
         job_type: JobType::Batch,
         groups: vec![
             GroupSpec {
+                rules: Default::default(),
                 name: "storage".into(),
                 count: 3,
                 volumes: BTreeMap::from([("data".into(), data), ("raw".into(), raw)]),
@@ -422,6 +429,9 @@ job "min" {
     .unwrap();
     assert_eq!(spec.id, "min");
     assert_eq!(spec.job_type, JobType::Service);
+    assert_eq!(spec.priority, rules::DEFAULT_PRIORITY);
+    assert!(spec.datacenters.is_empty() && spec.rules.is_empty());
+    assert!(spec.groups[0].rules.is_empty());
     let g = &spec.groups[0];
     assert_eq!(g.count, 1);
     let service = RestartPolicy {
@@ -754,10 +764,17 @@ fn every_rule_names_the_field_and_the_line() {
             "unknown field; expected one of: job",
         ),
         (
-            job("", "").replace("job \"j\" {", "job \"j\" {\n  affinity = \"eu\"\n  spread = 50"),
-            "job.affinity",
-            Some("affinity"),
-            "unknown field (also unknown: \"spread\"); expected one of: type, datacenters, group",
+            job("", "").replace("job \"j\" {", "job \"j\" {\n  update = \"eu\"\n  vault = 50"),
+            "job.update",
+            Some("update"),
+            "unknown field (also unknown: \"vault\"); expected one of: type, datacenters, group, \
+             region, namespace, priority, meta, constraint, affinity, spread",
+        ),
+        (
+            job("    spread {\n      attribute = \"${node.datacenter}\"\n    }\n", "      affinity {\n      }\n"),
+            "job.group[web].task[app].affinity",
+            Some("affinity {"),
+            "unknown field; expected one of: config, env",
         ),
         (
             job("    network {\n      mode = \"bridge\"\n    }\n", ""),
@@ -1006,16 +1023,28 @@ fn every_rule_names_the_field_and_the_line() {
         ),
         // job
         (
-            job("", "").replace("job \"j\" {", "job \"j\" {\n  type = \"system\""),
+            job("", "").replace("job \"j\" {", "job \"j\" {\n  type = \"sysbatch\""),
             "job.type",
-            Some("type = \"system\""),
-            "berth runs service and batch jobs only",
+            Some("type = \"sysbatch\""),
+            "berth runs service, batch and system jobs only",
         ),
         (
             job("", "").replace("job \"j\" {", "job \"j\" {\n  type = \"cron\""),
             "job.type",
             Some("type = \"cron\""),
-            "unknown job type \"cron\" (expected service or batch)",
+            "unknown job type \"cron\" (expected service, batch or system)",
+        ),
+        (
+            job("    count = 2\n", "").replace("job \"j\" {", "job \"j\" {\n  type = \"system\""),
+            "job.group[web].count",
+            Some("count = 2"),
+            "is 2, but count cannot exceed 1 with the system scheduler",
+        ),
+        (
+            job("", "").replace("job \"j\" {", "job \"j\" {\n  priority = 0"),
+            "job.priority",
+            Some("priority = 0"),
+            "0 is less than 1",
         ),
         (
             format!("{}{}", job("", ""), job("", "").replace("job \"j\"", "job \"k\"")),
