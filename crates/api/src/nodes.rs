@@ -94,6 +94,9 @@ pub struct FleetNode {
     /// Device groups.
     #[serde(default)]
     pub devices: Vec<DeviceCount>,
+    /// What the node offers to allocs.
+    #[serde(default)]
+    pub resources: NodeResources,
     /// Set by an operator: the node takes no new work.
     #[serde(default)]
     pub drain: bool,
@@ -103,6 +106,30 @@ pub struct FleetNode {
     /// When the agent last registered (ms since the epoch).
     #[serde(default)]
     pub registered_ms: u64,
+}
+
+/// The CPU and memory a node offers (Nomad's `cpu.totalcompute` and `memory.totalbytes`, or
+/// the agent's `client { cpu_total_compute, memory_total_mb }`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeResources {
+    /// MHz over all cores.
+    pub cpu_mhz: u64,
+    /// MB.
+    pub memory_mb: u64,
+}
+
+impl NodeResources {
+    /// From a node's attributes: `cpu.totalcompute` (else 1000 MHz per `cpu.numcores`) and
+    /// `memory.totalbytes`; 0 where they are missing.
+    pub fn from_attributes(attrs: &BTreeMap<String, String>) -> Self {
+        let num = |k: &str| attrs.get(k).and_then(|v| v.trim().parse::<u64>().ok());
+        Self {
+            cpu_mhz: num("cpu.totalcompute")
+                .or_else(|| num("cpu.numcores").map(|n| n * 1000))
+                .unwrap_or(0),
+            memory_mb: num("memory.totalbytes").map_or(0, |b| b / (1024 * 1024)),
+        }
+    }
 }
 
 /// `POST /v1/nodes/{id}/drain`.
@@ -157,6 +184,7 @@ impl FleetNode {
                     total: g.instances.len(),
                 })
                 .collect(),
+            resources: NodeResources::from_attributes(&n.attributes),
             drain: false,
             status: NodeState::Ready,
             registered_ms: 0,

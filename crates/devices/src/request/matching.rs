@@ -420,3 +420,33 @@ pub fn instance_fits(req: &DeviceRequest, group: &DeviceGroup, instance_id: &str
         holds(c.operator, &other, &Side::instance(instance_id)).is_ok()
     })
 }
+
+/// Whether `op` holds between two sides already resolved to text (`None`: not set), by the
+/// same rules as a device constraint: text that reads as a number, a size or a bool compares
+/// as one. For node rules, whose `${attr.…}` sides the caller resolves per node. On failure,
+/// the reason in words (`"4" >= "8" does not hold`, `attribute x is not set`).
+pub fn text_holds(op: Operand, left: Option<&str>, right: Option<&str>) -> Result<(), String> {
+    let side = |written: &'static str, t: Option<&str>| Side {
+        written,
+        name: None,
+        value: t.map(Attribute::parse),
+        text: t.unwrap_or_default().to_string(),
+    };
+    let l = side("attribute", left);
+    let r = side("value", right);
+    holds(op, &l, &r).map_err(|extra| {
+        let mut why = match (left, op) {
+            (None, _) => "its attribute is not set".to_string(),
+            (Some(_), Operand::IsNotSet) => "its attribute is set".to_string(),
+            (Some(_), _) if op.takes_value() && right.is_none() => {
+                "its value is not set".to_string()
+            }
+            (Some(l), _) => format!("{} {op} {} does not hold", Shown(l), Shown(r.text.as_str())),
+        };
+        if let Some(extra) = extra {
+            why.push_str("; ");
+            why.push_str(&extra);
+        }
+        why
+    })
+}

@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::{cdi::QualifiedName, model::DeviceGroupId};
 
-pub use matching::{AffinityWeights, affinity_score, affinity_weights, check_group, instance_fits};
+pub use matching::{
+    AffinityWeights, affinity_score, affinity_weights, check_group, instance_fits, text_holds,
+};
 
 /// `count` when a request does not give it.
 pub const DEFAULT_COUNT: u32 = 1;
