@@ -188,6 +188,10 @@ pub struct Agent {
     devices: Arc<Devices>,
     /// This node's membership of a fleet (`None`: the embedded control plane).
     fleet: Option<Arc<berth_fleet::Membership>>,
+    /// The fleet's jobs on this node.
+    fleet_jobs: Option<Arc<crate::fleet_jobs::FleetJobs>>,
+    /// The fleet's leader election.
+    election: Option<Arc<berth_fleet::Election>>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -244,7 +248,16 @@ impl Agent {
             datacenter: opts.node.datacenter.clone(),
             region: opts.node.region.clone(),
             class: opts.node.node_class.clone(),
-            attrs: crate::node_attrs::host_attributes(&hostname),
+            attrs: {
+                let mut a = crate::node_attrs::host_attributes(&hostname);
+                if let Some(mhz) = opts.node.cpu_total_compute {
+                    a.insert("cpu.totalcompute".into(), mhz.to_string());
+                }
+                if let Some(mb) = opts.node.memory_total_mb {
+                    a.insert("memory.totalbytes".into(), (mb * 1024 * 1024).to_string());
+                }
+                a
+            },
             meta: opts.node.meta.clone(),
         };
 
@@ -273,7 +286,7 @@ impl Agent {
             opts.health,
         ));
         let tasks = TaskTracker::new();
-        let (catalog, fleet) = match &opts.etcd {
+        let (catalog, joined) = match &opts.etcd {
             None => (
                 Arc::new(berth_controlplane::backend::StoreCatalog::new(Arc::clone(
                     &store,
@@ -281,11 +294,18 @@ impl Agent {
                 None,
             ),
             Some(settings) => {
-                let (catalog, membership) =
-                    join_fleet(settings, &node_id, &tasks, &shutdown).await?;
-                (catalog, Some(membership))
+                let j = join_fleet(settings, &node_id, &tasks, &shutdown).await?;
+                (Arc::clone(&j.catalog), Some(j))
             }
         };
+        // In a fleet, recovered tasks wait until the node has synced with it.
+        let gate = tokio::sync::watch::channel(joined.is_none()).0;
+        let hooks = joined.as_ref().map(|j| crate::jobs::FleetHooks {
+            servers_contacted: gate.subscribe(),
+            upstream: Arc::new(crate::fleet_jobs::PreemptedWatcher::new(Arc::clone(
+                &j.fleet,
+            ))),
+        });
         let volumes = Arc::new(Volumes::new(
             Arc::clone(&store),
             catalog,
@@ -341,7 +361,24 @@ impl Agent {
             &data_dir,
             tasks.clone(),
             shutdown.clone(),
+            hooks,
         ));
+        let fleet_jobs = joined.as_ref().map(|j| {
+            crate::fleet_jobs::FleetJobs::new(
+                Arc::clone(&j.fleet),
+                Arc::clone(&j.membership),
+                Arc::clone(&jobs),
+                node_id.clone(),
+                gate.clone(),
+            )
+        });
+        let election = joined.as_ref().map(|j| {
+            berth_fleet::Election::new(
+                j.fleet.etcd().clone(),
+                Arc::clone(&j.membership),
+                node_id.clone(),
+            )
+        });
         let agent = Arc::new(Agent {
             node_id,
             hostname,
@@ -352,7 +389,9 @@ impl Agent {
             volumes,
             jobs,
             devices,
-            fleet,
+            fleet: joined.as_ref().map(|j| Arc::clone(&j.membership)),
+            fleet_jobs,
+            election,
         });
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
         if let Some(m) = &agent.fleet {
@@ -373,6 +412,16 @@ impl Agent {
             .start(device_plugins, &device_opts, &tasks, &shutdown);
         agent.volumes.start();
         agent.jobs.recover().await;
+        if let (Some(fj), Some(el), Some(j)) = (&agent.fleet_jobs, &agent.election, &joined) {
+            // Allocs moved away while the node was gone stop before anything else runs.
+            fj.sync().await;
+            tasks.spawn(Arc::clone(fj).run(shutdown.clone()));
+            let fleet = Arc::clone(&j.fleet);
+            tasks.spawn(Arc::clone(el).run(
+                move |fence, term| Arc::clone(&fleet).lead(fence, term),
+                shutdown.clone(),
+            ));
+        }
 
         let regdir = opts
             .registry_dir
@@ -523,20 +572,22 @@ impl Agent {
     }
 }
 
-/// Connects to the fleet's etcd (waiting for it while it does not answer) and starts the mirrors of its volumes, nodes and alive keys;
-/// returns once each has its first listing, so nothing reads an empty catalog.
+/// What joining a fleet gives the agent.
+struct Joined {
+    catalog: Arc<dyn berth_controlplane::backend::CatalogBackend>,
+    membership: Arc<berth_fleet::Membership>,
+    fleet: Arc<berth_fleet::Fleet>,
+}
+
+/// Connects to the fleet's etcd (waiting for it while it does not answer) and starts the
+/// mirrors of its volumes, nodes, alive keys, jobs, allocs and reports; returns once each has
+/// its first listing, so nothing reads an empty catalog.
 async fn join_fleet(
     settings: &berth_fleet::EtcdSettings,
     node_id: &str,
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
-) -> Result<
-    (
-        Arc<dyn berth_controlplane::backend::CatalogBackend>,
-        Arc<berth_fleet::Membership>,
-    ),
-    AgentError,
-> {
+) -> Result<Joined, AgentError> {
     // etcd may come up after the agent (started together, or restarting): wait for it, as a
     // client waits for its servers. Settings that cannot work fail at once.
     let mut wait = Duration::from_millis(200);
@@ -560,12 +611,26 @@ async fn join_fleet(
     tasks.spawn(Arc::clone(&volumes).run(etcd.clone(), shutdown.clone()));
     tasks.spawn(Arc::clone(membership.node_dir()).run(etcd.clone(), shutdown.clone()));
     tasks.spawn(Arc::clone(membership.alive_dir()).run(etcd.clone(), shutdown.clone()));
+    let fleet = berth_fleet::Fleet::new(
+        etcd.clone(),
+        Arc::clone(&membership),
+        Arc::clone(&volumes),
+        berth_fleet::LeaderSettings {
+            lost_after: settings.lost_after,
+        },
+    );
+    fleet.mirrors(tasks, shutdown);
     volumes.wait_synced(shutdown).await;
     membership.node_dir().wait_synced(shutdown).await;
     membership.alive_dir().wait_synced(shutdown).await;
+    fleet.synced(shutdown).await;
     tracing::info!(endpoints = %settings.endpoints.join(","), prefix = %settings.prefix, "joined the fleet's etcd");
     let catalog = berth_fleet::EtcdCatalog::new(etcd, volumes, Arc::clone(&membership));
-    Ok((Arc::new(catalog), membership))
+    Ok(Joined {
+        catalog: Arc::new(catalog),
+        membership,
+        fleet,
+    })
 }
 
 fn pending() -> berth_api::Health {
@@ -605,21 +670,37 @@ impl Agent {
 
 impl berth_api::JobView for Agent {
     fn jobs(&self) -> Result<berth_api::jobs::JobList, ApiError> {
-        self.jobs.list()
+        match &self.fleet_jobs {
+            Some(f) => Ok(f.list()),
+            None => self.jobs.list(),
+        }
     }
 
     fn job(&self, id: &str) -> Result<berth_api::jobs::JobStatus, ApiError> {
-        self.jobs.status(id)
+        match &self.fleet_jobs {
+            Some(f) => f.status(id),
+            None => self.jobs.status(id),
+        }
     }
 
     fn alloc(&self, id: &str) -> Result<berth_api::jobs::AllocStatus, ApiError> {
-        self.jobs.alloc(id)
+        match &self.fleet_jobs {
+            Some(f) => f.alloc(id),
+            None => self.jobs.alloc(id),
+        }
     }
 
     async fn run_job(
         &self,
         req: berth_api::jobs::JobRunRequest,
     ) -> Result<berth_api::jobs::JobStatus, ApiError> {
+        if let Some(f) = &self.fleet_jobs {
+            let f = Arc::clone(f);
+            return self
+                .volumes
+                .detached(move |_| async move { f.submit(req).await })
+                .await;
+        }
         let jobs = Arc::clone(&self.jobs);
         self.volumes
             .detached(move |_| async move { jobs.run(req).await })
@@ -627,8 +708,15 @@ impl berth_api::JobView for Agent {
     }
 
     async fn stop_job(&self, id: &str) -> Result<berth_api::jobs::JobStatus, ApiError> {
-        let jobs = Arc::clone(&self.jobs);
         let id = id.to_string();
+        if let Some(f) = &self.fleet_jobs {
+            let f = Arc::clone(f);
+            return self
+                .volumes
+                .detached(move |_| async move { f.stop(&id).await })
+                .await;
+        }
+        let jobs = Arc::clone(&self.jobs);
         self.volumes
             .detached(move |_| async move { jobs.stop(&id).await })
             .await

@@ -140,6 +140,10 @@ pub struct NodeConfig {
     pub node_class: String,
     /// `client.meta`.
     pub meta: BTreeMap<String, String>,
+    /// `client.cpu_total_compute`: the MHz the node offers, instead of what it fingerprints.
+    pub cpu_total_compute: Option<u64>,
+    /// `client.memory_total_mb`: the MB the node offers, instead of what it fingerprints.
+    pub memory_total_mb: Option<u64>,
 }
 
 impl Default for NodeConfig {
@@ -150,6 +154,8 @@ impl Default for NodeConfig {
             region: "global".into(),
             node_class: String::new(),
             meta: BTreeMap::new(),
+            cpu_total_compute: None,
+            memory_total_mb: None,
         }
     }
 }
@@ -184,6 +190,8 @@ struct RawClient {
     node_class: Option<String>,
     meta: Option<BTreeMap<String, String>>,
     chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
+    cpu_total_compute: Option<u64>,
+    memory_total_mb: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -518,6 +526,25 @@ fn node_fields(
         }
         cfg.node.meta.insert(k, v);
     }
+    for (field, v, slot) in [
+        (
+            "client.cpu_total_compute",
+            client.cpu_total_compute,
+            &mut cfg.node.cpu_total_compute,
+        ),
+        (
+            "client.memory_total_mb",
+            client.memory_total_mb,
+            &mut cfg.node.memory_total_mb,
+        ),
+    ] {
+        if let Some(v) = v {
+            if v == 0 || v > 1 << 40 {
+                return Err((field.into(), format!("{v}: must be from 1 to 2^40")));
+            }
+            *slot = Some(v);
+        }
+    }
     if let Some(env) = client.chroot_env {
         for (src, dst) in &env {
             let field = format!("client.chroot_env.{}", Shown(&src.to_string_lossy()));
@@ -678,6 +705,8 @@ region     = "eu"
 client {
   node_class = "storage"
   meta { rack = "r7" }
+  cpu_total_compute = 4000
+  memory_total_mb   = 2048
   chroot_env = {
     "/usr" = "/usr"
     "/opt/tools" = "/tools"
@@ -694,6 +723,8 @@ client {
                 region: "eu".into(),
                 node_class: "storage".into(),
                 meta: BTreeMap::from([("rack".into(), "r7".into())]),
+                cpu_total_compute: Some(4000),
+                memory_total_mb: Some(2048),
             }
         );
         let env = cfg.chroot_env.unwrap();

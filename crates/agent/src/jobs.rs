@@ -49,6 +49,65 @@ fn alloc_id(job_id: &str, group: &str, index: u32, tasks: &[&str]) -> String {
     }
 }
 
+/// The alloc store, telling whoever listens that a record changed (a fleet node reports its
+/// allocs' statuses from it).
+#[derive(Debug)]
+struct NotifyingStore {
+    inner: StateAllocStore,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+impl NotifyingStore {
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+impl AllocStore for NotifyingStore {
+    fn put(
+        &self,
+        record: &berth_allocrunner::AllocRecord,
+    ) -> Result<(), berth_allocrunner::AllocStoreError> {
+        let r = self.inner.put(record);
+        self.bump();
+        r
+    }
+    fn put_all(
+        &self,
+        records: &[berth_allocrunner::AllocRecord],
+    ) -> Result<(), berth_allocrunner::AllocStoreError> {
+        let r = self.inner.put_all(records);
+        self.bump();
+        r
+    }
+    fn get(
+        &self,
+        alloc_id: &str,
+    ) -> Result<Option<berth_allocrunner::AllocRecord>, berth_allocrunner::AllocStoreError> {
+        self.inner.get(alloc_id)
+    }
+    fn list(
+        &self,
+    ) -> Result<Vec<berth_allocrunner::AllocRecord>, berth_allocrunner::AllocStoreError> {
+        self.inner.list()
+    }
+    fn delete(&self, alloc_id: &str) -> Result<bool, berth_allocrunner::AllocStoreError> {
+        let r = self.inner.delete(alloc_id);
+        self.bump();
+        r
+    }
+}
+
+/// What a fleet gives the alloc runners: the gate recovered tasks wait at until the node has
+/// synced with the fleet, and the watcher of the allocs a new one preempts.
+#[derive(Debug, Clone)]
+pub struct FleetHooks {
+    /// Opened once the node has synced with the fleet.
+    pub servers_contacted: tokio::sync::watch::Receiver<bool>,
+    /// Waits for preempted allocs.
+    pub upstream: Arc<dyn berth_allocrunner::UpstreamWatcher>,
+}
+
 /// A placed job, as stored (`Table::JOBS`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct JobRecord {
@@ -144,6 +203,8 @@ pub struct Jobs {
     shutdown: CancellationToken,
     /// Serializes run and stop (placement reads claims it is about to add).
     placing: tokio::sync::Mutex<()>,
+    /// Bumped whenever an alloc record is written.
+    changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -168,9 +229,14 @@ impl Jobs {
         data_dir: &std::path::Path,
         tasks: TaskTracker,
         shutdown: CancellationToken,
+        fleet: Option<FleetHooks>,
     ) -> Self {
         let node_id = node.id.clone();
-        let allocs: Arc<dyn AllocStore> = Arc::new(StateAllocStore::new(Arc::clone(&store)));
+        let changed = tokio::sync::watch::channel(0).0;
+        let allocs: Arc<dyn AllocStore> = Arc::new(NotifyingStore {
+            inner: StateAllocStore::new(Arc::clone(&store)),
+            changed: changed.clone(),
+        });
         let mut deps = AllocDeps::new(
             Arc::new(drivers.clone()),
             Arc::new(AgentVolumeHost {
@@ -180,6 +246,10 @@ impl Jobs {
             data_dir.join("allocs"),
         );
         deps.devices = Arc::new(crate::devices::AgentDeviceHost::new(Arc::clone(&devices)));
+        if let Some(f) = fleet {
+            deps.servers_contacted = f.servers_contacted;
+            deps.upstream = f.upstream;
+        }
         let plugins = PluginTasks {
             registry: Arc::clone(&registry),
             events,
@@ -204,7 +274,80 @@ impl Jobs {
             tasks,
             shutdown,
             placing: tokio::sync::Mutex::new(()),
+            changed,
         }
+    }
+
+    /// Changes whenever an alloc record is written.
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// The allocs with a runner on this node: their status, and whether they are finished
+    /// (tasks dead, volumes released).
+    pub fn local_allocs(&self) -> Vec<(AllocStatus, bool)> {
+        let runners: Vec<AllocRunner> = self
+            .runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        runners
+            .iter()
+            .map(|r| (r.status(), r.record().is_finished()))
+            .collect()
+    }
+
+    /// Whether this node knows the alloc (a runner, or a record of one).
+    pub fn knows(&self, alloc_id: &str) -> bool {
+        self.runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(alloc_id)
+            || self.allocs.get(alloc_id).ok().flatten().is_some()
+    }
+
+    /// Asks the alloc's runner to stop (tasks, then volumes in CSI order); false when the
+    /// node runs no such alloc.
+    pub fn stop_alloc(&self, alloc_id: &str) -> bool {
+        let runner = self
+            .runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(alloc_id)
+            .cloned();
+        match runner {
+            Some(r) => {
+                r.stop();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Starts an alloc the fleet placed on this node: its spec rendered for this node, its
+    /// devices chosen here, then its runner. Refused (nothing started) with every reason.
+    pub async fn start_placed(
+        self: &Arc<Self>,
+        spec: &JobSpec,
+        plan: placement::AllocPlan,
+    ) -> Result<(), ApiError> {
+        let file = PathBuf::from(format!("job {}", spec.id));
+        let mut specs = self.render(spec, std::slice::from_ref(&plan), &file)?;
+        self.place_devices(&spec.id, &mut specs).await?;
+        let runners = match AllocRunner::new_all(specs, self.deps.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                self.devices.release(&plan.alloc_id);
+                return Err(ApiError::Internal(e.to_string()));
+            }
+        };
+        for runner in runners {
+            self.add_plugin_hooks(&runner);
+            self.spawn_runner(runner);
+        }
+        Ok(())
     }
 
     /// Recovers every alloc in the store that is not finished: running tasks are re-attached
@@ -344,7 +487,8 @@ impl Jobs {
             .map_err(|e| ApiError::Internal(e.to_string()))
     }
 
-    fn alloc_status(&self, alloc_id: &str) -> Option<AllocStatus> {
+    /// The alloc's status: its runner's, or its record's.
+    pub fn alloc_status(&self, alloc_id: &str) -> Option<AllocStatus> {
         let runner = self
             .runners
             .lock()
@@ -400,6 +544,9 @@ impl Jobs {
             job_type: rec.spec.job_type.as_str().to_string(),
             stopped: rec.stopped,
             allocs,
+            version: None,
+            placements: Vec::new(),
+            failures: Vec::new(),
         }
     }
 
@@ -443,11 +590,9 @@ impl Jobs {
         self.drivers.ready().await;
     }
 
-    /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs. The
-    /// spec is checked against this node (its drivers, attributes and meta), and its `${…}`
-    /// references are filled for each alloc, before anything is written: every problem is
-    /// answered at once, with its line.
-    pub async fn run(self: &Arc<Self>, req: JobRunRequest) -> Result<JobStatus, ApiError> {
+    /// Parses a job request. With `node_checks`, the spec is checked against this node (its
+    /// drivers, attributes and meta); a fleet's job is checked when placed, per node.
+    pub async fn parse(&self, req: &JobRunRequest, node_checks: bool) -> Result<JobSpec, ApiError> {
         let file = PathBuf::from(req.file.clone().unwrap_or_else(|| "request body".into()));
         // Drivers are known once fingerprinted.
         tokio::select! {
@@ -471,8 +616,8 @@ impl Jobs {
                     text: f.text.clone(),
                 })
                 .collect(),
-            drivers: Some(self.drivers.driver_names().into_iter().collect()),
-            node: Some(NodeKeys {
+            drivers: node_checks.then(|| self.drivers.driver_names().into_iter().collect()),
+            node: node_checks.then(|| NodeKeys {
                 attrs: node.attrs.keys().cloned().collect(),
                 meta: node.meta.keys().cloned().collect(),
             }),
@@ -481,8 +626,17 @@ impl Jobs {
             SpecFormat::Hcl => Syntax::Hcl,
             SpecFormat::Json => Syntax::Json,
         };
-        let spec = JobSpec::parse_with(&file, &req.spec, syntax, &opts)
-            .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+        JobSpec::parse_with(&file, &req.spec, syntax, &opts)
+            .map_err(|e| ApiError::BadRequest(e.to_string()))
+    }
+
+    /// `POST /v1/jobs`: parses, places (all or nothing) and starts the job's allocs. The
+    /// spec is checked against this node (its drivers, attributes and meta), and its `${…}`
+    /// references are filled for each alloc, before anything is written: every problem is
+    /// answered at once, with its line.
+    pub async fn run(self: &Arc<Self>, req: JobRunRequest) -> Result<JobStatus, ApiError> {
+        let file = PathBuf::from(req.file.clone().unwrap_or_else(|| "request body".into()));
+        let spec = self.parse(&req, true).await?;
         let _placing = self.placing.lock().await;
         // A job whose allocs all ended (or were never written: a crash right after the job
         // record) may run again; one with a live alloc must be stopped first.
@@ -527,6 +681,48 @@ impl Jobs {
                 )));
             }
         };
+        let mut specs = self.render(&spec, &plans, &file)?;
+        self.place_devices(&spec.id, &mut specs).await?;
+        let placed: Vec<String> = specs.iter().map(|s| s.alloc_id.clone()).collect();
+        let release = |devices: &DeviceManager| {
+            for a in &placed {
+                devices.release(a);
+            }
+        };
+        let rec = JobRecord {
+            spec,
+            stopped: false,
+            allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
+        };
+        if let Err(e) = self.save(&job_id, &rec) {
+            release(&self.devices);
+            return Err(e);
+        }
+        // The devices chosen are persisted with the allocs, before any task starts.
+        let runners = match AllocRunner::new_all(specs, self.deps.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                release(&self.devices);
+                return Err(ApiError::Internal(e.to_string()));
+            }
+        };
+        for runner in runners {
+            self.add_plugin_hooks(&runner);
+            self.spawn_runner(runner);
+        }
+        tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
+        Ok(self.status_of(&rec))
+    }
+
+    /// The alloc specs of `plans` for this node: `${…}` references filled, and checked as
+    /// the runner will (ids short enough to be paths). Every problem at once, with its line.
+    fn render(
+        &self,
+        spec: &JobSpec,
+        plans: &[placement::AllocPlan],
+        file: &std::path::Path,
+    ) -> Result<Vec<AllocSpec>, ApiError> {
+        let node = self.node_vars();
         let mut specs = Vec::new();
         let mut problems = Vec::new();
         // The rendering helpers hold non-Sync closures: dropped before the next await.
@@ -564,10 +760,10 @@ impl Jobs {
                 chroot: &chroot,
                 csi_endpoint: &csi_endpoint,
             };
-            for p in &plans {
-                let alloc = AllocSpec::from_job(&spec, &p.group, p.alloc_id.clone(), p.index)
+            for p in plans {
+                let alloc = AllocSpec::from_job(spec, &p.group, p.alloc_id.clone(), p.index)
                     .map_err(|e| ApiError::Internal(e.to_string()))?;
-                let alloc = match render_alloc(&spec, &alloc, &env) {
+                let alloc = match render_alloc(spec, &alloc, &env) {
                     Ok(a) => a,
                     Err(errors) => {
                         // Every alloc of a group renders alike but for its index: one report.
@@ -598,36 +794,7 @@ impl Jobs {
         if !problems.is_empty() {
             return Err(ApiError::BadRequest(problems.join("\n")));
         }
-        self.place_devices(&spec.id, &mut specs).await?;
-        let placed: Vec<String> = specs.iter().map(|s| s.alloc_id.clone()).collect();
-        let release = |devices: &DeviceManager| {
-            for a in &placed {
-                devices.release(a);
-            }
-        };
-        let rec = JobRecord {
-            spec,
-            stopped: false,
-            allocs: plans.iter().map(|p| p.alloc_id.clone()).collect(),
-        };
-        if let Err(e) = self.save(&job_id, &rec) {
-            release(&self.devices);
-            return Err(e);
-        }
-        // The devices chosen are persisted with the allocs, before any task starts.
-        let runners = match AllocRunner::new_all(specs, self.deps.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                release(&self.devices);
-                return Err(ApiError::Internal(e.to_string()));
-            }
-        };
-        for runner in runners {
-            self.add_plugin_hooks(&runner);
-            self.spawn_runner(runner);
-        }
-        tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
-        Ok(self.status_of(&rec))
+        Ok(specs)
     }
 
     /// Why the devices `spec` asks for could not be placed now (nothing is taken): for a job

@@ -126,6 +126,35 @@ pub struct JobStatus {
     pub stopped: bool,
     /// Its allocs, by id.
     pub allocs: Vec<AllocStatus>,
+    /// In a fleet: the job's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// In a fleet: where each alloc was placed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub placements: Vec<AllocPlacement>,
+    /// In a fleet: why groups were not (wholly) placed, per node class.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<String>,
+}
+
+/// Where the fleet placed an alloc.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocPlacement {
+    /// The alloc.
+    pub alloc_id: String,
+    /// The node it was placed on.
+    pub node_id: String,
+    /// That node's name.
+    #[serde(default)]
+    pub node_name: String,
+    /// `run` or `stop`.
+    pub desired: String,
+    /// Why it was stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    /// Allocs it waits for (it preempted them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub preempts: Vec<String>,
 }
 
 /// One line of `GET /v1/jobs`.

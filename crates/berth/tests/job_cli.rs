@@ -160,6 +160,9 @@ fn web() -> JobStatus {
         job_type: "service".into(),
         stopped: false,
         allocs: vec![web0(), web1()],
+        version: None,
+        placements: Vec::new(),
+        failures: Vec::new(),
     }
 }
 

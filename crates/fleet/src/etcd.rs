@@ -53,6 +53,14 @@ pub enum FleetError {
         #[source]
         source: etcd_client::Error,
     },
+    /// A record is larger than one etcd request may carry.
+    #[error("etcd key {key:?}: {bytes} bytes is more than one etcd request carries")]
+    TooLarge {
+        /// The key.
+        key: String,
+        /// Its size.
+        bytes: usize,
+    },
     /// A value under berth's prefix is not what berth wrote.
     #[error("etcd key {key:?} holds no valid record: {source}")]
     Decode {
@@ -294,6 +302,126 @@ impl Etcd {
             }
         }
         Ok(Outcome::Changed)
+    }
+}
+
+/// One write of a batch: put `value` (or delete, when `None`) at `key` if its `mod_revision`
+/// is still `expected` (0: absent).
+#[derive(Debug, Clone)]
+pub struct Write {
+    /// The key.
+    pub key: String,
+    /// The revision it must still have.
+    pub expected: i64,
+    /// The bytes to put; `None` deletes.
+    pub value: Option<Vec<u8>>,
+}
+
+impl Write {
+    /// A put of `value`, encoded.
+    pub fn put<T: Serialize>(key: String, expected: i64, value: &T) -> Result<Self, FleetError> {
+        let bytes = serde_json::to_vec(value).map_err(|source| FleetError::Decode {
+            key: key.clone(),
+            source,
+        })?;
+        Ok(Self {
+            key,
+            expected,
+            value: Some(bytes),
+        })
+    }
+
+    fn size(&self) -> usize {
+        self.key.len() + self.value.as_ref().map_or(0, Vec::len) + 16
+    }
+}
+
+/// Most operations one transaction carries (etcd's default `--max-txn-ops` is 128: each
+/// write is one compare and one operation, plus the fence).
+pub const MAX_TXN_WRITES: usize = 60;
+/// Most bytes one transaction carries (etcd's default request limit is 1.5 MiB).
+pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+
+impl Etcd {
+    /// Writes `writes` in as few transactions as etcd's default limits allow, each all or
+    /// nothing and fenced; stops at the first that is not done. Returns that outcome (or the
+    /// last `Done`) and how many transactions were sent.
+    pub async fn write_all(
+        &self,
+        writes: Vec<Write>,
+        fence: &Fence,
+    ) -> Result<(Outcome, usize), FleetError> {
+        let mut sent = 0;
+        let mut last = Outcome::Done(0);
+        let mut batch: Vec<Write> = Vec::new();
+        let mut bytes = 0;
+        let mut it = writes.into_iter().peekable();
+        while let Some(w) = it.next() {
+            if w.size() > MAX_TXN_BYTES {
+                return Err(FleetError::TooLarge {
+                    bytes: w.size(),
+                    key: w.key,
+                });
+            }
+            bytes += w.size();
+            batch.push(w);
+            let full = it
+                .peek()
+                .is_none_or(|n| batch.len() >= MAX_TXN_WRITES || bytes + n.size() > MAX_TXN_BYTES);
+            if !full {
+                continue;
+            }
+            last = self.txn_batch(std::mem::take(&mut batch), fence).await?;
+            bytes = 0;
+            sent += 1;
+            if !matches!(last, Outcome::Done(_)) {
+                break;
+            }
+        }
+        Ok((last, sent))
+    }
+
+    async fn txn_batch(&self, batch: Vec<Write>, fence: &Fence) -> Result<Outcome, FleetError> {
+        let first = batch.first().map(|w| w.key.clone()).unwrap_or_default();
+        let mut when = vec![Compare::lease(
+            fence.key.as_str(),
+            CompareOp::Equal,
+            fence.lease,
+        )];
+        let mut ops = Vec::with_capacity(batch.len());
+        for w in batch {
+            when.push(Compare::mod_revision(
+                w.key.as_str(),
+                CompareOp::Equal,
+                w.expected,
+            ));
+            ops.push(match w.value {
+                Some(v) => TxnOp::put(w.key, v, None),
+                None => TxnOp::delete(w.key, None),
+            });
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then(ops)
+            .or_else([TxnOp::get(fence.key.as_str(), None)]);
+        let resp = self
+            .client
+            .clone()
+            .txn(txn)
+            .await
+            .map_err(request("txn batch", &first))?;
+        if resp.succeeded() {
+            return Ok(Outcome::Done(resp.header().map_or(0, |h| h.revision())));
+        }
+        let live = resp.op_responses().into_iter().any(|r| match r {
+            TxnOpResponse::Get(g) => g.kvs().iter().any(|kv| kv.lease() == fence.lease),
+            _ => false,
+        });
+        Ok(if live {
+            Outcome::Changed
+        } else {
+            Outcome::Fenced
+        })
     }
 }
 

@@ -6,11 +6,15 @@
 pub mod cache;
 pub mod catalog;
 pub mod etcd;
+pub mod leader;
 pub mod nodes;
+pub mod scheduling;
 pub mod settings;
 
 pub use cache::WatchedDir;
 pub use catalog::EtcdCatalog;
-pub use etcd::{Etcd, Fence, FleetError, Outcome};
+pub use etcd::{Etcd, Fence, FleetError, Outcome, Write};
+pub use leader::{Election, LeaderRecord};
 pub use nodes::{Membership, Snapshot};
+pub use scheduling::{AllocReport, Fleet, LeaderSettings, PlacementReport};
 pub use settings::{EtcdSettings, TlsFiles};

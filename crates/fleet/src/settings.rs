@@ -9,6 +9,10 @@ pub const DEFAULT_PREFIX: &str = "/berth";
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// The shortest lease etcd grants that keepalives at a third of it can hold.
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(3);
+/// How long a down node's allocs wait before they are lost, by default.
+pub const DEFAULT_LOST_AFTER: Duration = Duration::from_secs(15);
+/// The longest `lost_after`.
+pub const MAX_LOST_AFTER: Duration = Duration::from_secs(24 * 3600);
 /// The longest prefix: keys stay far below etcd's request limit.
 pub const MAX_PREFIX: usize = 128;
 
@@ -34,6 +38,9 @@ pub struct EtcdSettings {
     pub tls: Option<TlsFiles>,
     /// A node's lease TTL; it is kept alive every third of it.
     pub lease_ttl: Duration,
+    /// How long the leader waits after a node's lease expired before it marks the node's
+    /// allocs lost and places them elsewhere.
+    pub lost_after: Duration,
 }
 
 impl EtcdSettings {
@@ -44,6 +51,7 @@ impl EtcdSettings {
             prefix: DEFAULT_PREFIX.into(),
             tls: None,
             lease_ttl: DEFAULT_LEASE_TTL,
+            lost_after: DEFAULT_LOST_AFTER,
         };
         s.check()?;
         Ok(s)
@@ -70,6 +78,12 @@ impl EtcdSettings {
             return Err(format!(
                 "lease_ttl: {:?} is shorter than the least, {:?}",
                 self.lease_ttl, MIN_LEASE_TTL
+            ));
+        }
+        if self.lost_after > MAX_LOST_AFTER {
+            return Err(format!(
+                "lost_after: {:?} is longer than the most, {:?}",
+                self.lost_after, MAX_LOST_AFTER
             ));
         }
         if let Some(tls) = &self.tls

@@ -292,9 +292,8 @@ fn place_one(
             failure.nodes_evaluated += 1;
         }
         let checked = feasible::check_node(&asker, slot, &fleet, cx.volume).and_then(|()| {
-            feasible::check_room(&asker, slot).map_err(|why| {
+            feasible::check_room(&asker, slot).inspect_err(|_| {
                 crowded.push(slot.node.id.clone());
-                why
             })
         });
         let fit = match checked {
@@ -374,7 +373,8 @@ fn preempt(
     crowded: &[String],
     cluster: &Cluster,
 ) -> Option<(String, Fit, Vec<Resident>)> {
-    let mut best: Option<((u64, usize), String, Fit, Vec<Resident>)> = None;
+    type Choice = ((u64, usize), String, Fit, Vec<Resident>);
+    let mut best: Option<Choice> = None;
     for node_id in crowded {
         let Some(slot) = cluster.slot(node_id) else {
             continue;

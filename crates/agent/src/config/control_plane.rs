@@ -19,6 +19,7 @@ struct RawEtcd {
     endpoints: Vec<String>,
     prefix: Option<String>,
     lease_ttl: Option<String>,
+    lost_after: Option<String>,
     tls: Option<RawTls>,
 }
 
@@ -45,9 +46,13 @@ pub(super) fn etcd_settings(
         prefix: etcd.prefix.unwrap_or_else(|| DEFAULT_PREFIX.into()),
         tls: None,
         lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
+        lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
     };
     if let Some(ttl) = etcd.lease_ttl {
         s.lease_ttl = super::duration(&ttl).map_err(|m| (format!("{FIELD}.lease_ttl"), m))?;
+    }
+    if let Some(d) = etcd.lost_after {
+        s.lost_after = super::duration(&d).map_err(|m| (format!("{FIELD}.lost_after"), m))?;
     }
     if let Some(t) = etcd.tls {
         for (name, p) in [

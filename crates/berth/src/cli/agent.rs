@@ -59,6 +59,7 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
             prefix: berth_fleet::settings::DEFAULT_PREFIX.into(),
             tls: None,
             lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
+            lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
         });
         etcd.endpoints.clone_from(&args.etcd);
         berth_agent::config::check_etcd(&etcd)

@@ -102,11 +102,12 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
                 quoted(&job.id),
                 job.allocs.len()
             )?;
+            print_failures(&job)?;
             if job.allocs.is_empty() {
                 return Ok(());
             }
             say!()?;
-            print_allocs(&job.allocs)
+            print_allocs(&job)
         }
         JobCommand::Stop { id, json } => {
             let job = client.stop_job(&id).await?;
@@ -118,7 +119,7 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
                 return Ok(());
             }
             say!()?;
-            print_allocs(&job.allocs)
+            print_allocs(&job)
         }
         JobCommand::Status { id: None, json } => {
             let jobs = client.jobs().await?;
@@ -201,31 +202,74 @@ fn print_list(list: &JobList) -> anyhow::Result<()> {
 }
 
 fn print_one(job: &JobStatus) -> anyhow::Result<()> {
-    output::fields(&[
+    let mut fields = vec![
         ("id", job.id.clone()),
         ("type", job.job_type.clone()),
         ("stopped", yes_no(job.stopped).into()),
-    ])?;
+    ];
+    if let Some(v) = job.version {
+        fields.push(("version", v.to_string()));
+    }
+    output::fields(&fields)?;
+    print_failures(job)?;
     say!()?;
     if job.allocs.is_empty() {
         say!("no allocs")?;
         return Ok(());
     }
-    print_allocs(&job.allocs)
+    print_allocs(job)
 }
 
-/// A table of allocs: ID, GROUP, INDEX, STATUS.
-fn print_allocs(allocs: &[AllocStatus]) -> anyhow::Result<()> {
-    let rows: Vec<Vec<String>> = allocs
+/// In a fleet: why groups were not placed.
+fn print_failures(job: &JobStatus) -> anyhow::Result<()> {
+    if job.failures.is_empty() {
+        return Ok(());
+    }
+    say!()?;
+    say!("Placement failures:")?;
+    for f in &job.failures {
+        say!("  {f}")?;
+    }
+    Ok(())
+}
+
+/// A table of allocs: ID, GROUP, INDEX, STATUS; in a fleet also NODE and DESIRED (with why
+/// it was stopped).
+fn print_allocs(job: &JobStatus) -> anyhow::Result<()> {
+    let fleet = !job.placements.is_empty();
+    let rows: Vec<Vec<String>> = job
+        .allocs
         .iter()
-        .map(|a| {
-            vec![
+        .map(|a: &AllocStatus| {
+            let mut row = vec![
                 a.alloc_id.clone(),
                 a.group.clone(),
                 a.index.to_string(),
                 a.client_status.to_string(),
-            ]
+            ];
+            if fleet {
+                let p = job.placements.iter().find(|p| p.alloc_id == a.alloc_id);
+                row.push(p.map_or_else(String::new, |p| {
+                    if p.node_name.is_empty() {
+                        p.node_id.clone()
+                    } else {
+                        p.node_name.clone()
+                    }
+                }));
+                row.push(p.map_or_else(String::new, |p| match &p.stop_reason {
+                    Some(why) => format!("{} ({why})", p.desired),
+                    None => p.desired.clone(),
+                }));
+            }
+            row
         })
         .collect();
-    output::table(&["ID", "GROUP", "INDEX", "STATUS"], &rows)
+    if fleet {
+        output::table(
+            &["ID", "GROUP", "INDEX", "STATUS", "NODE", "DESIRED"],
+            &rows,
+        )
+    } else {
+        output::table(&["ID", "GROUP", "INDEX", "STATUS"], &rows)
+    }
 }

@@ -1,0 +1,335 @@
+//! Jobs in a fleet on a real etcd: `job run` on any agent; the elected leader places the
+//! allocs (spread over the nodes); each agent runs those placed on it. A killed leader is
+//! replaced; a paused node's alloc is lost and placed elsewhere, and the node stops its copy
+//! when it resumes; a higher-priority job preempts a lower one and waits for it to stop.
+
+mod agent_support;
+
+use std::{collections::BTreeSet, time::Duration};
+
+use agent_support::{
+    AgentProcess, berth,
+    jobs::{run_job, wait_job_before},
+    poll_api,
+};
+use berth_api::{
+    jobs::{ClientStatus, JobStatus},
+    nodes::{NodeList, NodeState},
+};
+use berth_testkit::EtcdCluster;
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+
+/// A node named `name` in the fleet under prefix `/j`: 3 s leases, allocs lost 2 s after.
+fn config(name: &str, extra: &str) -> String {
+    format!(
+        "name = \"{name}\"\n{extra}\ncontrol_plane {{\n  etcd {{\n    prefix = \"/j\"\n    lease_ttl = \"3s\"\n    lost_after = \"2s\"\n  }}\n}}\n"
+    )
+}
+
+async fn join(cluster: &EtcdCluster, name: &str, extra: &str) -> AgentProcess {
+    AgentProcess::start_with(&config(name, extra), &["--etcd", &cluster.endpoints_csv()]).await
+}
+
+async fn ready_nodes(agent: &AgentProcess, n: usize) -> NodeList {
+    poll_api(
+        agent,
+        "ready nodes",
+        tokio::time::Instant::now() + Duration::from_secs(20),
+        |c| async move { c.nodes().await.expect("GET /v1/nodes") },
+        move |l: &NodeList| {
+            l.nodes
+                .iter()
+                .filter(|x| x.status == NodeState::Ready)
+                .count()
+                == n
+        },
+    )
+    .await
+}
+
+fn sleeper(id: &str, count: u32, priority: u8, memory: u32) -> String {
+    format!(
+        r#"job "{id}" {{
+  priority = {priority}
+  group "app" {{
+    count = {count}
+    task "sleep" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/sleep"
+        args    = ["600"]
+      }}
+      resources {{
+        cpu    = 50
+        memory = {memory}
+      }}
+    }}
+  }}
+}}"#
+    )
+}
+
+/// The allocs that should run, with their nodes.
+fn running(s: &JobStatus) -> Vec<(String, String)> {
+    s.placements
+        .iter()
+        .filter(|p| p.desired == "run")
+        .filter(|p| {
+            s.allocs
+                .iter()
+                .any(|a| a.alloc_id == p.alloc_id && a.client_status == ClientStatus::Running)
+        })
+        .map(|p| (p.alloc_id.clone(), p.node_name.clone()))
+        .collect()
+}
+
+fn pid_of(s: &JobStatus, alloc_id: &str) -> u32 {
+    let a = s.allocs.iter().find(|a| a.alloc_id == alloc_id).unwrap();
+    a.tasks["sleep"].pid.expect("a running task has a pid")
+}
+
+fn alive(pid: u32) -> bool {
+    kill(Pid::from_raw(i32::try_from(pid).unwrap()), None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+}
+
+fn leader_of<'a>(agents: &'a [&'a AgentProcess]) -> Option<usize> {
+    // The last agent to say it was elected and not since stepped down.
+    agents.iter().position(|a| {
+        let log = a.log();
+        let elected = log.rfind("elected fleet leader");
+        let resigned = log.rfind("no longer the fleet leader");
+        elected.is_some() && resigned.is_none_or(|r| Some(r) < elected)
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_spreads_over_three_agents_and_another_leader_takes_over() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let a = join(&cluster, "alpha", "").await;
+    let b = join(&cluster, "beta", "").await;
+    let c = join(&cluster, "gamma", "").await;
+    ready_nodes(&a, 3).await;
+
+    let placed = run_job(&b.client(), sleeper("web", 3, 50, 64))
+        .await
+        .expect("job run");
+    assert_eq!(placed.version, Some(1));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let web = wait_job_before(&c, "web", deadline, |s| running(s).len() == 3).await;
+    let nodes: BTreeSet<String> = running(&web).into_iter().map(|(_, n)| n).collect();
+    assert_eq!(nodes.len(), 3, "one alloc per node: {web:#?}");
+    // Every agent shows where each alloc runs.
+    let out = berth(&a, &["job", "status", "web"]).await;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for n in ["alpha", "beta", "gamma"] {
+        assert!(text.contains(n), "{text}");
+    }
+
+    // Kill -9 the leader: another agent leads within seconds, and places new work.
+    let mut agents = [a, b, c];
+    let leader = {
+        let refs: Vec<&AgentProcess> = agents.iter().collect();
+        leader_of(&refs).expect("one agent leads")
+    };
+    agents[leader].kill9();
+    let killed_at = tokio::time::Instant::now();
+    let (left, right) = agents.split_at(if leader == 0 { 1 } else { 0 });
+    let survivor = if leader == 0 { &right[0] } else { &left[0] };
+    let survivors: Vec<&AgentProcess> = agents
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leader)
+        .map(|(_, a)| a)
+        .collect();
+    let batch = r#"job "once" {
+  type = "batch"
+  group "g" {
+    count = 2
+    task "t" {
+      driver = "raw_exec"
+      config { command = "/bin/true" }
+    }
+  }
+}"#;
+    run_job(&survivor.client(), batch.into())
+        .await
+        .expect("job run");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    wait_job_before(survivor, "once", deadline, |s| {
+        s.allocs.len() == 2
+            && s.allocs
+                .iter()
+                .all(|a| a.client_status == ClientStatus::Complete)
+    })
+    .await;
+    let took = killed_at.elapsed();
+    assert!(leader_of(&survivors).is_some(), "a survivor leads");
+    assert!(took < Duration::from_secs(20), "took over after {took:?}");
+    // The dead leader's alloc of web is lost and runs again on a live node.
+    let dead_name = ["alpha", "beta", "gamma"][leader];
+    let web = wait_job_before(survivor, "web", deadline, |s| {
+        let r = running(s);
+        r.len() == 3 && r.iter().all(|(_, n)| n != dead_name)
+    })
+    .await;
+    let lost = web
+        .placements
+        .iter()
+        .filter(|p| p.stop_reason.as_deref() == Some("its node was lost"))
+        .count();
+    assert_eq!(lost, 1, "{web:#?}");
+
+    // Stop: every alloc on every live node stops.
+    let out = berth(survivor, &["job", "stop", "web"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_job_before(survivor, "web", deadline, |s| {
+        s.placements.iter().all(|p| p.desired == "stop")
+            && s.allocs
+                .iter()
+                .filter(|a| {
+                    !web.placements
+                        .iter()
+                        .any(|p| p.alloc_id == a.alloc_id && p.node_name == dead_name)
+                })
+                .all(|a| a.client_status == ClientStatus::Complete)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_node_loses_its_alloc_and_stops_its_copy_when_it_resumes() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let a = join(&cluster, "alpha", "").await;
+    let b = join(&cluster, "beta", "").await;
+    ready_nodes(&b, 2).await;
+    run_job(&a.client(), sleeper("solo", 1, 50, 64))
+        .await
+        .expect("job run");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let first = wait_job_before(&a, "solo", deadline, |s| running(s).len() == 1).await;
+    let (old_alloc, old_node) = running(&first)[0].clone();
+    let old_pid = pid_of(&first, &old_alloc);
+    let (paused, other) = if old_node == "alpha" {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+
+    let pid = Pid::from_raw(i32::try_from(paused.pid()).unwrap());
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped_at = tokio::time::Instant::now();
+    // Lease (3 s) + grace (2 s) + a pass: the alloc runs on the other node.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let moved = wait_job_before(other, "solo", deadline, |s| {
+        running(s).iter().any(|(id, _)| *id != old_alloc)
+    })
+    .await;
+    let took = stopped_at.elapsed();
+    assert!(took >= Duration::from_secs(4), "moved after {took:?}");
+    assert!(took < Duration::from_secs(20), "moved after {took:?}");
+    let (new_alloc, new_node) = running(&moved)
+        .into_iter()
+        .find(|(id, _)| *id != old_alloc)
+        .unwrap();
+    assert_ne!(new_node, old_node);
+    // The paused node's task still runs: nothing could stop it.
+    assert!(alive(old_pid));
+
+    kill(pid, Signal::SIGCONT).unwrap();
+    // Resumed: it stops the copy that was moved away.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while alive(old_pid) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the moved alloc's task still runs\n{}",
+            paused.log()
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+    let log = paused.log();
+    let stop_at = log
+        .find("stopping the alloc as the fleet asks")
+        .expect("it says why it stops the alloc");
+    assert!(log[stop_at..].contains("its node was lost"), "{log}");
+    let end = wait_job_before(other, "solo", deadline, |s| {
+        s.allocs
+            .iter()
+            .any(|a| a.alloc_id == old_alloc && a.client_status == ClientStatus::Complete)
+    })
+    .await;
+    // One copy runs, on the other node.
+    assert_eq!(running(&end), vec![(new_alloc, new_node)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_job_preempts_a_lower_one_on_a_full_node() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let a = join(&cluster, "small", "client {\n  memory_total_mb = 1000\n}").await;
+    ready_nodes(&a, 1).await;
+    run_job(&a.client(), sleeper("low", 1, 20, 800))
+        .await
+        .expect("job run");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let low = wait_job_before(&a, "low", deadline, |s| running(s).len() == 1).await;
+    let (low_alloc, _) = running(&low)[0].clone();
+    let low_pid = pid_of(&low, &low_alloc);
+
+    // Same priority band: no room, and it says why.
+    let near = run_job(&a.client(), sleeper("near", 1, 25, 800))
+        .await
+        .expect("job run");
+    assert!(
+        near.failures
+            .iter()
+            .any(|f| f.contains("resources exhausted: memory")),
+        "{near:#?}"
+    );
+    berth(&a, &["job", "stop", "near"]).await;
+
+    let high = run_job(&a.client(), sleeper("high", 1, 80, 800))
+        .await
+        .expect("job run");
+    let high_alloc = high.placements[0].alloc_id.clone();
+    assert_eq!(high.placements[0].preempts, vec![low_alloc.clone()]);
+    let high = wait_job_before(&a, "high", deadline, |s| running(s).len() == 1).await;
+    // It started only after the preempted alloc had stopped.
+    assert!(!alive(low_pid));
+    let status = a.client().alloc(&high_alloc).await.unwrap();
+    assert!(
+        status.events.iter().any(|e| e.message.contains(&low_alloc)),
+        "{status:#?}"
+    );
+    let low = a.client().job("low").await.unwrap();
+    let p = low
+        .placements
+        .iter()
+        .find(|p| p.alloc_id == low_alloc)
+        .unwrap();
+    assert_eq!(
+        p.stop_reason.as_deref(),
+        Some(format!("preempted by alloc {high_alloc}").as_str())
+    );
+    // Nowhere else to go: the preempted job says why.
+    assert!(
+        low.failures.iter().any(|f| f.contains("class <none>")),
+        "{low:#?}"
+    );
+    drop(high);
+}
