@@ -32,7 +32,7 @@ fn node(i: usize) -> FleetNode {
         id: format!("node-{i:03}"),
         name: format!("n{i}"),
         datacenter: "dc1".into(),
-        node_class: if i % 2 == 0 { "even" } else { "odd" }.into(),
+        node_class: if i.is_multiple_of(2) { "even" } else { "odd" }.into(),
         drivers: vec![DriverState {
             name: "raw_exec".into(),
             healthy: true,
