@@ -72,15 +72,17 @@ fn sleeper(id: &str, count: u32, priority: u8, memory: u32) -> String {
     )
 }
 
-/// The allocs that should run, with their nodes.
+/// The allocs that should run and whose tasks run (with a pid), with their nodes.
 fn running(s: &JobStatus) -> Vec<(String, String)> {
     s.placements
         .iter()
         .filter(|p| p.desired == "run")
         .filter(|p| {
-            s.allocs
-                .iter()
-                .any(|a| a.alloc_id == p.alloc_id && a.client_status == ClientStatus::Running)
+            s.allocs.iter().any(|a| {
+                a.alloc_id == p.alloc_id
+                    && a.client_status == ClientStatus::Running
+                    && a.tasks.values().all(|t| t.pid.is_some())
+            })
         })
         .map(|p| (p.alloc_id.clone(), p.node_name.clone()))
         .collect()
@@ -290,6 +292,19 @@ async fn a_higher_priority_job_preempts_a_lower_one_on_a_full_node() {
     let low = wait_job_before(&a, "low", deadline, |s| running(s).len() == 1).await;
     let (low_alloc, _) = running(&low)[0].clone();
     let low_pid = pid_of(&low, &low_alloc);
+
+    // A bad spec is refused with its field and line, and the fleet's jobs do not change.
+    let before = a.client().jobs().await.unwrap();
+    let bad = "job \"bad\" {\n  type = \"system\"\n  group \"g\" {\n    count = 2\n    task \"t\" {\n      driver = \"raw_exec\"\n      config { command = \"/bin/true\" }\n    }\n  }\n}\n";
+    let err = run_job(&a.client(), bad.into())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("job.hcl:4") && err.contains("job.group[g].count"),
+        "{err}"
+    );
+    assert_eq!(a.client().jobs().await.unwrap(), before);
 
     // Same priority band: no room, and it says why.
     let near = run_job(&a.client(), sleeper("near", 1, 25, 800))
