@@ -283,17 +283,29 @@ impl Jobs {
         self.changed.subscribe()
     }
 
-    /// The allocs with a runner on this node: their status, and whether they are finished
-    /// (tasks dead, volumes released).
-    pub fn local_allocs(&self) -> Vec<(AllocStatus, bool)> {
-        let runners: Vec<AllocRunner> = self
-            .runners
+    /// Every runner now (cloned: the lock is not held while they are used).
+    fn all_runners(&self) -> Vec<AllocRunner> {
+        self.runners
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
             .cloned()
-            .collect();
-        runners
+            .collect()
+    }
+
+    /// The runner of `alloc_id`, if it has one.
+    fn runner(&self, alloc_id: &str) -> Option<AllocRunner> {
+        self.runners
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(alloc_id)
+            .cloned()
+    }
+
+    /// The allocs with a runner on this node: their status, and whether they are finished
+    /// (tasks dead, volumes released).
+    pub fn local_allocs(&self) -> Vec<(AllocStatus, bool)> {
+        self.all_runners()
             .iter()
             .map(|r| (r.status(), r.record().is_finished()))
             .collect()
@@ -301,29 +313,13 @@ impl Jobs {
 
     /// Whether this node knows the alloc (a runner, or a record of one).
     pub fn knows(&self, alloc_id: &str) -> bool {
-        self.runners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(alloc_id)
-            || self.allocs.get(alloc_id).ok().flatten().is_some()
+        self.runner(alloc_id).is_some() || self.allocs.get(alloc_id).ok().flatten().is_some()
     }
 
     /// Asks the alloc's runner to stop (tasks, then volumes in CSI order); false when the
     /// node runs no such alloc.
     pub fn stop_alloc(&self, alloc_id: &str) -> bool {
-        let runner = self
-            .runners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(alloc_id)
-            .cloned();
-        match runner {
-            Some(r) => {
-                r.stop();
-                true
-            }
-            None => false,
-        }
+        self.runner(alloc_id).map(|r| r.stop()).is_some()
     }
 
     /// Starts an alloc the fleet placed on this node: its spec rendered for this node, its
@@ -489,13 +485,7 @@ impl Jobs {
 
     /// The alloc's status: its runner's, or its record's.
     pub fn alloc_status(&self, alloc_id: &str) -> Option<AllocStatus> {
-        let runner = self
-            .runners
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(alloc_id)
-            .cloned();
-        match runner {
+        match self.runner(alloc_id) {
             Some(r) => Some(r.status()),
             None => Some(AllocStatus::from_record(
                 &self.allocs.get(alloc_id).ok().flatten()?,
@@ -880,13 +870,7 @@ impl Jobs {
         }
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let runners: Vec<AllocRunner> = self
-                .runners
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .cloned()
-                .collect();
+            let runners = self.all_runners();
             if runners
                 .iter()
                 .all(|r| r.status().client_status.is_terminal())

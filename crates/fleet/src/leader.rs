@@ -95,7 +95,7 @@ impl Election {
                         let worker = work(fence, term.clone());
                         tokio::pin!(watcher, worker);
                         tokio::select! {
-                            () = &mut watcher => {}
+                            _ = &mut watcher => {}
                             () = &mut worker => {}
                         }
                         term.cancel();
@@ -111,7 +111,13 @@ impl Election {
                 }
                 Ok(false) => {
                     let stop = shutdown.child_token();
-                    self.watch_until_lost(lease, &mut lease_rx, &stop).await;
+                    if !self.watch_until_lost(lease, &mut lease_rx, &stop).await {
+                        // etcd did not answer the watch: do not campaign in a tight loop.
+                        tokio::select! {
+                            () = shutdown.cancelled() => return,
+                            () = tokio::time::sleep(RETRY) => {}
+                        }
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "fleet election");
@@ -172,25 +178,26 @@ impl Election {
     }
 
     /// Returns when the key is deleted or no longer on `lease` while this node holds it
-    /// (or someone else's key goes away), the registration changes, or `stop`.
+    /// (or someone else's key goes away), the registration changes, or `stop`: `true`; or
+    /// `false` when etcd could not be read or watched.
     async fn watch_until_lost(
         &self,
         lease: i64,
         lease_rx: &mut watch::Receiver<Option<i64>>,
         stop: &CancellationToken,
-    ) {
+    ) -> bool {
         let key = self.key();
         let mut client = self.etcd.client();
         let current = match client.get(key.as_str(), None).await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!(error = %e, "reading the fleet leader");
-                return;
+                return false;
             }
         };
         let revision = current.header().map_or(0, |h| h.revision());
         match current.kvs().first() {
-            None => return,
+            None => return true,
             Some(kv) => {
                 if let Ok(rec) = crate::etcd::decode::<LeaderRecord>(&key, kv.value()) {
                     self.leader.send_replace(Some(rec));
@@ -207,38 +214,38 @@ impl Election {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "watching the fleet leader");
-                return;
+                return false;
             }
         };
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.cancelled() => return true,
                 r = lease_rx.changed() => {
                     if r.is_err() || *lease_rx.borrow() != Some(lease) {
-                        return;
+                        return true;
                     }
                 }
                 msg = stream.message() => match msg {
                     Ok(Some(resp)) => {
                         if resp.canceled() || resp.compact_revision() > 0 {
-                            return;
+                            return false;
                         }
                         for ev in resp.events() {
                             if ev.event_type() == EventType::Delete {
                                 self.leader.send_replace(None);
-                                return;
+                                return true;
                             }
                             if let Some(kv) = ev.kv() {
                                 if let Ok(rec) = crate::etcd::decode::<LeaderRecord>(&key, kv.value()) {
                                     self.leader.send_replace(Some(rec));
                                 }
                                 if kv.lease() != lease && self.leader().is_some_and(|l| l.node_id == self.node_id) {
-                                    return;
+                                    return true;
                                 }
                             }
                         }
                     }
-                    _ => return,
+                    _ => return false,
                 },
             }
         }

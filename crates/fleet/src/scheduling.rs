@@ -319,8 +319,10 @@ impl Fleet {
                 });
             }
         }
+        let mut stopping: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for id in lost_ids {
             if let (Some(a), Some(v)) = (current.get(&id), allocs.get(&id)) {
+                stopping.insert(id.clone());
                 writes.push(Write::put(
                     self.etcd.key(&["allocs", &id]),
                     v.mod_revision,
@@ -333,10 +335,7 @@ impl Fleet {
             let (Some(a), Some(v)) = (current.get(&s.alloc_id), allocs.get(&s.alloc_id)) else {
                 continue;
             };
-            if writes
-                .iter()
-                .any(|w| w.key == self.etcd.key(&["allocs", &s.alloc_id]))
-            {
+            if !stopping.insert(s.alloc_id.clone()) {
                 continue;
             }
             let mut a = a.clone();
