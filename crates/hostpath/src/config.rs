@@ -22,7 +22,9 @@ Exit codes:
   1   error (the message says what failed)
   2   invalid flags, --log-level or RUST_LOG
   73  another berth-hostpath holds --statedir (it is locked while a copy runs: flock on
-      <statedir>/lock, which holds that copy's pid); nothing was touched
+      <statedir>/lock, which holds that copy's pid), or with --shared another copy runs with
+      the same --nodeid (flock on <statedir>/lock.<nodeid>), or copies with and without
+      --shared were mixed; nothing was touched
   75  an exit fault fired (tests only: --fault)"
     };
 }
@@ -56,6 +58,28 @@ Strict mode (--strict):
                           nothing of the volume is mounted on this node any more
     ValidateVolumeCapabilities
                           volume_context is empty
+
+Shared mode (--shared):
+  Several copies, one per node, each with its own --nodeid (required), share one --statedir as
+  nodes share a network storage backend: a volume created through any copy can be staged and
+  published through every copy. Each copy holds <statedir>/lock.<nodeid> (exit code 73 while
+  another copy has that node id) and a shared lock on <statedir>/lock, so copies with and
+  without --shared never use one state directory at once. Every read and change of state.json
+  reads the file again under <statedir>/state.lock, so each copy decides on what the others
+  wrote. Each copy records its node id in the state when it starts; then:
+    ControllerPublishVolume
+                          accepts every recorded node id (NOT_FOUND for any other)
+    ControllerUnpublishVolume
+                          from a node the volume is not published to (recorded or not) is
+                          done at once
+    CreateVolume, ControllerGetVolume, ListVolumes
+                          volumes are accessible from every recorded node
+                          (accessible_topology lists them all)
+    DeleteVolume, ControllerUnpublishVolume in strict mode
+                          see the mounts of their own node only
+  Volumes are directories (--backing=image is refused: two nodes mounting one ext4 image
+  would corrupt it). The fault control file and its used counts are per node:
+  <statedir>/nodes/<nodeid>/faults and <statedir>/nodes/<nodeid>/faults.state.json.
 
 Fault injection (for tests only):
   --fault SPEC, BERTH_HOSTPATH_FAULTS=SPEC,SPEC…, or <statedir>/faults (one SPEC per line, read
@@ -119,12 +143,12 @@ pub struct Config {
     pub endpoint: String,
 
     /// Node id reported by NodeGetInfo and accepted by ControllerPublishVolume [default: the
-    /// host name].
+    /// host name; required with --shared].
     #[arg(long)]
     pub nodeid: Option<String>,
 
-    /// Directory for state.json, volumes/ and snapshots/; one running copy per directory (see
-    /// exit code 73).
+    /// Directory for state.json, volumes/ and snapshots/; one running copy per directory, or
+    /// one per node id with --shared (see exit code 73).
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub statedir: PathBuf,
 
@@ -170,6 +194,12 @@ pub struct Config {
           num_args = 0..=1, default_missing_value = "true")]
     pub strict: bool,
 
+    /// Share --statedir with other copies, one per node, each with its own --nodeid (required)
+    /// (see the section below).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true", requires_if("true", "nodeid"))]
+    pub shared: bool,
+
     /// Log line format.
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -208,6 +238,7 @@ impl Config {
             enable_attach: true,
             backing: Backing::Dir,
             strict: false,
+            shared: false,
             log_format: LogFormat::Human,
             log_level: None,
             faults: Vec::new(),
@@ -291,6 +322,7 @@ mod tests {
         assert_eq!(c.drivername, DEFAULT_DRIVER_NAME);
         assert!(c.enable_stage && c.enable_attach);
         assert!(!c.strict);
+        assert!(!c.shared);
         assert_eq!(c.backing, Backing::Dir);
         assert_eq!(c.capacity, None);
         assert!(c.faults.is_empty());
@@ -333,6 +365,28 @@ mod tests {
                 .expect("parses")
                 .strict
         );
+    }
+
+    #[test]
+    fn shared_needs_a_node_id() {
+        assert!(!parse(&["--endpoint=/x.sock"]).expect("parses").shared);
+        let c = parse(&["--endpoint=/x.sock", "--shared", "--nodeid=n1"]).expect("parses");
+        assert!(c.shared);
+        let c = parse(&["--endpoint=/x.sock", "--nodeid", "n1", "--shared=true"]).expect("parses");
+        assert!(c.shared);
+        assert!(
+            !parse(&["--endpoint=/x.sock", "--shared=false"])
+                .expect("no node id needed when off")
+                .shared
+        );
+        for args in [
+            &["--endpoint=/x.sock", "--shared"][..],
+            &["--endpoint=/x.sock", "--shared=true"],
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), clap::error::ErrorKind::MissingRequiredArgument);
+            assert!(err.to_string().contains("--nodeid"), "{err}");
+        }
     }
 
     #[test]

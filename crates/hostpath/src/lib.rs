@@ -8,7 +8,8 @@
 //! read from the real mount table. Everything else the plugin knows is in `<statedir>/state.json`,
 //! rewritten atomically on every change, so it survives restarts. Operations on one volume or
 //! snapshot are serialized; different ones run in parallel. One copy of the plugin runs per
-//! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]).
+//! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]),
+//! unless every copy has `--shared` (below).
 //!
 //! With `--backing=image` a volume is instead a sparse file `<statedir>/volumes/<id>.img` of
 //! the volume's capacity holding an ext4 filesystem (made by `mkfs.ext4` at CreateVolume; a
@@ -29,6 +30,31 @@
 //! (the staging directory and the target's parent exist, ordering, contexts…; the list is in
 //! `--help`). Without it the plugin covers for such a CO: it creates a missing staging directory
 //! or target parent itself and removes it again.
+//!
+//! # Shared mode
+//!
+//! With `--shared`, several copies, one per node, each with its own `--nodeid` (required; it
+//! names files, so it holds no `/` or NUL and is not `.` or `..`), share one state directory as
+//! the nodes of a cluster share a network storage backend: a volume created through any copy
+//! can be staged and published through every copy, each in its own mount namespace.
+//! - Each copy holds an exclusive `flock` on `<statedir>/lock.<nodeid>` (a second copy with
+//!   that node id exits with code 73) and a shared one on `<statedir>/lock`, so copies with and
+//!   without `--shared` never run on one state directory at once (exit code 73 too). Leftovers
+//!   of interrupted operations are removed only by a copy that starts alone.
+//! - Every read and every change of `state.json` reads the file again under an `flock` on
+//!   `<statedir>/state.lock` (shared to read, exclusive from the read to the rename of the new
+//!   file), so every copy decides on what the others wrote.
+//! - Each copy records its node id in the state when it starts. ControllerPublishVolume
+//!   accepts any recorded node id (`NOT_FOUND` for others); ControllerUnpublishVolume of a
+//!   node the volume is not published to is done (`OK`), as the spec allows. Volumes are
+//!   accessible from every recorded node (`accessible_topology` lists them all). DeleteVolume
+//!   refuses a volume published to any node, but sees the mounts of its own node only, as does
+//!   the strict check of ControllerUnpublishVolume. Staging and publication records stay keyed
+//!   by path: paths of different nodes differ.
+//! - The fault switch's control file and used counts are the node's own:
+//!   `<statedir>/nodes/<nodeid>/faults` and `<statedir>/nodes/<nodeid>/faults.state.json`.
+//! - Volumes are directories: `--backing=image` is refused, as two nodes mounting one ext4
+//!   image would corrupt it.
 //!
 //! # Fault switch (tests only)
 //!
@@ -100,6 +126,7 @@ mod image;
 mod locks;
 mod node;
 mod plugin;
+mod shared;
 mod state;
 pub mod statelock;
 mod strict;
@@ -154,6 +181,14 @@ pub async fn run_with_mounter(
     validate_driver_name(&config.drivername)?;
     let node_id = match config.nodeid.clone() {
         Some(id) => id,
+        None if config.shared => {
+            return Err(RunError::InvalidFlag {
+                flag: "nodeid",
+                reason: "it is required with --shared: every copy sharing a state directory \
+                         serves a node of its own"
+                    .to_owned(),
+            });
+        }
         None => berth_sys::hostname().map_err(RunError::Hostname)?,
     };
     if node_id.is_empty() || node_id.len() > 128 {
@@ -161,6 +196,9 @@ pub async fn run_with_mounter(
             flag: "nodeid",
             reason: format!("{node_id:?} must be 1 to 128 bytes long"),
         });
+    }
+    if config.shared {
+        shared::check_node_id(&node_id)?;
     }
     if config.backing == Backing::Image && !config.enable_stage {
         return Err(RunError::InvalidFlag {
@@ -170,12 +208,33 @@ pub async fn run_with_mounter(
                 .to_owned(),
         });
     }
+    if config.backing == Backing::Image && config.shared {
+        return Err(RunError::InvalidFlag {
+            flag: "backing",
+            reason: "image cannot be shared (--shared): each node would mount the same ext4 \
+                     image through a loop device of its own, and corrupt it"
+                .to_owned(),
+        });
+    }
     let statedir = create_statedir(&config.statedir)?;
     // Before anything else in the state directory or the socket is touched.
-    let _lock = statelock::acquire(&statedir)?;
-    prepare_statedir(&statedir)?;
-    let store = Store::load(&statedir.join("state.json"))?;
-    let faults = Faults::load(config.faults.clone(), &statedir)?;
+    let mut lock = if config.shared {
+        statelock::acquire_shared(&statedir, &node_id)?
+    } else {
+        statelock::acquire(&statedir)?
+    };
+    prepare_statedir(&statedir, lock.is_exclusive())?;
+    let state_file = statedir.join("state.json");
+    let (store, faults_dir) = if config.shared {
+        let node_dir = shared::create_node_dir(&statedir, &node_id)?;
+        lock.share()?;
+        let store = Store::load_shared(&state_file, &statedir.join(state::STATE_LOCK_FILE))?;
+        shared::register_node(&store, &node_id).await?;
+        (store, node_dir)
+    } else {
+        (Store::load(&state_file)?, statedir.clone())
+    };
+    let faults = Faults::load(config.faults.clone(), &faults_dir)?;
     let call_log = match &config.call_log {
         None => None,
         Some(path) => Some(CallLog::open(path).map_err(|source| RunError::CallLog {
@@ -194,6 +253,7 @@ pub async fn run_with_mounter(
         attach: config.enable_attach,
         backing: config.backing,
         strict: config.strict,
+        shared: config.shared,
     };
     let plugin = Arc::new(
         Plugin::new(settings, store, mounter, faults, shutdown.clone())
@@ -210,6 +270,7 @@ pub async fn run_with_mounter(
         stage = plugin.settings.stage,
         attach = plugin.settings.attach,
         strict = plugin.settings.strict,
+        shared = plugin.settings.shared,
         backing = ?plugin.settings.backing,
         "serving CSI"
     );
@@ -263,9 +324,9 @@ fn create_statedir(dir: &Path) -> Result<std::path::PathBuf, RunError> {
     dir.canonicalize().map_err(err)
 }
 
-/// Creates `volumes/` and `snapshots/` in the (locked) state directory and removes leftovers
-/// of interrupted operations.
-fn prepare_statedir(dir: &Path) -> Result<(), RunError> {
+/// Creates `volumes/` and `snapshots/` in the (locked) state directory and, if this copy holds
+/// it `alone` (always without `--shared`), removes leftovers of interrupted operations.
+fn prepare_statedir(dir: &Path, alone: bool) -> Result<(), RunError> {
     let mut builder = fs::DirBuilder::new();
     builder.recursive(true).mode(0o700);
     for sub in ["volumes", "snapshots"] {
@@ -274,6 +335,9 @@ fn prepare_statedir(dir: &Path) -> Result<(), RunError> {
             path: path.clone(),
             source,
         })?;
+        if !alone {
+            continue;
+        }
         files::remove_leftovers(&path).map_err(|e| RunError::StateDir {
             path: e.path.clone(),
             source: e.source,

@@ -47,6 +47,8 @@ pub(crate) struct Settings {
     pub backing: Backing,
     /// `--strict`: refuse requests where the CO skipped a duty of its own.
     pub strict: bool,
+    /// `--shared`: the state directory is shared with copies serving other nodes.
+    pub shared: bool,
 }
 
 #[derive(Debug)]
@@ -229,7 +231,7 @@ impl Plugin {
 
     /// This node's topology segments.
     pub fn topology(&self) -> HashMap<String, String> {
-        HashMap::from([(TOPOLOGY_KEY.to_owned(), self.settings.node_id.clone())])
+        node_topology(&self.settings.node_id)
     }
 
     /// The name of volume or snapshot `id`'s directory or image file.
@@ -320,6 +322,11 @@ impl Plugin {
     }
 }
 
+/// The topology segments of node `node_id`.
+pub(crate) fn node_topology(node_id: &str) -> HashMap<String, String> {
+    HashMap::from([(TOPOLOGY_KEY.to_owned(), node_id.to_owned())])
+}
+
 /// Runs blocking filesystem work on the blocking pool; its errors become `INTERNAL`.
 pub(crate) async fn blocking<T, E>(
     work: impl FnOnce() -> Result<T, E> + Send + 'static,
@@ -375,6 +382,45 @@ pub(crate) fn strict_test_plugin(
     Arc::new(plugin)
 }
 
+/// A plugin with `--shared` over `dir/state`, as node `node_id` (recorded in the state), with
+/// staging and attach on, for unit tests. Several of them share one state directory.
+#[cfg(test)]
+pub(crate) async fn shared_test_plugin(
+    dir: &Path,
+    node_id: &str,
+    mounter: Arc<dyn Mounter>,
+) -> Arc<Plugin> {
+    let statedir = dir.join("state");
+    let node_dir = crate::shared::create_node_dir(&statedir, node_id).expect("node dir");
+    for sub in ["volumes", "snapshots"] {
+        std::fs::create_dir_all(statedir.join(sub)).expect("state dirs");
+    }
+    let settings = Settings {
+        driver_name: "test.csi.berth.dev".to_owned(),
+        node_id: node_id.to_owned(),
+        statedir: statedir.clone(),
+        capacity: None,
+        max_volume_size: None,
+        max_volumes_per_node: 0,
+        stage: true,
+        attach: true,
+        backing: Backing::Dir,
+        strict: false,
+        shared: true,
+    };
+    let store = Store::load_shared(
+        &statedir.join("state.json"),
+        &statedir.join(crate::state::STATE_LOCK_FILE),
+    )
+    .expect("store");
+    crate::shared::register_node(&store, node_id)
+        .await
+        .expect("register");
+    let faults = Faults::load(Vec::new(), &node_dir).expect("faults");
+    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    Arc::new(plugin.expect("plugin"))
+}
+
 #[cfg(test)]
 fn unshared_test_plugin(
     dir: &Path,
@@ -397,6 +443,7 @@ fn unshared_test_plugin(
         attach,
         backing: Backing::Dir,
         strict: false,
+        shared: false,
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");

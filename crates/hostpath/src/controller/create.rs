@@ -16,7 +16,7 @@ use crate::{
 
 impl Plugin {
     /// The size of a content source: 0 for none, `None` if it does not exist.
-    async fn source_size(&self, source: Option<&ContentSource>) -> Option<i64> {
+    async fn source_size(&self, source: Option<&ContentSource>) -> Result<Option<i64>, Status> {
         self.store
             .read(|s| match source {
                 None => Some(0),
@@ -24,6 +24,7 @@ impl Plugin {
                 Some(ContentSource::Volume(id)) => s.volumes.get(id).map(|v| v.capacity_bytes),
             })
             .await
+            .map_err(Status::from)
     }
 
     pub(crate) async fn create_volume(
@@ -51,7 +52,7 @@ impl Plugin {
         let id = self
             .store
             .read(|s| new_id("vol", |c| s.volumes.contains_key(c)))
-            .await;
+            .await?;
         let mut keys = vec![volume_name_key(&req.name), volume_key(&id)];
         match &source {
             Some(ContentSource::Snapshot(id)) => keys.push(snapshot_key(id)),
@@ -59,14 +60,15 @@ impl Plugin {
             None => {}
         }
         let _guard = self.locks.lock(&keys).await;
-        let existing = self
+        let (existing, topologies) = self
             .store
             .read(|s| {
                 let named = s.volumes.values().find(|v| v.name == req.name);
-                named.filter(|_| !req.name.is_empty()).cloned()
+                let named = named.filter(|_| !req.name.is_empty()).cloned();
+                (named, self.volume_topologies(s))
             })
-            .await;
-        let floor = match (self.source_size(source.as_ref()).await, &existing) {
+            .await?;
+        let floor = match (self.source_size(source.as_ref()).await?, &existing) {
             (Some(size), _) => size,
             (None, Some(v)) if v.source == source => 0,
             (None, _) => {
@@ -91,11 +93,14 @@ impl Plugin {
         }
         let range = req.capacity_range.as_ref();
         caps::choose_capacity(range, 0, self.settings.max_volume_size)?;
-        if !caps::topology_allows(req.accessibility_requirements.as_ref(), &self.topology()) {
+        let requirements = req.accessibility_requirements.as_ref();
+        if !topologies
+            .iter()
+            .any(|t| caps::topology_allows(requirements, t))
+        {
             return Err(Status::resource_exhausted(format!(
-                "no requisite topology includes this node ({}={})",
-                crate::plugin::TOPOLOGY_KEY,
-                self.settings.node_id
+                "no requisite topology includes {}",
+                self.describe_nodes(&topologies)
             )));
         }
         let parameters: BTreeMap<String, String> = req
@@ -123,7 +128,7 @@ impl Plugin {
                     v.id
                 ))),
                 None => Ok(pb::CreateVolumeResponse {
-                    volume: Some(self.volume_pb(&v)),
+                    volume: Some(self.volume_pb(&v, &topologies)),
                 }),
             };
         }
@@ -134,7 +139,7 @@ impl Plugin {
             Some(ContentSource::Volume(id)) => Some((id.as_str(), self.volume_path(id))),
         };
         let capacity = caps::choose_capacity(range, floor, self.settings.max_volume_size)?;
-        self.store.read(|s| self.check_pool(s, capacity)).await?;
+        self.store.read(|s| self.check_pool(s, capacity)).await??;
         self.make_entry(&self.volumes_dir, &id, from, capacity, VOLUME_DIR_MODE)
             .await?;
         let record = VolumeRecord {
@@ -169,7 +174,7 @@ impl Plugin {
         }
         tracing::info!(volume_id = %id, capacity, "created volume");
         Ok(pb::CreateVolumeResponse {
-            volume: Some(self.volume_pb(&record)),
+            volume: Some(self.volume_pb(&record, &topologies)),
         })
     }
 }

@@ -59,7 +59,7 @@ impl Plugin {
         }
         self.store
             .read(|s| self.check_pool(s, target - v.capacity_bytes))
-            .await?;
+            .await??;
         if self.settings.backing == Backing::Image {
             // The file first: a record never promises more than the image has. The filesystem
             // grows in NodeExpandVolume (or when next staged).

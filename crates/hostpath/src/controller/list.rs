@@ -21,11 +21,12 @@ impl Plugin {
         let (entries, next_token) = self
             .store
             .read(|s| {
+                let topologies = self.volume_topologies(s);
                 let entries = s.volumes.iter().map(|(id, v)| {
                     (
                         id,
                         list_volumes_response::Entry {
-                            volume: Some(self.volume_pb(v)),
+                            volume: Some(self.volume_pb(v, &topologies)),
                             status: Some(list_volumes_response::VolumeStatus {
                                 published_node_ids: v.published_nodes.keys().cloned().collect(),
                                 volume_condition: None,
@@ -35,7 +36,7 @@ impl Plugin {
                 });
                 page(entries, after, req.max_entries)
             })
-            .await;
+            .await?;
         Ok(pb::ListVolumesResponse {
             entries,
             next_token,
@@ -57,13 +58,14 @@ impl Plugin {
             }
         }
         if let Some(t) = &req.accessible_topology {
-            usable &= caps::topology_matches(&t.segments, &self.topology());
+            let ours = self.store.read(|s| self.volume_topologies(s)).await?;
+            usable &= ours.iter().any(|o| caps::topology_matches(&t.segments, o));
         }
         let available = if !usable {
             0
         } else if let Some(total) = self.settings.capacity {
             let total = i64::try_from(total).unwrap_or(i64::MAX);
-            (total - self.store.read(allocated).await).max(0)
+            (total - self.store.read(allocated).await?).max(0)
         } else {
             let statedir = self.settings.statedir.clone();
             let stats = blocking(move || berth_sys::fs_stats(&statedir)).await?;

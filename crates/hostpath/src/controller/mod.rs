@@ -2,6 +2,7 @@
 //! a record.
 
 use std::{
+    collections::HashMap,
     fs, io,
     path::{Path, PathBuf},
     sync::Arc,
@@ -136,15 +137,15 @@ fn allocated(state: &State) -> i64 {
 }
 
 impl Plugin {
-    fn volume_pb(&self, v: &VolumeRecord) -> pb::Volume {
+    /// Volume `v` as CSI shows it, accessible from `topologies` (see
+    /// [`volume_topologies`](Plugin::volume_topologies)).
+    fn volume_pb(&self, v: &VolumeRecord, topologies: &[HashMap<String, String>]) -> pb::Volume {
         pb::Volume {
             capacity_bytes: v.capacity_bytes,
             volume_id: v.id.clone(),
             volume_context: Default::default(),
             content_source: v.source.as_ref().map(ContentSource::to_pb),
-            accessible_topology: vec![pb::Topology {
-                segments: self.topology(),
-            }],
+            accessible_topology: Self::topologies_pb(topologies),
         }
     }
 
@@ -216,7 +217,7 @@ impl Plugin {
     async fn volume(&self, id: &str) -> Result<VolumeRecord, Status> {
         self.store
             .read(|s| s.volumes.get(id).cloned())
-            .await
+            .await?
             .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))
     }
 
@@ -240,9 +241,13 @@ impl Plugin {
         req: &pb::ControllerGetVolumeRequest,
     ) -> Result<pb::ControllerGetVolumeResponse, Status> {
         let id = caps::id(&req.volume_id, "volume_id")?;
-        let v = self.volume(id).await?;
+        let (v, topologies) = self
+            .store
+            .read(|s| (s.volumes.get(id).cloned(), self.volume_topologies(s)))
+            .await?;
+        let v = v.ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))?;
         Ok(pb::ControllerGetVolumeResponse {
-            volume: Some(self.volume_pb(&v)),
+            volume: Some(self.volume_pb(&v, &topologies)),
             status: Some(pb::controller_get_volume_response::VolumeStatus {
                 published_node_ids: v.published_nodes.keys().cloned().collect(),
                 volume_condition: Some(self.condition(id)),
@@ -386,7 +391,12 @@ mod tests {
         assert_ne!(new, old, "a new volume gets a new id");
         // A retried DeleteVolume of the old volume arrives late.
         delete(&p, &old).await;
-        assert!(p.store.read(|s| s.volumes.contains_key(&new)).await);
+        assert!(
+            p.store
+                .read(|s| s.volumes.contains_key(&new))
+                .await
+                .expect("read")
+        );
         assert!(
             p.volume_path(&new).is_dir(),
             "the new volume's directory is kept"
@@ -410,11 +420,146 @@ mod tests {
             .expect_err("the record cannot be saved");
         assert_eq!(status.code(), Code::Internal, "{}", status.message());
         assert_eq!(entries(&p.snapshots_dir), Vec::<String>::new());
-        assert!(p.store.read(|s| s.snapshots.is_empty()).await);
+        assert!(
+            p.store
+                .read(|s| s.snapshots.is_empty())
+                .await
+                .expect("read")
+        );
 
         let status = create(&p, "other").await.expect_err("not saved either");
         assert_eq!(status.code(), Code::Internal, "{}", status.message());
         assert_eq!(entries(&p.volumes_dir), [source]);
+    }
+
+    #[tokio::test]
+    async fn shared_copies_publish_to_every_recorded_node_and_to_no_other() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mounter = || Arc::new(RecordingMounter::new());
+        let a = crate::plugin::shared_test_plugin(dir.path(), "node-a", mounter()).await;
+        let b = crate::plugin::shared_test_plugin(dir.path(), "node-b", mounter()).await;
+        let id = create(&a, "shared").await.expect("create through a");
+
+        // Every copy sees the volume, accessible from both nodes.
+        let got = b
+            .controller_get_volume(&pb::ControllerGetVolumeRequest {
+                volume_id: id.clone(),
+            })
+            .await
+            .expect("get through b");
+        let mut nodes: Vec<String> = got
+            .volume
+            .expect("volume")
+            .accessible_topology
+            .iter()
+            .map(|t| t.segments[crate::TOPOLOGY_KEY].clone())
+            .collect();
+        nodes.sort();
+        assert_eq!(nodes, ["node-a", "node-b"]);
+
+        let publish = |node: &str| pb::ControllerPublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: node.into(),
+            volume_capability: Some(cap()),
+            ..Default::default()
+        };
+        let context = a
+            .controller_publish_volume(&publish("node-b"))
+            .await
+            .expect("publish to b through a");
+        assert_eq!(
+            context.publish_context[crate::PUBLISH_CONTEXT_NODE_KEY],
+            "node-b"
+        );
+        let status = a
+            .controller_publish_volume(&publish("node-c"))
+            .await
+            .expect_err("unknown node");
+        assert_eq!(status.code(), Code::NotFound, "{}", status.message());
+        assert!(
+            status.message().contains("node-c") && status.message().contains("node-a, node-b"),
+            "{}",
+            status.message()
+        );
+        // b's record is what a wrote; a refuses to delete it while published.
+        assert!(
+            b.store
+                .read(|s| s.volumes[&id].published_nodes.contains_key("node-b"))
+                .await
+                .expect("read")
+        );
+        let status = b
+            .delete_volume(&pb::DeleteVolumeRequest {
+                volume_id: id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("published");
+        assert_eq!(status.code(), Code::FailedPrecondition);
+
+        // A requisite topology of either node is satisfied; of another, not.
+        let topo = |node: &str| pb::TopologyRequirement {
+            requisite: vec![pb::Topology {
+                segments: crate::plugin::node_topology(node),
+            }],
+            preferred: Vec::new(),
+        };
+        for (node, ok) in [("node-b", true), ("node-z", false)] {
+            let result = a
+                .create_volume(&pb::CreateVolumeRequest {
+                    name: format!("on-{node}"),
+                    volume_capabilities: vec![cap()],
+                    accessibility_requirements: Some(topo(node)),
+                    ..Default::default()
+                })
+                .await;
+            assert_eq!(result.is_ok(), ok, "{node}: {result:?}");
+        }
+
+        b.controller_unpublish_volume(&pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "node-b".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("unpublish through b");
+        // An unknown node has nothing published: done.
+        a.controller_unpublish_volume(&pb::ControllerUnpublishVolumeRequest {
+            volume_id: id.clone(),
+            node_id: "node-c".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("unpublish from an unknown node");
+        delete(&a, &id).await;
+        assert!(
+            !b.store
+                .read(|s| s.volumes.contains_key(&id))
+                .await
+                .expect("read")
+        );
+    }
+
+    #[tokio::test]
+    async fn without_shared_only_the_own_node_is_known() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, true);
+        let id = create(&p, "v").await.expect("create");
+        let status = p
+            .controller_publish_volume(&pb::ControllerPublishVolumeRequest {
+                volume_id: id,
+                node_id: "node-2".into(),
+                volume_capability: Some(cap()),
+                ..Default::default()
+            })
+            .await
+            .expect_err("another node");
+        assert_eq!(status.code(), Code::NotFound);
+        assert!(
+            status.message().contains("serves node node-1"),
+            "{}",
+            status.message()
+        );
     }
 
     #[test]

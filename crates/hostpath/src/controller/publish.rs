@@ -27,12 +27,7 @@ impl Plugin {
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let v = self.volume(id).await?;
         let node = caps::required(&req.node_id, "node_id")?;
-        if node != self.settings.node_id {
-            return Err(Status::not_found(format!(
-                "node {node} does not exist; this plugin serves node {}",
-                self.settings.node_id
-            )));
-        }
+        self.require_known_node(node).await?;
         let capability = caps::required_capability(
             req.volume_capability.as_ref(),
             "volume_capability",
@@ -107,7 +102,7 @@ impl Plugin {
                     }
                 })
             })
-            .await;
+            .await?;
         if published && self.settings.strict {
             self.require_node_done(id, node)?;
         }
@@ -130,7 +125,8 @@ impl Plugin {
 
     /// Strict mode: the spec makes the CO finish NodeUnpublishVolume and NodeUnstageVolume
     /// before ControllerUnpublishVolume, so a volume still mounted on this node (the one node
-    /// this plugin serves) is refused (`FAILED_PRECONDITION`).
+    /// this plugin serves, or with `--shared` the one whose mounts it sees) is refused
+    /// (`FAILED_PRECONDITION`).
     fn require_node_done(&self, id: &str, node: &str) -> Result<(), Status> {
         if !node.is_empty() && node != self.settings.node_id {
             return Ok(());

@@ -34,7 +34,7 @@ impl Plugin {
                     named.filter(|_| !req.name.is_empty()).cloned(),
                 )
             })
-            .await;
+            .await?;
         let retry = existing
             .as_ref()
             .is_some_and(|snap| snap.source_volume_id == source);
@@ -63,7 +63,7 @@ impl Plugin {
         let id = self
             .store
             .read(|s| new_id("snap", |c| s.snapshots.contains_key(c)))
-            .await;
+            .await?;
         let from = Some((source, self.volume_path(source)));
         self.make_entry(&self.snapshots_dir, &id, from, 0, SNAPSHOT_DIR_MODE)
             .await?;
@@ -108,7 +108,7 @@ impl Plugin {
     ) -> Result<pb::DeleteSnapshotResponse, Status> {
         let id = caps::id(&req.snapshot_id, "snapshot_id")?;
         let _guard = self.locks.lock(&[snapshot_key(id)]).await;
-        if self.store.read(|s| s.snapshots.contains_key(id)).await {
+        if self.store.read(|s| s.snapshots.contains_key(id)).await? {
             self.store
                 .update(|s| {
                     s.snapshots.remove(id);
@@ -151,7 +151,7 @@ impl Plugin {
                     });
                 page(entries, after, req.max_entries)
             })
-            .await;
+            .await?;
         Ok(pb::ListSnapshotsResponse {
             entries,
             next_token,

@@ -146,7 +146,7 @@ impl Plugin {
     pub(super) async fn node_volume(&self, id: &str) -> Result<VolumeRecord, Status> {
         self.store
             .read(|s| s.volumes.get(id).cloned())
-            .await
+            .await?
             .ok_or_else(|| Status::not_found(format!("volume {id} does not exist")))
     }
 
@@ -563,7 +563,12 @@ mod tests {
             status.message()
         );
         assert!(!staging.exists());
-        assert!(p.store.read(|s| s.volumes[&id].staged.is_empty()).await);
+        assert!(
+            p.store
+                .read(|s| s.volumes[&id].staged.is_empty())
+                .await
+                .expect("read")
+        );
     }
 
     #[tokio::test]
@@ -618,6 +623,7 @@ mod tests {
             p.store
                 .read(|s| s.volumes[&id].created_targets.is_empty())
                 .await
+                .expect("read")
         );
         p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
             volume_id: id.clone(),

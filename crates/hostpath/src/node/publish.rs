@@ -259,7 +259,7 @@ impl Plugin {
         let id = caps::id(&req.volume_id, "volume_id")?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir);
-        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await else {
+        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await? else {
             return Err(self.volume_gone(id, target));
         };
         let target = target?;

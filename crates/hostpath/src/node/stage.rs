@@ -222,7 +222,7 @@ impl Plugin {
             "staging_target_path",
             &self.settings.statedir,
         );
-        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await else {
+        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await? else {
             return Err(self.volume_gone(id, staging));
         };
         let staging = staging?;
