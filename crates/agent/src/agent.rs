@@ -315,6 +315,9 @@ impl Agent {
             Arc::clone(&manager),
             Arc::clone(&events),
             Arc::clone(&metrics),
+            joined
+                .as_ref()
+                .map(|j| Arc::new(j.router.clone()) as Arc<dyn berth_controlplane::Controllers>),
             tasks.clone(),
             shutdown.clone(),
         ));
@@ -406,6 +409,14 @@ impl Agent {
             }
         }
 
+        if let Some(j) = &joined {
+            // Other nodes' controller RPCs run on this node's own controllers only.
+            tasks.spawn(j.router.clone().serve(
+                Arc::new(agent.volumes.local_controllers()),
+                tasks.clone(),
+                shutdown.clone(),
+            ));
+        }
         agent.apply_declared(&opts, &tasks, &shutdown).await?;
         agent
             .devices
@@ -417,8 +428,19 @@ impl Agent {
             fj.sync().await;
             tasks.spawn(Arc::clone(fj).run(shutdown.clone()));
             let fleet = Arc::clone(&j.fleet);
+            let sweep = crate::fleet_claims::LostClaimSweep::new(
+                Arc::clone(&agent.volumes),
+                Arc::clone(&j.membership),
+                j.lost_claims,
+            );
             tasks.spawn(Arc::clone(el).run(
-                move |fence, term| Arc::clone(&fleet).lead(fence, term),
+                move |fence, term| {
+                    let lead = Arc::clone(&fleet).lead(fence, term.clone());
+                    let sweep = Arc::clone(&sweep).run(term);
+                    async move {
+                        tokio::join!(lead, sweep);
+                    }
+                },
                 shutdown.clone(),
             ));
         }
@@ -577,6 +599,8 @@ struct Joined {
     catalog: Arc<dyn berth_controlplane::backend::CatalogBackend>,
     membership: Arc<berth_fleet::Membership>,
     fleet: Arc<berth_fleet::Fleet>,
+    router: berth_fleet::Router,
+    lost_claims: berth_fleet::settings::LostClaims,
 }
 
 /// Connects to the fleet's etcd (waiting for it while it does not answer) and starts the
@@ -625,11 +649,16 @@ async fn join_fleet(
     membership.alive_dir().wait_synced(shutdown).await;
     fleet.synced(shutdown).await;
     tracing::info!(endpoints = %settings.endpoints.join(","), prefix = %settings.prefix, "joined the fleet's etcd");
+    let router =
+        berth_fleet::Router::new(etcd.clone(), Arc::clone(&membership), node_id.to_string());
+    router.mirrors(tasks, shutdown);
     let catalog = berth_fleet::EtcdCatalog::new(etcd, volumes, Arc::clone(&membership));
     Ok(Joined {
         catalog: Arc::new(catalog),
         membership,
         fleet,
+        router,
+        lost_claims: settings.lost_claims,
     })
 }
 
@@ -652,11 +681,21 @@ impl Agent {
     fn fleet_node(&self) -> berth_api::nodes::FleetNode {
         let mut n = berth_api::nodes::FleetNode::from_status(&self.node());
         n.drivers = self.jobs.driver_states();
+        let local = self.volumes.local_controllers();
         n.csi_controllers = self
             .plugins()
             .into_iter()
             .filter(|p| p.plugin_type.is_controller() && p.health.healthy)
-            .map(|p| p.id)
+            .filter_map(|p| match local.local(&p.id) {
+                berth_controlplane::ControllerAccess::Healthy(h) => {
+                    Some(berth_api::nodes::NodeController {
+                        plugin_id: p.id,
+                        instance: h.instance,
+                        capabilities: h.capabilities,
+                    })
+                }
+                _ => None,
+            })
             .collect();
         n
     }
@@ -766,6 +805,42 @@ impl berth_api::VolumeView for Agent {
         req: berth_api::volumes::DetachRequest,
     ) -> Result<berth_api::volumes::DetachResponse, ApiError> {
         let id = id.to_string();
+        if let (Some(m), Some(asked)) = (&self.fleet, &req.node_id)
+            && *asked != self.node_id
+        {
+            // Another node's claims (by id or name): freed here only when that node is down.
+            let Some(n) = m
+                .node(asked)
+                .or_else(|| m.nodes().into_iter().find(|n| n.name == *asked))
+            else {
+                return Err(ApiError::NotFound(format!(
+                    "node_id: no node {asked:?} in the fleet"
+                )));
+            };
+            if n.id == self.node_id {
+                let req = berth_api::volumes::DetachRequest { node_id: None };
+                return self
+                    .volumes
+                    .detached(move |v| async move { v.detach(&id, req).await })
+                    .await;
+            }
+            if n.status != berth_api::nodes::NodeState::Down {
+                return Err(ApiError::BadRequest(format!(
+                    "node_id: node {asked:?} is {}; its claims are released on it (stop its allocs, or detach there)",
+                    n.status.as_str()
+                )));
+            }
+            let node = n.id;
+            return self
+                .volumes
+                .detached(move |v| async move {
+                    if v.catalog_volume(&id).is_none() {
+                        return Err(ApiError::NotFound(format!("no volume {id:?}")));
+                    }
+                    Ok(v.free_down_node(&id, &node).await)
+                })
+                .await;
+        }
         self.volumes
             .detached(move |v| async move { v.detach(&id, req).await })
             .await

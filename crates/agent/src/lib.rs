@@ -6,6 +6,7 @@ pub mod agent;
 pub mod config;
 pub mod devices;
 pub mod events;
+pub mod fleet_claims;
 pub mod fleet_jobs;
 pub mod jobs;
 pub mod manager;

@@ -88,9 +88,10 @@ pub struct FleetNode {
     /// CSI node plugins with their node ids and topology.
     #[serde(default)]
     pub csi_plugins: Vec<NodePlugin>,
-    /// CSI plugins with a healthy controller instance on this node.
+    /// CSI plugins with a healthy controller instance on this node (other nodes route their
+    /// controller RPCs here).
     #[serde(default)]
-    pub csi_controllers: Vec<String>,
+    pub csi_controllers: Vec<NodeController>,
     /// Device groups.
     #[serde(default)]
     pub devices: Vec<DeviceCount>,
@@ -145,6 +146,18 @@ impl DrainRequest {
     pub fn validate(&self) -> Result<(), crate::InvalidField> {
         Ok(())
     }
+}
+
+/// A healthy controller instance of a CSI plugin on a node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeController {
+    /// The plugin.
+    pub plugin_id: String,
+    /// The instance that serves.
+    pub instance: String,
+    /// ControllerGetCapabilities.
+    #[serde(default)]
+    pub capabilities: berth_csi::model::ControllerCapabilities,
 }
 
 /// `GET /v1/nodes`.

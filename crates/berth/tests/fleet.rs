@@ -230,6 +230,16 @@ fn bad_etcd_settings_are_refused_before_anything_starts() {
         "control_plane.etcd.lease_ttl",
     );
     refused(
+        "control_plane {\n  etcd {\n    endpoints = [\"http://127.0.0.1:2379\"]\n    lost_claims {\n      after = \"soon\"\n    }\n  }\n}\n",
+        &[],
+        "control_plane.etcd.lost_claims.after",
+    );
+    refused(
+        "control_plane {\n  etcd {\n    endpoints = [\"http://127.0.0.1:2379\"]\n    lost_claims {\n      after = \"30d\"\n    }\n  }\n}\n",
+        &[],
+        "control_plane.etcd.lost_claims.after",
+    );
+    refused(
         "control_plane {\n  etcd {\n    endpoints = [\"http://127.0.0.1:2379\"]\n    tls {\n      ca_file = \"ca.pem\"\n    }\n  }\n}\n",
         &[],
         "control_plane.etcd.tls.ca_file",

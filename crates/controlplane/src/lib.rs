@@ -9,6 +9,7 @@ pub mod catalog;
 pub mod claims;
 pub mod placement;
 mod plane;
+pub mod rpc;
 
 pub use catalog::{
     ClaimRecord, ClaimState, Origin, Publication, PublicationState, StoredCapability,
@@ -19,3 +20,4 @@ pub use plane::{
     ControlPlane, ControlPlaneError, ControllerAccess, ControllerHandle, Controllers, Grant, Hook,
     NodeClaim, Plane,
 };
+pub use rpc::ControllerRpc;

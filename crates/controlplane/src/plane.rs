@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, future::Future, sync::Arc};
 
 use berth_csi::{
-    CapacityRange, ControllerPublish, CsiClient, CsiError, Validation,
+    CapacityRange, ControllerPublish, CsiError, Validation,
     model::{ControllerCapabilities, ControllerCapability, Secrets, Snapshot},
 };
 use berth_state::{KeyedLocks, StateError, Store};
@@ -16,6 +16,7 @@ use crate::{
     backend::{CatalogBackend, StoreCatalog, Version, Written},
     catalog::{ClaimRecord, ClaimState, Origin, Publication, PublicationState, VolumeRecord},
     claims::{Claim, ClaimError},
+    rpc::ControllerRpc,
 };
 
 /// How many times in a row a change is decided again because another writer changed the
@@ -27,8 +28,8 @@ const MAX_RACES: usize = 32;
 pub struct ControllerHandle {
     /// The plugin instance that answers (its registry instance name).
     pub instance: String,
-    /// A client for its socket.
-    pub client: CsiClient,
+    /// Its controller service: a client for its socket, or another node of the fleet.
+    pub client: Arc<dyn ControllerRpc>,
     /// ControllerGetCapabilities.
     pub capabilities: ControllerCapabilities,
 }
@@ -686,6 +687,102 @@ impl<C: Controllers> Plane<C> {
         }
     }
 
+    /// ControllerUnpublishVolume of the volume for `node_id` when it is published there
+    /// (marked `unpublishing` first; `NOT_FOUND` is done). Returns whether it ran. The caller
+    /// holds the volume's lock and has made sure the node holds no mount of it any more.
+    async fn unpublish_node(
+        &self,
+        rec: &VolumeRecord,
+        node_id: &str,
+        alloc_id: Option<&str>,
+    ) -> Result<bool, ControlPlaneError> {
+        let volume_id = rec.id.as_str();
+        let Some(p) = rec.publications.get(node_id).cloned() else {
+            return Ok(false);
+        };
+        let handle = match self.controllers.controller(&rec.plugin_id) {
+            ControllerAccess::Healthy(h) => h,
+            ControllerAccess::Unhealthy(reason) => {
+                return Err(ControlPlaneError::Unavailable {
+                    plugin_id: rec.plugin_id.clone(),
+                    reason: format!(
+                        "no healthy controller for ControllerUnpublishVolume: {reason}"
+                    ),
+                });
+            }
+            ControllerAccess::UnknownPlugin | ControllerAccess::NodeOnly => {
+                return Err(ControlPlaneError::Unavailable {
+                    plugin_id: rec.plugin_id.clone(),
+                    reason: "its controller is gone; ControllerUnpublishVolume waits for it".into(),
+                });
+            }
+        };
+        let ((), rec) = self
+            .modify(volume_id, |r| {
+                if let Some(p) = r.publications.get_mut(node_id) {
+                    p.state = PublicationState::Unpublishing;
+                }
+                Ok(())
+            })
+            .await?;
+        self.step("ControllerUnpublishVolume:before");
+        match handle
+            .client
+            .controller_unpublish(&rec.external_id, &p.csi_node_id, &rec.secrets.to_secrets())
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if e.is_already_done() => {}
+            Err(e) => {
+                return Err(csi_failed(&rec.plugin_id, Some(volume_id), alloc_id, e));
+            }
+        }
+        self.step("ControllerUnpublishVolume:after");
+        tracing::info!(volume_id, node_id, "controller unpublished");
+        Ok(true)
+    }
+
+    /// Frees every claim that node `node_id` holds on the volume, for a node that is down and
+    /// cannot run its own steps (as Nomad does since 1.3.2): the claims are marked releasing,
+    /// ControllerUnpublishVolume runs for the node when the volume is published there, then
+    /// the claims go. Returns the allocs freed. The caller must know the node is down: a node
+    /// that is only cut off may still hold the mount. On error the claims stay releasing.
+    pub async fn free_node(
+        &self,
+        volume_id: &str,
+        node_id: &str,
+    ) -> Result<Vec<String>, ControlPlaneError> {
+        let _guard = self.locks.lock(volume_id).await;
+        let (allocs, rec) = self
+            .modify(volume_id, |r| {
+                let mut allocs = Vec::new();
+                for c in r.claims.values_mut().filter(|c| c.claim.node_id == node_id) {
+                    c.state = ClaimState::Releasing;
+                    allocs.push(c.claim.alloc_id.clone());
+                }
+                Ok(allocs)
+            })
+            .await?;
+        if allocs.is_empty() && !rec.publications.contains_key(node_id) {
+            return Ok(allocs);
+        }
+        let unpublished = self.unpublish_node(&rec, node_id, None).await?;
+        self.modify(volume_id, |r| {
+            if unpublished {
+                r.publications.remove(node_id);
+            }
+            for a in &allocs {
+                if r.claims.get(a).is_some_and(|c| c.claim.node_id == node_id) {
+                    r.claims.remove(a);
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        tracing::info!(volume_id, node_id, allocs = ?allocs, "claims of a down node freed");
+        Ok(allocs)
+    }
+
     fn controller_err(
         &self,
         rec: &VolumeRecord,
@@ -910,48 +1007,8 @@ impl<C: Controllers> ControlPlane for Plane<C> {
             .claims
             .values()
             .any(|o| o.claim.alloc_id != alloc_id && o.claim.node_id == node_id);
-        let mut unpublished = false;
-        if last_on_node && let Some(p) = rec.publications.get(&node_id).cloned() {
-            let handle = match self.controllers.controller(&rec.plugin_id) {
-                ControllerAccess::Healthy(h) => h,
-                ControllerAccess::Unhealthy(reason) => {
-                    return Err(ControlPlaneError::Unavailable {
-                        plugin_id: rec.plugin_id.clone(),
-                        reason: format!(
-                            "no healthy controller for ControllerUnpublishVolume: {reason}"
-                        ),
-                    });
-                }
-                ControllerAccess::UnknownPlugin | ControllerAccess::NodeOnly => {
-                    return Err(ControlPlaneError::Unavailable {
-                        plugin_id: rec.plugin_id.clone(),
-                        reason: "its controller is gone; ControllerUnpublishVolume waits for it"
-                            .into(),
-                    });
-                }
-            };
-            let ((), rec) = self
-                .modify(volume_id, |r| {
-                    if let Some(p) = r.publications.get_mut(&node_id) {
-                        p.state = PublicationState::Unpublishing;
-                    }
-                    Ok(())
-                })
-                .await?;
-            self.step("ControllerUnpublishVolume:before");
-            match handle
-                .client
-                .controller_unpublish(&rec.external_id, &p.csi_node_id, &rec.secrets.to_secrets())
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if e.is_already_done() => {}
-                Err(e) => return Err(self.controller_err(&rec, alloc_id, e)),
-            }
-            self.step("ControllerUnpublishVolume:after");
-            unpublished = true;
-            tracing::info!(volume_id, node_id, "controller unpublished");
-        }
+        let unpublished =
+            last_on_node && self.unpublish_node(&rec, &node_id, Some(alloc_id)).await?;
         self.modify(volume_id, |r| {
             if unpublished {
                 r.publications.remove(&node_id);

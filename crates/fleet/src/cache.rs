@@ -88,6 +88,23 @@ impl<T: DeserializeOwned + Clone + Send + Sync + 'static> WatchedDir<T> {
             .collect()
     }
 
+    /// Every value with its revision as last seen, by name.
+    pub fn all_versioned(&self) -> Vec<(String, Versioned<T>)> {
+        self.lock()
+            .entries
+            .iter()
+            .filter_map(|(k, e)| {
+                Some((
+                    k.clone(),
+                    Versioned {
+                        value: e.value.clone()?,
+                        mod_revision: e.mod_revision,
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// Whether the first listing is in.
     pub fn synced(&self) -> bool {
         self.lock().synced

@@ -41,6 +41,28 @@ pub struct EtcdSettings {
     /// How long the leader waits after a node's lease expired before it marks the node's
     /// allocs lost and places them elsewhere.
     pub lost_after: Duration,
+    /// What becomes of the claims of a node that is down.
+    pub lost_claims: LostClaims,
+}
+
+/// What becomes of the volume claims of a node that is down (`lost_claims { after = … }`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LostClaims {
+    /// Once the node has been down this long, the leader runs ControllerUnpublishVolume for it
+    /// (the node's own steps are skipped: it cannot run them) and frees its claims.
+    After(Duration),
+    /// Only an operator frees them (`berth volume detach --node`), as kubelet's caution wants:
+    /// a node that is only cut off may still write to the volume.
+    Manual,
+}
+
+/// How long a down node's claims are kept by default.
+pub const DEFAULT_LOST_CLAIMS_AFTER: Duration = Duration::from_secs(30);
+
+impl Default for LostClaims {
+    fn default() -> Self {
+        Self::After(DEFAULT_LOST_CLAIMS_AFTER)
+    }
 }
 
 impl EtcdSettings {
@@ -52,6 +74,7 @@ impl EtcdSettings {
             tls: None,
             lease_ttl: DEFAULT_LEASE_TTL,
             lost_after: DEFAULT_LOST_AFTER,
+            lost_claims: LostClaims::default(),
         };
         s.check()?;
         Ok(s)
@@ -84,6 +107,13 @@ impl EtcdSettings {
             return Err(format!(
                 "lost_after: {:?} is longer than the most, {:?}",
                 self.lost_after, MAX_LOST_AFTER
+            ));
+        }
+        if let LostClaims::After(d) = self.lost_claims
+            && d > MAX_LOST_AFTER
+        {
+            return Err(format!(
+                "lost_claims.after: {d:?} is longer than the most, {MAX_LOST_AFTER:?}"
             ));
         }
         if let Some(tls) = &self.tls

@@ -5,7 +5,10 @@
 use std::collections::BTreeMap;
 
 use berth_api::nodes::FleetNode;
-use berth_controlplane::catalog::VolumeRecord;
+use berth_controlplane::{
+    catalog::VolumeRecord,
+    claims::{Claim, ClaimMode},
+};
 use berth_devices::{
     model::DeviceGroupId,
     request::{DeviceName, DeviceTarget, text_holds},
@@ -127,7 +130,7 @@ pub fn check_node(
         .flat_map(|g| &g.tasks)
         .filter_map(|t| t.csi_plugin.as_ref().map(|p| p.id.as_str()))
         .collect();
-    for volume_id in a.volumes.values() {
+    for (block, volume_id) in a.volumes {
         let Some(v) = volume(volume_id) else {
             return Err(format!("volume {volume_id:?} is not registered"));
         };
@@ -150,6 +153,26 @@ pub fn check_node(
             return Err(format!(
                 "volume {volume_id:?} is not accessible from the node's topology"
             ));
+        }
+        // The claim the alloc would make must be grantable now (a single-writer volume still
+        // held by another alloc, a lost one whose claim is not freed yet, waits).
+        if let Some(req) = a.group.volumes.get(block)
+            && let Ok(mut set) = v.claim_set()
+        {
+            let claim = Claim {
+                alloc_id: "placing".into(),
+                node_id: node.id.clone(),
+                mode: if req.read_only {
+                    ClaimMode::Read
+                } else {
+                    ClaimMode::Write
+                },
+                access_mode: req.access_mode,
+                attachment_mode: req.attachment_mode,
+            };
+            if let Err(e) = set.claim(&v.capability_pairs(), claim) {
+                return Err(format!("volume {volume_id:?}: {e}"));
+            }
         }
     }
     Ok(())

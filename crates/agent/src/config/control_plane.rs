@@ -3,7 +3,10 @@
 
 use std::path::PathBuf;
 
-use berth_fleet::{EtcdSettings, TlsFiles, settings::DEFAULT_PREFIX};
+use berth_fleet::{
+    EtcdSettings, TlsFiles,
+    settings::{DEFAULT_PREFIX, LostClaims},
+};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -20,7 +23,14 @@ struct RawEtcd {
     prefix: Option<String>,
     lease_ttl: Option<String>,
     lost_after: Option<String>,
+    lost_claims: Option<RawLostClaims>,
     tls: Option<RawTls>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLostClaims {
+    after: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -47,12 +57,25 @@ pub(super) fn etcd_settings(
         tls: None,
         lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
         lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
+        lost_claims: LostClaims::default(),
     };
     if let Some(ttl) = etcd.lease_ttl {
         s.lease_ttl = super::duration(&ttl).map_err(|m| (format!("{FIELD}.lease_ttl"), m))?;
     }
     if let Some(d) = etcd.lost_after {
         s.lost_after = super::duration(&d).map_err(|m| (format!("{FIELD}.lost_after"), m))?;
+    }
+    if let Some(after) = etcd.lost_claims.and_then(|l| l.after) {
+        s.lost_claims = if after == "manual" {
+            LostClaims::Manual
+        } else {
+            LostClaims::After(super::duration(&after).map_err(|m| {
+                (
+                    format!("{FIELD}.lost_claims.after"),
+                    format!("{m}, or \"manual\""),
+                )
+            })?)
+        };
     }
     if let Some(t) = etcd.tls {
         for (name, p) in [

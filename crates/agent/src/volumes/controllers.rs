@@ -3,11 +3,20 @@
 use super::*;
 
 /// The controller side of plugins, from the registry and the health loops.
-#[derive(Debug)]
 pub struct AgentControllers {
     pub(super) registry: Arc<Registry>,
     pub(super) manager: Arc<Manager>,
     pub(super) clients: Arc<ClientCache>,
+    /// Controllers on other nodes of a fleet, asked when this node has no healthy one.
+    pub(super) remote: Option<Arc<dyn Controllers>>,
+}
+
+impl std::fmt::Debug for AgentControllers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentControllers")
+            .field("remote", &self.remote.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One CSI client per socket, shared by every volume operation (so connections are reused).
@@ -35,7 +44,30 @@ impl ClientCache {
 }
 
 impl Controllers for AgentControllers {
+    /// This node's healthy controller; else another node's (in a fleet); else why there is none
+    /// (an unhealthy one anywhere wins over "node only", which wins over "unknown").
     fn controller(&self, plugin_id: &str) -> ControllerAccess {
+        let local = self.local(plugin_id);
+        let Some(remote) = &self.remote else {
+            return local;
+        };
+        if matches!(local, ControllerAccess::Healthy(_)) {
+            return local;
+        }
+        match (local, remote.controller(plugin_id)) {
+            (_, h @ ControllerAccess::Healthy(_)) => h,
+            (u @ ControllerAccess::Unhealthy(_), _) => u,
+            (ControllerAccess::NodeOnly, _) | (_, ControllerAccess::NodeOnly) => {
+                ControllerAccess::NodeOnly
+            }
+            _ => ControllerAccess::UnknownPlugin,
+        }
+    }
+}
+
+impl AgentControllers {
+    /// The controller side of `plugin_id` on this node only.
+    pub fn local(&self, plugin_id: &str) -> ControllerAccess {
         let records = self.registry.instances(plugin_id);
         if records.is_empty() {
             return ControllerAccess::UnknownPlugin;
@@ -51,7 +83,7 @@ impl Controllers for AgentControllers {
                     ) {
                         return ControllerAccess::Healthy(ControllerHandle {
                             instance: r.instance.clone(),
-                            client,
+                            client: Arc::new(client),
                             capabilities: caps,
                         });
                     }

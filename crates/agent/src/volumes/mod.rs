@@ -21,6 +21,7 @@ mod claim;
 mod controllers;
 mod crash;
 mod errors;
+mod lost;
 mod recovery;
 mod release;
 mod snapshots;
@@ -136,6 +137,7 @@ impl Volumes {
         manager: Arc<Manager>,
         events: Arc<EventBus>,
         metrics: Arc<Metrics>,
+        remote: Option<Arc<dyn Controllers>>,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> Self {
@@ -151,6 +153,7 @@ impl Volumes {
                 registry: Arc::clone(&registry),
                 manager: Arc::clone(&manager),
                 clients: Arc::clone(&clients),
+                remote,
             },
         );
         if let Some(h) = &hook {
@@ -172,6 +175,16 @@ impl Volumes {
             hook,
             tasks,
             shutdown,
+        }
+    }
+
+    /// This node's own controllers (never another node's): what it serves to the fleet.
+    pub fn local_controllers(&self) -> AgentControllers {
+        AgentControllers {
+            registry: Arc::clone(&self.registry),
+            manager: Arc::clone(&self.manager),
+            clients: Arc::clone(&self.clients),
+            remote: None,
         }
     }
 

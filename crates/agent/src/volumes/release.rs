@@ -82,11 +82,17 @@ impl Volumes {
         match self.cp.begin_release(volume_id, alloc_id).await {
             Ok(Some(_)) => {}
             Ok(None) => {
-                if let Some(plugin) = plugin
-                    && let Err(e) = plugin.manager.unmount(volume_id, alloc_id).await
-                {
-                    resp.error = Some(self.scrubbed(volume_id, &StepError::Node(e)));
-                    return resp;
+                // No claim (freed while this node was away, say): the node's side still goes,
+                // the usage unstaged when no other alloc here uses it.
+                if let Some(plugin) = plugin {
+                    let done = match plugin.manager.unmount(volume_id, alloc_id).await {
+                        Ok(()) => plugin.manager.release_unused(volume_id).await.map(drop),
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = done {
+                        resp.error = Some(self.scrubbed(volume_id, &StepError::Node(e)));
+                        return resp;
+                    }
                 }
                 resp.released = true;
                 return resp;

@@ -60,6 +60,7 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
             tls: None,
             lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
             lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
+            lost_claims: berth_fleet::settings::LostClaims::default(),
         });
         etcd.endpoints.clone_from(&args.etcd);
         berth_agent::config::check_etcd(&etcd)

@@ -156,7 +156,16 @@ fn print_fleet_node(n: &FleetNode) -> anyhow::Result<()> {
         ("datacenter", or_dash(&n.datacenter)),
         ("class", or_dash(&n.node_class)),
         ("computed class", or_dash(&n.computed_class)),
-        ("csi controllers", or_dash(&n.csi_controllers.join(", "))),
+        (
+            "csi controllers",
+            or_dash(
+                &n.csi_controllers
+                    .iter()
+                    .map(|c| c.plugin_id.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ),
+        ),
     ])?;
     say!()?;
     let rows: Vec<Vec<String>> = n

@@ -1,0 +1,80 @@
+//! The leader's sweep of claims held by nodes that are down: once a node has been down for
+//! the grace the operator set (`lost_claims { after }`), ControllerUnpublishVolume runs for it
+//! and its claims are freed, so its volumes can be claimed elsewhere. A claim a missed event
+//! left behind is found again at the next sweep.
+
+use std::{
+    collections::HashMap,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use berth_api::nodes::NodeState;
+use berth_fleet::{Membership, settings::LostClaims};
+use tokio_util::sync::CancellationToken;
+
+use crate::volumes::Volumes;
+
+/// How often the leader looks at the claims of down nodes.
+const SWEEP: Duration = Duration::from_secs(1);
+
+/// The sweep; runs while this agent leads.
+#[derive(Debug)]
+pub struct LostClaimSweep {
+    volumes: Arc<Volumes>,
+    membership: Arc<Membership>,
+    policy: LostClaims,
+}
+
+impl LostClaimSweep {
+    /// A sweep over `volumes` under `policy`.
+    pub fn new(
+        volumes: Arc<Volumes>,
+        membership: Arc<Membership>,
+        policy: LostClaims,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            volumes,
+            membership,
+            policy,
+        })
+    }
+
+    /// Sweeps every second until `term` ends (the leadership). A node counts as down from the
+    /// first sweep of this term that sees it down, so a new leader waits the whole grace again:
+    /// late, never early.
+    pub async fn run(self: Arc<Self>, term: CancellationToken) {
+        let LostClaims::After(after) = self.policy else {
+            return;
+        };
+        let mut down_since: HashMap<String, Instant> = HashMap::new();
+        loop {
+            let now = Instant::now();
+            for (volume_id, nodes) in self.volumes.claims_of_other_nodes() {
+                for node in nodes {
+                    let down = self
+                        .membership
+                        .node(&node)
+                        .is_none_or(|n| n.status == NodeState::Down);
+                    if !down {
+                        down_since.remove(&node);
+                        continue;
+                    }
+                    let since = *down_since.entry(node.clone()).or_insert(now);
+                    if now.duration_since(since) < after {
+                        continue;
+                    }
+                    tracing::info!(volume_id, node_id = %node, down_for = ?now.duration_since(since), "freeing the claims of a down node");
+                    let out = self.volumes.free_down_node(&volume_id, &node).await;
+                    if let Some(e) = out.releases.iter().find_map(|r| r.error.as_ref()) {
+                        tracing::warn!(volume_id, node_id = %node, error = %e, "claims of a down node not freed yet; the next sweep tries again");
+                    }
+                }
+            }
+            tokio::select! {
+                () = term.cancelled() => return,
+                () = tokio::time::sleep(SWEEP) => {}
+            }
+        }
+    }
+}
