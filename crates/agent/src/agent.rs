@@ -433,12 +433,14 @@ impl Agent {
                 Arc::clone(&j.membership),
                 j.lost_claims,
             );
+            let compactor = berth_fleet::Compactor::new(j.fleet.etcd().clone(), j.compact_every);
             tasks.spawn(Arc::clone(el).run(
                 move |fence, term| {
                     let lead = Arc::clone(&fleet).lead(fence, term.clone());
-                    let sweep = Arc::clone(&sweep).run(term);
+                    let sweep = Arc::clone(&sweep).run(term.clone());
+                    let compact = compactor.clone().run(term);
                     async move {
-                        tokio::join!(lead, sweep);
+                        tokio::join!(lead, sweep, compact);
                     }
                 },
                 shutdown.clone(),
@@ -601,6 +603,7 @@ struct Joined {
     fleet: Arc<berth_fleet::Fleet>,
     router: berth_fleet::Router,
     lost_claims: berth_fleet::settings::LostClaims,
+    compact_every: Duration,
 }
 
 /// Connects to the fleet's etcd (waiting for it while it does not answer) and starts the
@@ -629,6 +632,8 @@ async fn join_fleet(
             Err(e) => return Err(e.into()),
         }
     };
+    // Requests stop going to a member that died (and go back when it answers again).
+    tasks.spawn(etcd.clone().watch_endpoints(shutdown.clone()));
     let membership =
         berth_fleet::Membership::new(etcd.clone(), node_id.to_string(), settings.lease_ttl);
     let volumes = berth_fleet::WatchedDir::new(berth_fleet::EtcdCatalog::dir(&etcd));
@@ -659,6 +664,7 @@ async fn join_fleet(
         fleet,
         router,
         lost_claims: settings.lost_claims,
+        compact_every: settings.compact_every,
     })
 }
 

@@ -31,6 +31,9 @@ use crate::jobs::Jobs;
 const PLACEMENT_WAIT: Duration = Duration::from_secs(10);
 /// How long a burst of local changes settles before it is reported.
 const REPORT_SETTLE: Duration = Duration::from_millis(50);
+/// When a report could not be written (etcd out of reach, a member just died), how long
+/// before it is written again.
+const REPORT_RETRY: Duration = Duration::from_secs(1);
 
 /// This node's side of the fleet's jobs.
 pub struct FleetJobs {
@@ -175,9 +178,10 @@ impl FleetJobs {
         let mut local = self.jobs.subscribe();
         loop {
             self.sync().await;
-            self.report().await;
+            let unreported = !self.report().await;
             tokio::select! {
                 () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(REPORT_RETRY), if unreported => {}
                 _ = allocs.changed() => {}
                 _ = jobs.changed() => {}
                 _ = lease.changed() => {}
@@ -272,7 +276,10 @@ impl FleetJobs {
     }
 
     /// Writes the status of each alloc whose status changed since it was last written.
-    async fn report(&self) {
+    /// Writes the status of every local alloc whose status changed; false when one could not
+    /// be written (it is tried again).
+    async fn report(&self) -> bool {
+        let mut all = true;
         for (status, finished) in self.jobs.local_allocs() {
             let r = reported(&status, finished);
             let changed = self
@@ -283,14 +290,16 @@ impl FleetJobs {
                 .is_none_or(|old| old.reported != r || old.status != status);
             if changed {
                 let id = status.alloc_id.clone();
-                self.write_report(&id, r, status).await;
+                all &= self.write_report(&id, r, status).await;
             }
         }
+        all
     }
 
-    async fn write_report(&self, alloc_id: &str, r: Reported, status: AllocStatus) {
+    /// Writes one report; false when it is not written (the caller tries again later).
+    async fn write_report(&self, alloc_id: &str, r: Reported, status: AllocStatus) -> bool {
         let Some(fence) = self.membership.fence() else {
-            return;
+            return false;
         };
         let report = AllocReport {
             node_id: self.node_id.clone(),
@@ -316,7 +325,7 @@ impl FleetJobs {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .insert(alloc_id.to_string(), report);
-                    return;
+                    return true;
                 }
                 Ok(Outcome::Changed) => {
                     // The mirror is behind: read the key's revision and go again.
@@ -328,14 +337,15 @@ impl FleetJobs {
                 }
                 Ok(Outcome::Fenced) => {
                     self.membership.lapsed();
-                    return;
+                    return false;
                 }
                 Err(e) => {
-                    tracing::warn!(alloc_id, error = %e, "cannot report the alloc's status");
-                    return;
+                    tracing::warn!(alloc_id, error = %e, retry_in = ?REPORT_RETRY, "cannot report the alloc's status");
+                    return false;
                 }
             }
         }
+        false
     }
 
     /// `POST /v1/jobs` in a fleet: checks the spec, stores it (a new version when it

@@ -17,6 +17,14 @@ use crate::settings::EtcdSettings;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long connecting may take.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How many times a request that reached no member is made in all.
+const UNSENT_TRIES: u32 = 5;
+/// The first wait before it is made again (then twice, three times… as long).
+const UNSENT_WAIT: Duration = Duration::from_millis(200);
+/// How often each endpoint is probed (with several endpoints).
+pub const PROBE_EVERY: Duration = Duration::from_millis(500);
+/// How long a probe may take before its member counts as dead.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Why a fleet operation failed. Texts name the key or endpoint, never a value.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +85,9 @@ pub enum FleetError {
 pub struct Etcd {
     client: Client,
     prefix: String,
+    /// The endpoints as given, and the options each probe connects with.
+    endpoints: std::sync::Arc<Vec<String>>,
+    options: ConnectOptions,
 }
 
 impl std::fmt::Debug for Etcd {
@@ -127,7 +138,7 @@ impl Etcd {
             .iter()
             .map(|e| e.trim_end_matches('/'))
             .collect();
-        let mut client = Client::connect(&endpoints, Some(opts))
+        let mut client = Client::connect(&endpoints, Some(opts.clone()))
             .await
             .map_err(|source| FleetError::Connect {
                 endpoints: endpoints.join(","),
@@ -144,7 +155,93 @@ impl Etcd {
         Ok(Self {
             client,
             prefix: settings.prefix.trim_end_matches('/').to_string(),
+            endpoints: std::sync::Arc::new(endpoints.iter().map(|e| e.to_string()).collect()),
+            options: opts,
         })
+    }
+
+    /// Keeps the client's endpoints to the members that answer, until `shutdown`: every
+    /// [`PROBE_EVERY`] each endpoint is asked for its status on a connection of its own; one
+    /// that does not answer is taken out of the client's balancing (so requests stop going to
+    /// a dead member), and put back once it answers again. The last endpoint is never taken
+    /// out. Nothing to do with one endpoint.
+    pub async fn watch_endpoints(self, shutdown: tokio_util::sync::CancellationToken) {
+        if self.endpoints.len() < 2 {
+            return;
+        }
+        let probe_opts = self
+            .options
+            .clone()
+            .with_connect_timeout(PROBE_TIMEOUT)
+            .with_timeout(PROBE_TIMEOUT);
+        let mut probes: Vec<Option<Client>> = vec![None; self.endpoints.len()];
+        let mut out = vec![false; self.endpoints.len()];
+        loop {
+            for (i, ep) in self.endpoints.iter().enumerate() {
+                let alive = match &mut probes[i] {
+                    Some(c) => c.status().await.is_ok(),
+                    None => match Client::connect([ep.as_str()], Some(probe_opts.clone())).await {
+                        Ok(mut c) => {
+                            let ok = c.status().await.is_ok();
+                            probes[i] = Some(c);
+                            ok
+                        }
+                        Err(_) => false,
+                    },
+                };
+                if !alive {
+                    probes[i] = None;
+                }
+                let others_in = out.iter().enumerate().any(|(j, o)| j != i && !o);
+                if !alive && !out[i] && others_in {
+                    match self.client.remove_endpoint(ep).await {
+                        Ok(()) => {
+                            out[i] = true;
+                            tracing::warn!(endpoint = %ep, "etcd member does not answer; requests go to the others");
+                        }
+                        Err(e) => {
+                            tracing::warn!(endpoint = %ep, error = %e, "cannot take an etcd endpoint out")
+                        }
+                    }
+                } else if alive && out[i] {
+                    match self.client.add_endpoint(ep).await {
+                        Ok(()) => {
+                            out[i] = false;
+                            tracing::info!(endpoint = %ep, "etcd member answers again");
+                        }
+                        Err(e) => {
+                            tracing::warn!(endpoint = %ep, error = %e, "cannot put an etcd endpoint back")
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(PROBE_EVERY) => {}
+            }
+        }
+    }
+
+    /// Runs `call` on the client, again (up to [`UNSENT_TRIES`] times, waiting a little longer
+    /// each time) while it fails without having reached any member (connection refused: a
+    /// member just died and the client still balances requests to it). A request that may
+    /// have been sent is never repeated here.
+    async fn unsent_again<T, F, Fut>(&self, mut call: F) -> Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut tries = 1;
+        loop {
+            match call(self.client.clone()).await {
+                Err(e) if tries < UNSENT_TRIES && unsent(&e) => {
+                    tracing::debug!(error = %e, "etcd request not sent; trying again");
+                    tokio::time::sleep(UNSENT_WAIT * tries).await;
+                    tries += 1;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// The raw client (leases, watches, elections).
@@ -173,9 +270,7 @@ impl Etcd {
         key: &str,
     ) -> Result<Option<Versioned<T>>, FleetError> {
         let resp = self
-            .client
-            .clone()
-            .get(key, None)
+            .unsent_again(|mut c| async move { c.get(key, None).await })
             .await
             .map_err(request("get", key))?;
         match resp.kvs().first() {
@@ -193,9 +288,9 @@ impl Etcd {
         dir: &str,
     ) -> Result<(Vec<(String, Versioned<T>)>, i64), FleetError> {
         let resp = self
-            .client
-            .clone()
-            .get(dir, Some(GetOptions::new().with_prefix()))
+            .unsent_again(
+                |mut c| async move { c.get(dir, Some(GetOptions::new().with_prefix())).await },
+            )
             .await
             .map_err(request("list", dir))?;
         let revision = resp.header().map_or(0, |h| h.revision());
@@ -212,6 +307,38 @@ impl Etcd {
             ));
         }
         Ok((out, revision))
+    }
+
+    /// The store's current revision.
+    pub async fn revision(&self) -> Result<i64, FleetError> {
+        let resp = self
+            .client
+            .clone()
+            .get(
+                self.prefix.as_str(),
+                Some(GetOptions::new().with_count_only()),
+            )
+            .await
+            .map_err(request("get", &self.prefix))?;
+        Ok(resp.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Compacts the history up to `revision` (a revision already compacted is done).
+    pub async fn compact(&self, revision: i64) -> Result<(), FleetError> {
+        match self.client.clone().compact(revision, None).await {
+            Ok(_) => Ok(()),
+            Err(e)
+                if e.to_string()
+                    .contains("required revision has been compacted") =>
+            {
+                Ok(())
+            }
+            Err(source) => Err(FleetError::Request {
+                op: "compact",
+                key: format!("revision {revision}"),
+                source,
+            }),
+        }
     }
 
     /// Writes `value` at `key` when its `mod_revision` is still `expected` (0: the key must
@@ -260,9 +387,13 @@ impl Etcd {
             source,
         })?;
         let resp = self
-            .client
-            .clone()
-            .put(key, bytes, lease.map(|l| PutOptions::new().with_lease(l)))
+            .unsent_again(|mut c| {
+                let bytes = bytes.clone();
+                async move {
+                    c.put(key, bytes, lease.map(|l| PutOptions::new().with_lease(l)))
+                        .await
+                }
+            })
             .await
             .map_err(request("put", key))?;
         Ok(resp.header().map_or(0, |h| h.revision()))
@@ -284,9 +415,10 @@ impl Etcd {
         }
         let txn = Txn::new().when(when).and_then([op]).or_else(otherwise);
         let resp = self
-            .client
-            .clone()
-            .txn(txn)
+            .unsent_again(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(request(what, key))?;
         if resp.succeeded() {
@@ -405,9 +537,10 @@ impl Etcd {
             .and_then(ops)
             .or_else([TxnOp::get(fence.key.as_str(), None)]);
         let resp = self
-            .client
-            .clone()
-            .txn(txn)
+            .unsent_again(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
             .await
             .map_err(request("txn batch", &first))?;
         if resp.succeeded() {
@@ -444,6 +577,17 @@ pub enum Outcome {
     Changed,
     /// The writer's registration lapsed; nothing written.
     Fenced,
+}
+
+/// Whether the request failed before it reached any etcd member.
+fn unsent(e: &etcd_client::Error) -> bool {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text.contains("tcp connect error") || text.contains("Connection refused")
 }
 
 fn request(op: &'static str, key: &str) -> impl FnOnce(etcd_client::Error) -> FleetError {

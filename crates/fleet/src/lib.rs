@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod catalog;
+pub mod compaction;
 pub mod etcd;
 pub mod leader;
 pub mod nodes;
@@ -15,6 +16,7 @@ pub mod settings;
 
 pub use cache::WatchedDir;
 pub use catalog::EtcdCatalog;
+pub use compaction::Compactor;
 pub use etcd::{Etcd, Fence, FleetError, Outcome, Write};
 pub use leader::{Election, LeaderRecord};
 pub use nodes::{Membership, Snapshot};

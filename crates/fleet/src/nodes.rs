@@ -37,6 +37,8 @@ pub type Snapshot = Arc<dyn Fn() -> FleetNode + Send + Sync>;
 /// First and longest wait between two registration attempts.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// The wait before a keepalive stream that could not be opened is tried again.
+const STREAM_RETRY: Duration = Duration::from_millis(200);
 
 /// This node's membership of the fleet, and the fleet's nodes as this node sees them.
 pub struct Membership {
@@ -231,18 +233,48 @@ impl Membership {
         Ok(())
     }
 
-    /// Keeps `lease` alive until it lapses (returns why) or `shutdown` (revokes it).
+    /// Keeps `lease` alive until it lapses (returns why) or `shutdown` (revokes it). A
+    /// keepalive stream that breaks (the etcd member it went to died) is opened again, on
+    /// whichever member answers, for the same lease: the registration lapses only when no
+    /// keepalive was answered for a whole TTL, or etcd says the lease expired.
     async fn keep(&self, lease: i64, snapshot: &Snapshot, shutdown: &CancellationToken) -> String {
         let mut client = self.etcd.client();
-        let (mut keeper, mut answers) = match client.lease_keep_alive(lease).await {
-            Ok(k) => k,
-            Err(e) => return format!("keepalive stream: {e}"),
-        };
         let mut lapsed = self.subscribe();
         let mut tick = tokio::time::interval(self.ttl / 3);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut last_answer = Instant::now();
+        let mut stream = None;
         loop {
+            // A pause longer than the TTL (SIGSTOP, a frozen VM), or a TTL without an answer,
+            // means the lease may be gone already: stop acting before anything else.
+            if last_answer.elapsed() >= self.ttl {
+                self.lease.send_replace(None);
+                return format!("no keepalive answer for {:?}", last_answer.elapsed());
+            }
+            let (keeper, answers) = match &mut stream {
+                Some(s) => s,
+                None => {
+                    let left = self.ttl.saturating_sub(last_answer.elapsed());
+                    match tokio::time::timeout(left, client.lease_keep_alive(lease)).await {
+                        Ok(Ok((mut keeper, answers))) => {
+                            if let Err(e) = keeper.keep_alive().await {
+                                tracing::warn!(error = %e, "keepalive stream broke at once; opening it again");
+                                continue;
+                            }
+                            stream.insert((keeper, answers))
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "cannot open the keepalive stream; trying again");
+                            tokio::select! {
+                                () = shutdown.cancelled() => return "stopping".into(),
+                                () = tokio::time::sleep(STREAM_RETRY) => {}
+                            }
+                            continue;
+                        }
+                        Err(_) => continue,
+                    }
+                }
+            };
             tokio::select! {
                 () = shutdown.cancelled() => {
                     // Stopping: the node is down now, not a TTL later.
@@ -258,14 +290,13 @@ impl Membership {
                     }
                 }
                 _ = tick.tick() => {
-                    // A pause longer than the TTL (SIGSTOP, a frozen VM) means the lease may
-                    // be gone already: stop acting before anything else.
                     if last_answer.elapsed() >= self.ttl {
-                        self.lease.send_replace(None);
-                        return format!("no keepalive answer for {:?}", last_answer.elapsed());
+                        continue;
                     }
                     if let Err(e) = keeper.keep_alive().await {
-                        return format!("keepalive: {e}");
+                        tracing::warn!(error = %e, "keepalive stream broke; opening it again");
+                        stream = None;
+                        continue;
                     }
                     if let Err(e) = self.write_record(snapshot, 0).await {
                         tracing::warn!(error = %e, "cannot update the node record");
@@ -277,8 +308,14 @@ impl Membership {
                         self.lease.send_replace(None);
                         return "the lease expired".into();
                     }
-                    Ok(None) => return "the keepalive stream ended".into(),
-                    Err(e) => return format!("keepalive answers: {e}"),
+                    Ok(None) => {
+                        tracing::warn!("keepalive stream ended; opening it again");
+                        stream = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "keepalive answers broke; opening the stream again");
+                        stream = None;
+                    }
                 },
             }
         }

@@ -43,6 +43,8 @@ pub struct EtcdSettings {
     pub lost_after: Duration,
     /// What becomes of the claims of a node that is down.
     pub lost_claims: LostClaims,
+    /// How often the leader compacts etcd's history (and how much it keeps).
+    pub compact_every: Duration,
 }
 
 /// What becomes of the volume claims of a node that is down (`lost_claims { after = … }`).
@@ -75,6 +77,7 @@ impl EtcdSettings {
             lease_ttl: DEFAULT_LEASE_TTL,
             lost_after: DEFAULT_LOST_AFTER,
             lost_claims: LostClaims::default(),
+            compact_every: crate::compaction::DEFAULT_COMPACT_EVERY,
         };
         s.check()?;
         Ok(s)
@@ -107,6 +110,12 @@ impl EtcdSettings {
             return Err(format!(
                 "lost_after: {:?} is longer than the most, {:?}",
                 self.lost_after, MAX_LOST_AFTER
+            ));
+        }
+        if self.compact_every > MAX_LOST_AFTER {
+            return Err(format!(
+                "compact_every: {:?} is longer than the most, {MAX_LOST_AFTER:?}",
+                self.compact_every
             ));
         }
         if let LostClaims::After(d) = self.lost_claims

@@ -24,6 +24,7 @@ struct RawEtcd {
     lease_ttl: Option<String>,
     lost_after: Option<String>,
     lost_claims: Option<RawLostClaims>,
+    compact_every: Option<String>,
     tls: Option<RawTls>,
 }
 
@@ -58,12 +59,16 @@ pub(super) fn etcd_settings(
         lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
         lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
         lost_claims: LostClaims::default(),
+        compact_every: berth_fleet::compaction::DEFAULT_COMPACT_EVERY,
     };
     if let Some(ttl) = etcd.lease_ttl {
         s.lease_ttl = super::duration(&ttl).map_err(|m| (format!("{FIELD}.lease_ttl"), m))?;
     }
     if let Some(d) = etcd.lost_after {
         s.lost_after = super::duration(&d).map_err(|m| (format!("{FIELD}.lost_after"), m))?;
+    }
+    if let Some(d) = etcd.compact_every {
+        s.compact_every = super::duration(&d).map_err(|m| (format!("{FIELD}.compact_every"), m))?;
     }
     if let Some(after) = etcd.lost_claims.and_then(|l| l.after) {
         s.lost_claims = if after == "manual" {

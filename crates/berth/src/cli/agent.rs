@@ -61,6 +61,7 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
             lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
             lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
             lost_claims: berth_fleet::settings::LostClaims::default(),
+            compact_every: berth_fleet::compaction::DEFAULT_COMPACT_EVERY,
         });
         etcd.endpoints.clone_from(&args.etcd);
         berth_agent::config::check_etcd(&etcd)
