@@ -40,16 +40,20 @@ impl LostClaimSweep {
         })
     }
 
-    /// Sweeps every second until `term` ends (the leadership). A node counts as down from the
-    /// first sweep of this term that sees it down, so a new leader waits the whole grace again:
-    /// late, never early.
+    /// Sweeps when a node goes down or comes back, when a down node's grace ends, and every
+    /// second (claims a missed event left behind), until `term` ends (the leadership). A node
+    /// counts as down from the first sweep of this term that sees it down, so a new leader
+    /// waits the whole grace again: late, never early.
     pub async fn run(self: Arc<Self>, term: CancellationToken) {
         let LostClaims::After(after) = self.policy else {
             return;
         };
         let mut down_since: HashMap<String, Instant> = HashMap::new();
+        let mut alive = self.membership.alive_dir().subscribe();
         loop {
             let now = Instant::now();
+            // The next moment a tracked node's grace ends (the sweep wakes then, not later).
+            let mut next = now + SWEEP;
             for (volume_id, nodes) in self.volumes.claims_of_other_nodes() {
                 for node in nodes {
                     let down = self
@@ -62,6 +66,7 @@ impl LostClaimSweep {
                     }
                     let since = *down_since.entry(node.clone()).or_insert(now);
                     if now.duration_since(since) < after {
+                        next = next.min(since + after);
                         continue;
                     }
                     tracing::info!(volume_id, node_id = %node, down_for = ?now.duration_since(since), "freeing the claims of a down node");
@@ -73,7 +78,9 @@ impl LostClaimSweep {
             }
             tokio::select! {
                 () = term.cancelled() => return,
-                () = tokio::time::sleep(SWEEP) => {}
+                // A node went down (or came back): look at once.
+                r = alive.changed() => if r.is_err() { return },
+                () = tokio::time::sleep_until(next.into()) => {}
             }
         }
     }

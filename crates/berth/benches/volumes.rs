@@ -27,17 +27,15 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_api::{
-    Client,
-    volumes::{ClaimRequest, ReleaseRequest, SpecFormat, VolumeSpecRequest},
-};
+use berth_api::volumes::{SpecFormat, VolumeSpecRequest};
 use berth_csi::{
     CapacityRange, ControllerPublish, CreateVolume, CsiClient, Endpoint, NodePublish, NodeStage,
-    model::{AccessMode, AttachmentMode, MountOptions, Secrets, VolumeCapability},
+    model::{AccessMode, MountOptions, Secrets, VolumeCapability},
 };
 use berth_testkit::HostpathPlugin;
 use common::{
-    Agent, CpuMeter, Options, PLUGIN, Phase, hostpath_binary, mounts_under, ms, report_phase, row,
+    Agent, CpuMeter, Options, PLUGIN, Phase, agent_cycle, claim_req, hostpath_binary, mounts_under,
+    ms, release_req, report_phase, row,
 };
 
 const USAGE: &str = "\
@@ -84,22 +82,6 @@ fn volume_spec(id: &str, mode: AccessMode) -> VolumeSpecRequest {
         ),
         format: SpecFormat::Hcl,
         file: Some(format!("{id}.hcl")),
-    }
-}
-
-fn claim_req(alloc: &str, mode: AccessMode) -> ClaimRequest {
-    ClaimRequest {
-        alloc_id: alloc.into(),
-        read_only: false,
-        access_mode: mode,
-        attachment_mode: AttachmentMode::FileSystem,
-        mount_options: None,
-    }
-}
-
-fn release_req(alloc: &str) -> ReleaseRequest {
-    ReleaseRequest {
-        alloc_id: alloc.into(),
     }
 }
 
@@ -217,31 +199,6 @@ impl Direct {
     }
 }
 
-/// One agent cycle for `alloc`: (claim, release) times. Checks the mount outside the timing.
-async fn agent_cycle(agent: &Agent, client: &Client, alloc: &str) -> (Duration, Duration) {
-    let t = Instant::now();
-    let claim = client
-        .claim_volume("cycle", &claim_req(alloc, AccessMode::SingleNodeWriter))
-        .await
-        .unwrap_or_else(|e| panic!("claim for {alloc}: {e}"));
-    let claim_time = t.elapsed();
-    assert!(
-        mounts_under(agent.pid(), &agent.data_dir).contains(&claim.target),
-        "{} not mounted after the claim",
-        claim.target.display()
-    );
-    let t = Instant::now();
-    let r = client
-        .release_volume("cycle", &release_req(alloc))
-        .await
-        .unwrap_or_else(|e| panic!("release for {alloc}: {e}"));
-    let release_time = t.elapsed();
-    assert!(r.released, "release for {alloc} not done: {:?}", r.error);
-    let left = mounts_under(agent.pid(), &agent.data_dir);
-    assert!(left.is_empty(), "mounted after the release: {left:?}");
-    (claim_time, release_time)
-}
-
 async fn direct_cycle(direct: &Direct) -> (Duration, Duration) {
     let publish = direct.publish().await;
     assert!(
@@ -261,7 +218,7 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
         .await
         .unwrap_or_else(|e| panic!("create volume cycle: {e}"));
     for i in 0..opts.warmup {
-        agent_cycle(agent, &client, &format!("warm-{i}")).await;
+        agent_cycle(agent, &client, "cycle", &format!("warm-{i}")).await;
         direct_cycle(direct).await;
     }
     let (mut a_claim, mut a_rel, mut a_cycle) = (Vec::new(), Vec::new(), Vec::new());
@@ -269,11 +226,14 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
     for i in 0..opts.samples {
         // Alternate which goes first, so neither always follows the other.
         let (a, d) = if i % 2 == 0 {
-            let a = agent_cycle(agent, &client, &format!("cycle-{i}")).await;
+            let a = agent_cycle(agent, &client, "cycle", &format!("cycle-{i}")).await;
             (a, direct_cycle(direct).await)
         } else {
             let d = direct_cycle(direct).await;
-            (agent_cycle(agent, &client, &format!("cycle-{i}")).await, d)
+            (
+                agent_cycle(agent, &client, "cycle", &format!("cycle-{i}")).await,
+                d,
+            )
         };
         a_claim.push(ms(a.0));
         a_rel.push(ms(a.1));

@@ -11,7 +11,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_api::Client;
+use berth_api::{
+    Client,
+    volumes::{ClaimRequest, ReleaseRequest},
+};
+use berth_csi::model::{AccessMode, AttachmentMode};
 
 /// The name of the agent's plugin.
 pub const PLUGIN: &str = "hp";
@@ -138,14 +142,18 @@ impl Agent {
             )
         })
         .await;
+        agent.wait_plugin_healthy().await;
         agent
-            .wait_until(
-                &format!("plugin {PLUGIN} healthy"),
-                Duration::from_secs(30),
-                |client| async move { client.plugin(PLUGIN).await.is_ok_and(|p| p.health.healthy) },
-            )
-            .await;
-        agent
+    }
+
+    /// Waits (at most 30 s) until plugin [`PLUGIN`] is healthy.
+    pub async fn wait_plugin_healthy(&mut self) {
+        self.wait_until(
+            &format!("plugin {PLUGIN} healthy"),
+            Duration::from_secs(30),
+            |client| async move { client.plugin(PLUGIN).await.is_ok_and(|p| p.health.healthy) },
+        )
+        .await;
     }
 
     /// Starts the agent with the config `config` returns for the agent's temporary directory
@@ -575,4 +583,53 @@ where
         println!("\nresult: FAILED: {}", failures.join("; "));
         ExitCode::FAILURE
     }
+}
+
+/// A file-system claim of `alloc` in `mode`.
+pub fn claim_req(alloc: &str, mode: AccessMode) -> ClaimRequest {
+    ClaimRequest {
+        alloc_id: alloc.into(),
+        read_only: false,
+        access_mode: mode,
+        attachment_mode: AttachmentMode::FileSystem,
+        mount_options: None,
+    }
+}
+
+/// The release of `alloc`'s claim.
+pub fn release_req(alloc: &str) -> ReleaseRequest {
+    ReleaseRequest {
+        alloc_id: alloc.into(),
+    }
+}
+
+/// One claim → mounted → release of volume `vol` by `alloc` through the agent's API: (claim,
+/// release) times. Checks the mount outside the timing.
+pub async fn agent_cycle(
+    agent: &Agent,
+    client: &Client,
+    vol: &str,
+    alloc: &str,
+) -> (Duration, Duration) {
+    let t = Instant::now();
+    let claim = client
+        .claim_volume(vol, &claim_req(alloc, AccessMode::SingleNodeWriter))
+        .await
+        .unwrap_or_else(|e| panic!("claim for {alloc}: {e}"));
+    let claim_time = t.elapsed();
+    assert!(
+        mounts_under(agent.pid(), &agent.data_dir).contains(&claim.target),
+        "{} not mounted after the claim",
+        claim.target.display()
+    );
+    let t = Instant::now();
+    let r = client
+        .release_volume(vol, &release_req(alloc))
+        .await
+        .unwrap_or_else(|e| panic!("release for {alloc}: {e}"));
+    let release_time = t.elapsed();
+    assert!(r.released, "release for {alloc} not done: {:?}", r.error);
+    let left = mounts_under(agent.pid(), &agent.data_dir);
+    assert!(left.is_empty(), "mounted after the release: {left:?}");
+    (claim_time, release_time)
 }
