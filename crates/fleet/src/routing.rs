@@ -696,6 +696,7 @@ impl Router {
     ) {
         let i = &self.inner;
         let mut changes = i.requests.subscribe();
+        let mut lease = i.membership.subscribe();
         i.requests.wait_synced(&shutdown).await;
         i.results.wait_synced(&shutdown).await;
         loop {
@@ -715,6 +716,8 @@ impl Router {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 r = changes.changed() => if r.is_err() { return },
+                // Registered again: what waited while the registration had lapsed is served.
+                r = lease.changed() => if r.is_err() { return },
                 () = tokio::time::sleep(SWEEP) => self.sweep().await,
             }
         }
