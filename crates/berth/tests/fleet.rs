@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use agent_support::{AgentProcess, berth, poll_api};
+use agent_support::{AgentProcess, berth, fleet::wait_nodes};
 use berth_api::nodes::{NodeList, NodeState};
 use berth_testkit::EtcdCluster;
 use nix::{
@@ -26,17 +26,6 @@ fn fleet_config(name: &str) -> String {
 
 async fn join(cluster: &EtcdCluster, name: &str) -> AgentProcess {
     AgentProcess::start_with(&fleet_config(name), &["--etcd", &cluster.endpoints_csv()]).await
-}
-
-async fn nodes(agent: &AgentProcess, what: &str, pred: impl Fn(&NodeList) -> bool) -> NodeList {
-    poll_api(
-        agent,
-        what,
-        tokio::time::Instant::now() + Duration::from_secs(20),
-        |c| async move { c.nodes().await.expect("GET /v1/nodes") },
-        pred,
-    )
-    .await
 }
 
 fn state_of(list: &NodeList, name: &str) -> Option<NodeState> {
@@ -57,7 +46,7 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
 
     // Every agent sees the whole fleet, ready, with what each node registered.
     for agent in [&a, &b, &c] {
-        let list = nodes(agent, "three ready nodes", |l| {
+        let list = wait_nodes(agent, "three ready nodes", |l| {
             l.fleet && l.nodes.len() == 3 && l.nodes.iter().all(|n| n.status == NodeState::Ready)
         })
         .await;
@@ -100,7 +89,7 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
     let pid = Pid::from_raw(i32::try_from(c.pid()).unwrap());
     kill(pid, Signal::SIGSTOP).unwrap();
     let paused = tokio::time::Instant::now();
-    let list = nodes(&a, "gamma down", |l| {
+    let list = wait_nodes(&a, "gamma down", |l| {
         state_of(l, "gamma") == Some(NodeState::Down)
     })
     .await;
@@ -113,7 +102,7 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
         "down after {down_after:?}"
     );
     kill(pid, Signal::SIGCONT).unwrap();
-    nodes(&b, "gamma ready again", |l| {
+    wait_nodes(&b, "gamma ready again", |l| {
         state_of(l, "gamma") == Some(NodeState::Ready)
     })
     .await;
@@ -126,7 +115,7 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
     // Drain by id prefix, then back.
     let out = stdout(&berth(&a, &["node", "drain", &gamma_id[..6]]).await);
     assert!(out.contains("draining"), "{out}");
-    nodes(&c, "gamma draining", |l| {
+    wait_nodes(&c, "gamma draining", |l| {
         state_of(l, "gamma") == Some(NodeState::Draining)
     })
     .await;
@@ -139,7 +128,7 @@ async fn three_agents_register_a_paused_one_goes_down_and_comes_back() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no node"));
     let mut c = c;
     assert!(c.terminate().await.success());
-    let list = nodes(&a, "gamma down after a clean stop", |l| {
+    let list = wait_nodes(&a, "gamma down after a clean stop", |l| {
         state_of(l, "gamma") == Some(NodeState::Down)
     })
     .await;
@@ -161,7 +150,7 @@ async fn an_agent_started_before_etcd_waits_for_it() {
     }
     cluster.restart(0).expect("etcd again");
     a.wait_ready().await;
-    nodes(&a, "the early node ready", |l| {
+    wait_nodes(&a, "the early node ready", |l| {
         state_of(l, "early") == Some(NodeState::Ready)
     })
     .await;

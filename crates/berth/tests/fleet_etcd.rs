@@ -8,8 +8,8 @@ use std::{collections::BTreeMap, time::Duration};
 
 use agent_support::{
     AgentProcess, berth,
+    fleet::ready_nodes,
     jobs::{run_job, wait_job_before},
-    poll_api,
 };
 use berth_api::{
     Client,
@@ -33,23 +33,6 @@ fn config(cluster: &EtcdCluster, name: &str) -> String {
         "name = \"{name}\"\ncontrol_plane {{\n  etcd {{\n    endpoints = [{}]\n    prefix = \"/e\"\n    lease_ttl = \"3s\"\n  }}\n}}\n",
         endpoints.join(", ")
     )
-}
-
-async fn ready_nodes(agent: &AgentProcess, n: usize) -> NodeList {
-    poll_api(
-        agent,
-        "ready nodes",
-        Instant::now() + Duration::from_secs(20),
-        |c| async move { c.nodes().await.expect("GET /v1/nodes") },
-        move |l: &NodeList| {
-            l.nodes
-                .iter()
-                .filter(|x| x.status == NodeState::Ready)
-                .count()
-                == n
-        },
-    )
-    .await
 }
 
 /// When each node registered, by name.

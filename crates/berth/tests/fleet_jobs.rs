@@ -9,13 +9,10 @@ use std::{collections::BTreeSet, time::Duration};
 
 use agent_support::{
     AgentProcess, berth,
+    fleet::ready_nodes,
     jobs::{run_job, wait_job_before},
-    poll_api,
 };
-use berth_api::{
-    jobs::{ClientStatus, JobStatus},
-    nodes::{NodeList, NodeState},
-};
+use berth_api::jobs::{ClientStatus, JobStatus};
 use berth_testkit::EtcdCluster;
 use nix::{
     sys::signal::{Signal, kill},
@@ -31,23 +28,6 @@ fn config(name: &str, extra: &str) -> String {
 
 async fn join(cluster: &EtcdCluster, name: &str, extra: &str) -> AgentProcess {
     AgentProcess::start_with(&config(name, extra), &["--etcd", &cluster.endpoints_csv()]).await
-}
-
-async fn ready_nodes(agent: &AgentProcess, n: usize) -> NodeList {
-    poll_api(
-        agent,
-        "ready nodes",
-        tokio::time::Instant::now() + Duration::from_secs(20),
-        |c| async move { c.nodes().await.expect("GET /v1/nodes") },
-        move |l: &NodeList| {
-            l.nodes
-                .iter()
-                .filter(|x| x.status == NodeState::Ready)
-                .count()
-                == n
-        },
-    )
-    .await
 }
 
 fn sleeper(id: &str, count: u32, priority: u8, memory: u32) -> String {

@@ -14,6 +14,7 @@ use std::{path::Path, time::Duration};
 
 use agent_support::{
     AgentProcess, berth, client_config,
+    fleet::wait_nodes,
     jobs::{run_job, wait_job_before},
     poll_api,
 };
@@ -77,20 +78,14 @@ async fn join_with(
 }
 
 async fn ready_nodes(agent: &AgentProcess, n: usize) -> NodeList {
-    poll_api(
-        agent,
-        "ready nodes with the plugin",
-        tokio::time::Instant::now() + Duration::from_secs(20),
-        |c| async move { c.nodes().await.expect("GET /v1/nodes") },
-        move |l: &NodeList| {
-            l.nodes
-                .iter()
-                .filter(|x| x.status == NodeState::Ready && !x.csi_plugins.is_empty())
-                .count()
-                == n
-                && l.nodes.iter().any(|x| !x.csi_controllers.is_empty())
-        },
-    )
+    wait_nodes(agent, "ready nodes with the plugin", move |l| {
+        l.nodes
+            .iter()
+            .filter(|x| x.status == NodeState::Ready && !x.csi_plugins.is_empty())
+            .count()
+            == n
+            && l.nodes.iter().any(|x| !x.csi_controllers.is_empty())
+    })
     .await
 }
 

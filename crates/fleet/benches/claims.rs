@@ -10,6 +10,8 @@
 //! `cargo bench -p berth-fleet --bench claims [-- --samples 300]`; `-- --quick`: 30 samples.
 //! Needs `etcd` on PATH (the README's set-up installs it).
 
+mod common;
+
 use std::{
     path::Path,
     process::ExitCode,
@@ -95,28 +97,13 @@ async fn revision(etcd: &Etcd) -> i64 {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let mut samples = 300;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => samples = 30,
-            "--samples" => match it.next().and_then(|n| n.parse().ok()) {
-                Some(n) if n > 0 => samples = n,
-                _ => {
-                    eprintln!("--samples: give a positive number");
-                    return ExitCode::from(2);
-                }
-            },
-            other => {
-                eprintln!("unknown argument {other:?}; usage: claims [--samples N] [--quick]");
-                return ExitCode::from(2);
-            }
+    let samples = match common::samples("claims", 300, 30) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
         }
-    }
+    };
     // etcd dies with the thread that started it: this one, which outlives the runtime.
     let cluster = EtcdCluster::single().expect("etcd");
     let rt = tokio::runtime::Builder::new_multi_thread()

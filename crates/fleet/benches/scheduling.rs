@@ -6,6 +6,8 @@
 //! `cargo bench -p berth-fleet --bench scheduling [-- --samples 5]`; `-- --quick`: 2 samples.
 //! Needs `etcd` on PATH (the README's set-up installs it).
 
+mod common;
+
 use std::{
     collections::BTreeMap,
     path::Path,
@@ -210,28 +212,13 @@ async fn through_etcd(cluster: &EtcdCluster, prefix: &str) -> Sample {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| a != "--bench")
-        .collect();
-    let mut samples = 5;
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--quick" => samples = 2,
-            "--samples" => match it.next().and_then(|n| n.parse().ok()) {
-                Some(n) if n > 0 => samples = n,
-                _ => {
-                    eprintln!("--samples: give a positive number");
-                    return ExitCode::from(2);
-                }
-            },
-            other => {
-                eprintln!("unknown argument {other:?}; usage: scheduling [--samples N] [--quick]");
-                return ExitCode::from(2);
-            }
+    let samples = match common::samples("scheduling", 5, 2) {
+        Ok(n) => n,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
         }
-    }
+    };
     let cluster = EtcdCluster::single().expect("etcd");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

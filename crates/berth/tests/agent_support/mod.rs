@@ -3,6 +3,7 @@
 //! kills it (and reaps it) when the handle is dropped.
 
 pub mod devices;
+pub mod fleet;
 pub mod jobs;
 
 use std::{
