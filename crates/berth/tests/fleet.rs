@@ -1,6 +1,7 @@
 //! Agents in a fleet on a real etcd: each registers its node under a lease; `node status` lists
 //! the fleet; a paused agent's node goes down when its lease expires and comes back when it
-//! resumes (with a new lease); drain; bad etcd settings are refused before anything starts.
+//! resumes (with a new lease); drain; an etcd that requires client certificates; bad etcd
+//! settings are refused before anything starts.
 
 mod agent_support;
 
@@ -157,6 +158,24 @@ async fn an_agent_started_before_etcd_waits_for_it() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_joins_an_etcd_that_requires_client_certificates() {
+    let cluster = EtcdCluster::start_tls(1).expect("etcd");
+    let tls = cluster.tls().expect("certificates");
+    let config = format!(
+        "name = \"secure\"\ncontrol_plane {{\n  etcd {{\n    prefix = \"/t\"\n    tls {{\n      ca_file = \"{}\"\n      cert_file = \"{}\"\n      key_file = \"{}\"\n    }}\n  }}\n}}\n",
+        tls.ca.display(),
+        tls.client_cert.display(),
+        tls.client_key.display()
+    );
+    let a = AgentProcess::start_with(&config, &["--etcd", &cluster.endpoints_csv()]).await;
+    let list = wait_nodes(&a, "the node ready over TLS", |l| {
+        state_of(l, "secure") == Some(NodeState::Ready)
+    })
+    .await;
+    assert!(list.fleet);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_etcd_the_node_list_is_this_node() {
     let a = AgentProcess::start("").await;
     let list = a.client().nodes().await.unwrap();
@@ -232,6 +251,11 @@ fn bad_etcd_settings_are_refused_before_anything_starts() {
         "control_plane {\n  etcd {\n    endpoints = [\"http://127.0.0.1:2379\"]\n    tls {\n      ca_file = \"ca.pem\"\n    }\n  }\n}\n",
         &[],
         "control_plane.etcd.tls.ca_file",
+    );
+    refused(
+        "control_plane {\n  etcd {\n    tls {\n      ca_file = \"/ca.pem\"\n    }\n  }\n}\n",
+        &["--etcd", "http://127.0.0.1:2379"],
+        "control_plane.etcd.tls: set, but the endpoints are http:// URLs",
     );
     refused(
         "control_plane {\n  etcd {\n    endpoint = \"x\"\n  }\n}\n",

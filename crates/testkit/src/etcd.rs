@@ -1,10 +1,14 @@
 //! Real etcd servers (Debian's `etcd-server`, etcd 3.4) on 127.0.0.1, one process per member,
 //! for integration tests and benches.
 //!
-//! Everything is blocking and spoken over plain HTTP/1.1 on the members' client ports: health
-//! is `GET /health`, the raft state is the gRPC gateway's `POST /v3/maintenance/status` (etcd
-//! 3.4 no longer serves `/v2/stats/self` unless started with `--enable-v2`, which tests of a
-//! v3 client should not need).
+//! Everything is blocking and spoken over plain HTTP/1.1: health is `GET /health` on each
+//! member's metrics port (plain HTTP also when clients must use TLS), the raft state is the gRPC
+//! gateway's `POST /v3/maintenance/status` on its client port (etcd 3.4 no longer serves
+//! `/v2/stats/self` unless started with `--enable-v2`, which tests of a v3 client should not
+//! need).
+//!
+//! [`EtcdCluster::start_tls`] makes members that serve clients only over TLS and only to
+//! clients with a certificate their CA signed ([`EtcdTls`]).
 
 use std::{
     fs::OpenOptions,
@@ -110,6 +114,7 @@ pub struct EtcdCluster {
     binary: PathBuf,
     initial_cluster: String,
     token: String,
+    tls: Option<EtcdTls>,
     dir: TempDir,
 }
 
@@ -118,14 +123,93 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP, for `/health` whatever the client port speaks.
+    metrics_port: u16,
+    /// Whether clients must speak TLS.
+    tls: bool,
     data_dir: PathBuf,
     log: PathBuf,
     child: Option<Child>,
 }
 
+/// Certificates for an etcd that serves clients only over TLS, written as PEM files into one
+/// directory: a CA, the server's certificate for `127.0.0.1` and `localhost`, and a client
+/// certificate, each signed by the CA.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    /// The CA's certificate.
+    pub ca: PathBuf,
+    /// The server's certificate.
+    pub server_cert: PathBuf,
+    /// The server's key.
+    pub server_key: PathBuf,
+    /// A client certificate.
+    pub client_cert: PathBuf,
+    /// The client certificate's key.
+    pub client_key: PathBuf,
+}
+
+impl EtcdTls {
+    /// Generates a new CA (named `ca_name`) and the certificates it signs into `dir` (which
+    /// must exist): `ca.pem`, `server.pem`, `server-key.pem`, `client.pem`, `client-key.pem`.
+    pub fn generate(dir: &Path, ca_name: &str) -> Result<Self, EtcdError> {
+        let setup = |what: &str, e: &dyn std::fmt::Display| EtcdError::Setup {
+            what: format!("generating the test certificates: {what}"),
+            source: io::Error::other(e.to_string()),
+        };
+        let key = || rcgen::KeyPair::generate().map_err(|e| setup("a key", &e));
+        let params = |names: &[&str], purposes: &[rcgen::ExtendedKeyUsagePurpose]| {
+            let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+            let mut p = rcgen::CertificateParams::new(names).map_err(|e| setup("params", &e))?;
+            p.extended_key_usages.extend_from_slice(purposes);
+            Ok::<_, EtcdError>(p)
+        };
+        let mut ca_params = params(&[], &[])?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, ca_name);
+        let ca = rcgen::CertifiedIssuer::self_signed(ca_params, key()?)
+            .map_err(|e| setup("the CA", &e))?;
+        let issue = |names: &[&str], purposes: &[_]| {
+            let k = key()?;
+            let cert = params(names, purposes)?
+                .signed_by(&k, &ca)
+                .map_err(|e| setup("a certificate", &e))?;
+            Ok::<_, EtcdError>((cert.pem(), k.serialize_pem()))
+        };
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        // etcd's gRPC gateway dials its own server with the server's certificate, so that one
+        // serves as a client certificate too (as etcd's docs want).
+        let (server, server_key) = issue(&["127.0.0.1", "localhost"], &[ServerAuth, ClientAuth])?;
+        let (client, client_key) = issue(&["berth-client"], &[ClientAuth])?;
+        let tls = Self {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server-key.pem"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client-key.pem"),
+        };
+        for (path, pem) in [
+            (&tls.ca, ca.pem()),
+            (&tls.server_cert, server),
+            (&tls.server_key, server_key),
+            (&tls.client_cert, client),
+            (&tls.client_key, client_key),
+        ] {
+            std::fs::write(path, pem).map_err(|source| EtcdError::Setup {
+                what: format!("writing {}", path.display()),
+                source,
+            })?;
+        }
+        Ok(tls)
+    }
+}
+
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn peer_url(&self) -> String {
@@ -146,13 +230,25 @@ impl EtcdCluster {
     /// within [`ETCD_READY_TIMEOUT`]. On error nothing is left running and the error holds
     /// the failing member's log.
     pub fn start(members: usize) -> Result<Self, EtcdError> {
+        Self::start_with(members, false)
+    }
+
+    /// Like [`start`](Self::start), but the members serve clients only over TLS
+    /// (`https://` endpoints) and only to clients whose certificate the cluster's own CA
+    /// signed ([`tls`](Self::tls) has the files). [`leader`](Self::leader) knows no leader
+    /// of such a cluster.
+    pub fn start_tls(members: usize) -> Result<Self, EtcdError> {
+        Self::start_with(members, true)
+    }
+
+    fn start_with(members: usize, tls: bool) -> Result<Self, EtcdError> {
         if members == 0 {
             return Err(EtcdError::NoMembers);
         }
         let binary = find_etcd().ok_or(EtcdError::NotInstalled)?;
         let mut attempt = 1;
         loop {
-            let result = Self::try_start(&binary, members);
+            let result = Self::try_start(&binary, members, tls);
             let port_taken = matches!(
                 &result,
                 Err(EtcdError::Exited { log, .. }) if log.contains(ADDR_IN_USE)
@@ -169,7 +265,7 @@ impl EtcdCluster {
         Self::start(1)
     }
 
-    fn try_start(binary: &Path, count: usize) -> Result<Self, EtcdError> {
+    fn try_start(binary: &Path, count: usize, tls: bool) -> Result<Self, EtcdError> {
         let dir = tempfile::Builder::new()
             .prefix("berth-etcd-")
             .tempdir()
@@ -177,17 +273,22 @@ impl EtcdCluster {
                 what: "creating the cluster's temporary directory".to_owned(),
                 source,
             })?;
-        let ports = free_ports(2 * count).map_err(|source| EtcdError::Setup {
+        let tls = tls
+            .then(|| EtcdTls::generate(dir.path(), "berth test etcd CA"))
+            .transpose()?;
+        let ports = free_ports(3 * count).map_err(|source| EtcdError::Setup {
             what: "picking free ports on 127.0.0.1".to_owned(),
             source,
         })?;
         let members: Vec<Member> = ports
-            .chunks(2)
+            .chunks(3)
             .enumerate()
-            .map(|(i, pair)| Member {
+            .map(|(i, three)| Member {
                 name: format!("m{i}"),
-                client_port: pair[0],
-                peer_port: pair[1],
+                client_port: three[0],
+                peer_port: three[1],
+                metrics_port: three[2],
+                tls: tls.is_some(),
                 // Left for etcd to create: it wants its data directory private (0700).
                 data_dir: dir.path().join(format!("m{i}.data")),
                 log: dir.path().join(format!("m{i}.log")),
@@ -209,6 +310,7 @@ impl EtcdCluster {
             binary: binary.to_owned(),
             initial_cluster,
             token,
+            tls,
             dir,
         };
         // All first, then wait: a member of a larger cluster is healthy only with a quorum.
@@ -236,6 +338,7 @@ impl EtcdCluster {
         let (stdout, stderr) = (open_log()?, open_log()?);
         let client = member.client_url();
         let peer = member.peer_url();
+        let metrics = format!("http://127.0.0.1:{}", member.metrics_port);
         let mut cmd = Command::new("setpriv");
         cmd.args(["--pdeathsig", "KILL", "--"])
             .arg(&self.binary)
@@ -250,6 +353,7 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", &self.token])
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--heartbeat-interval", HEARTBEAT_MS])
             .args(["--election-timeout", ELECTION_MS])
             .args(["--logger", "zap", "--log-outputs", "stderr"])
@@ -257,6 +361,15 @@ impl EtcdCluster {
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.server_cert)
+                .arg("--key-file")
+                .arg(&tls.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
         // etcd refuses to start when a flag and its ETCD_* variable are both set.
         for (key, _) in std::env::vars_os() {
             if key.as_bytes().starts_with(b"ETCD_") {
@@ -286,7 +399,7 @@ impl EtcdCluster {
                         log: self.member_log(i),
                     });
                 }
-                if let Err(answer) = health(self.members[i].client_port) {
+                if let Err(answer) = health(self.members[i].metrics_port) {
                     if still.is_empty() {
                         last = answer;
                     }
@@ -310,8 +423,8 @@ impl EtcdCluster {
         }
     }
 
-    /// Client URL of every member, by index: `http://127.0.0.1:<port>` (also for members
-    /// that are not running).
+    /// Client URL of every member, by index: `http://127.0.0.1:<port>` (`https://` for a
+    /// cluster from [`start_tls`](Self::start_tls)), also for members that are not running.
     pub fn endpoints(&self) -> Vec<String> {
         self.members.iter().map(Member::client_url).collect()
     }
@@ -319,6 +432,11 @@ impl EtcdCluster {
     /// [`endpoints`](Self::endpoints) joined with commas, as etcd clients take them.
     pub fn endpoints_csv(&self) -> String {
         self.endpoints().join(",")
+    }
+
+    /// The certificates of a cluster from [`start_tls`](Self::start_tls).
+    pub fn tls(&self) -> Option<&EtcdTls> {
+        self.tls.as_ref()
     }
 
     /// Process id of member `member` while it runs (as started by this handle).
@@ -397,7 +515,7 @@ impl EtcdCluster {
         self.members
             .iter()
             .enumerate()
-            .filter(|(_, m)| m.child.is_some())
+            .filter(|(_, m)| m.child.is_some() && !m.tls)
             .filter_map(|(i, m)| Some((i, status(m.client_port)?)))
             .collect()
     }
@@ -470,7 +588,7 @@ fn status(port: u16) -> Option<Status> {
     })
 }
 
-/// `Ok` if the member listening on `port` answers `GET /health` with `"health":"true"`;
+/// `Ok` if the member whose metrics port is `port` answers `GET /health` with `"health":"true"`;
 /// otherwise what it answered, or why it did not.
 fn health(port: u16) -> Result<(), String> {
     match request(port, "GET", "/health", "") {
@@ -592,7 +710,8 @@ mod tests {
             .unwrap_or_else(|e| panic!("range: {e}"));
         assert_eq!(code, 200, "{body}");
         assert!(body.contains(r#""value":"eWVz""#), "{body}");
-        assert!(cluster.logs().contains("restarting etcd member 0"));
+        let log = std::fs::read_to_string(cluster.dir.path().join("m0.log")).unwrap();
+        assert!(log.contains("restarting etcd member 0"));
     }
 
     #[test]

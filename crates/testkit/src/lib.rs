@@ -25,7 +25,7 @@ use std::{
 };
 
 pub use devnode::{mknod_block, mknod_char};
-pub use etcd::{ETCD_READY_TIMEOUT, EtcdCluster, EtcdError};
+pub use etcd::{ETCD_READY_TIMEOUT, EtcdCluster, EtcdError, EtcdTls};
 pub use marks::{ALLOC_DIR_VAR, KILL_WAIT, kill_marked, kill_tasks_under};
 pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError, attached_loops_under};

@@ -107,9 +107,11 @@ pub(super) fn etcd_settings(
         });
     }
     if s.endpoints.is_empty() {
-        // `--etcd` may give them; every other field is checked now.
+        // `--etcd` may give them; every other field is checked now (with an endpoint of the
+        // scheme TLS settings want: `--etcd` is checked against them once given).
+        let scheme = if s.tls.is_some() { "https" } else { "http" };
         let with_one = EtcdSettings {
-            endpoints: vec!["http://127.0.0.1:2379".into()],
+            endpoints: vec![format!("{scheme}://127.0.0.1:2379")],
             ..s.clone()
         };
         check(&with_one)?;
