@@ -646,6 +646,7 @@ async fn join_fleet(
         Arc::clone(&volumes),
         berth_fleet::LeaderSettings {
             lost_after: settings.lost_after,
+            gc_after: settings.gc_after,
         },
     );
     fleet.mirrors(tasks, shutdown);

@@ -275,12 +275,19 @@ impl FleetJobs {
         }
     }
 
-    /// Writes the status of each alloc whose status changed since it was last written.
     /// Writes the status of every local alloc whose status changed; false when one could not
     /// be written (it is tried again).
     async fn report(&self) -> bool {
         let mut all = true;
+        self.reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|id, _| self.fleet.allocs.get(id).is_some());
         for (status, finished) in self.jobs.local_allocs() {
+            if self.fleet.allocs.get(&status.alloc_id).is_none() {
+                // The leader collected it (its report with it): nothing to report.
+                continue;
+            }
             let r = reported(&status, finished);
             let changed = self
                 .reported

@@ -253,6 +253,11 @@ fn bad_etcd_settings_are_refused_before_anything_starts() {
         "control_plane.etcd.tls.ca_file",
     );
     refused(
+        "control_plane {\n  etcd {\n    endpoints = [\"http://127.0.0.1:2379\"]\n    gc_after = \"40d\"\n  }\n}\n",
+        &[],
+        "control_plane.etcd.gc_after",
+    );
+    refused(
         "control_plane {\n  etcd {\n    tls {\n      ca_file = \"/ca.pem\"\n    }\n  }\n}\n",
         &["--etcd", "http://127.0.0.1:2379"],
         "control_plane.etcd.tls: set, but the endpoints are http:// URLs",

@@ -1,7 +1,8 @@
 //! Jobs in a fleet on a real etcd: `job run` on any agent; the elected leader places the
 //! allocs (spread over the nodes); each agent runs those placed on it. A killed leader is
 //! replaced; a paused node's alloc is lost and placed elsewhere, and the node stops its copy
-//! when it resumes; a higher-priority job preempts a lower one and waits for it to stop.
+//! when it resumes; a higher-priority job preempts a lower one and waits for it to stop; the
+//! leader collects finished allocs and stopped jobs after `gc_after`.
 
 mod agent_support;
 
@@ -327,4 +328,151 @@ async fn a_higher_priority_job_preempts_a_lower_one_on_a_full_node() {
         "{low:#?}"
     );
     drop(high);
+}
+
+/// The ids of every key under `<prefix>/<dir>/` in the fleet's etcd.
+async fn keys(etcd: &berth_fleet::Etcd, dir: &str) -> BTreeSet<String> {
+    let (all, _) = etcd
+        .list::<serde_json::Value>(&etcd.dir(dir))
+        .await
+        .expect("etcd list");
+    all.into_iter()
+        .map(|(k, _)| k.strip_prefix(&etcd.dir(dir)).unwrap_or(&k).to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_collects_finished_allocs_and_stopped_jobs_after_gc_after() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let gc_config = |name: &str| {
+        format!(
+            "name = \"{name}\"\ncontrol_plane {{\n  etcd {{\n    prefix = \"/g\"\n    gc_after = \"2s\"\n  }}\n}}\n"
+        )
+    };
+    let etcd_flag = ["--etcd", &cluster.endpoints_csv()].map(str::to_string);
+    let etcd_flag: Vec<&str> = etcd_flag.iter().map(String::as_str).collect();
+    let a = AgentProcess::start_with(&gc_config("alpha"), &etcd_flag).await;
+    let mut b = AgentProcess::start_with(&gc_config("beta"), &etcd_flag).await;
+    ready_nodes(&a, 2).await;
+    let mut settings = berth_fleet::EtcdSettings::new(cluster.endpoints()).unwrap();
+    settings.prefix = "/g".into();
+    let etcd = berth_fleet::Etcd::connect(&settings).await.expect("etcd");
+
+    run_job(&a.client(), sleeper("web", 2, 50, 64))
+        .await
+        .expect("job run");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    wait_job_before(&a, "web", deadline, |s| running(s).len() == 2).await;
+    let batch = r#"job "once" {
+  type = "batch"
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config { command = "/bin/true" }
+    }
+  }
+}"#;
+    run_job(&b.client(), batch.into()).await.expect("job run");
+    wait_job_before(&a, "once", deadline, |s| {
+        s.allocs.len() == 1 && s.allocs[0].client_status == ClientStatus::Complete
+    })
+    .await;
+
+    // A new version (one copy): the old copies stop and are shown, done, until they have been
+    // done for gc_after; then they are gone with their reports, while the new one runs on.
+    let first = wait_job_before(&a, "web", deadline, |s| running(s).len() == 2).await;
+    let old: BTreeSet<String> = running(&first).into_iter().map(|(id, _)| id).collect();
+    run_job(&a.client(), sleeper("web", 1, 50, 64))
+        .await
+        .expect("job run");
+    wait_job_before(&a, "web", deadline, |s| {
+        old.iter().all(|id| {
+            s.placements
+                .iter()
+                .any(|p| &p.alloc_id == id && p.desired == "stop")
+                && s.allocs
+                    .iter()
+                    .any(|x| &x.alloc_id == id && x.client_status == ClientStatus::Complete)
+        })
+    })
+    .await;
+    let web = wait_job_before(&a, "web", deadline, |s| {
+        s.placements.len() == 1 && running(s).len() == 1
+    })
+    .await;
+    assert!(!old.contains(&web.placements[0].alloc_id));
+    let (allocs, reports) = (keys(&etcd, "allocs").await, keys(&etcd, "reports").await);
+    assert!(
+        allocs.is_disjoint(&old) && reports.is_disjoint(&old),
+        "{allocs:?} {reports:?}"
+    );
+    let mut web_allocs = old;
+    web_allocs.insert(web.placements[0].alloc_id.clone());
+
+    // Stopped: once its allocs are done, the job goes with all it had.
+    let out = berth(&b, &["job", "stop", "web"]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_web(&a, deadline, |s| s.is_none()).await;
+    assert!(!keys(&etcd, "jobs").await.contains("web"));
+    assert!(!keys(&etcd, "placements").await.contains("web"));
+    let left = keys(&etcd, "allocs").await;
+    assert!(left.is_disjoint(&web_allocs), "{left:?}");
+    // The finished batch alloc is kept: its job still wants it (it would run again otherwise).
+    let once = a.client().job("once").await.expect("job once");
+    assert_eq!(once.allocs.len(), 1);
+    assert_eq!(once.allocs[0].client_status, ClientStatus::Complete);
+
+    // An agent that restarts does not report again the allocs the leader collected: a
+    // report of its new system alloc proves it has reported since it came back.
+    b.kill9();
+    b.respawn();
+    b.wait_ready().await;
+    ready_nodes(&a, 2).await;
+    let system = r#"job "sys" {
+  type = "system"
+  group "g" {
+    task "sleep" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["600"]
+      }
+    }
+  }
+}"#;
+    run_job(&a.client(), system.into()).await.expect("job run");
+    let sys = wait_job_before(&a, "sys", deadline, |s| running(s).len() == 2).await;
+    let reports = keys(&etcd, "reports").await;
+    for p in &sys.placements {
+        assert!(reports.contains(&p.alloc_id), "{reports:?}");
+    }
+    assert!(reports.is_disjoint(&web_allocs), "{reports:?}");
+}
+
+/// Polls whether job `web` is still shown until `pred` holds of it (`None`: not found).
+async fn wait_web(
+    agent: &AgentProcess,
+    deadline: tokio::time::Instant,
+    pred: impl Fn(Option<&JobStatus>) -> bool,
+) {
+    loop {
+        let got = match agent.client().job("web").await {
+            Ok(s) => Some(s),
+            Err(e) if e.status() == Some(404) => None,
+            Err(e) => panic!("job status: {e}"),
+        };
+        if pred(got.as_ref()) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "job web: {got:#?}\n{}",
+            agent.log()
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
 }

@@ -159,6 +159,7 @@ async fn through_etcd(cluster: &EtcdCluster, prefix: &str) -> Sample {
         volumes,
         LeaderSettings {
             lost_after: Duration::from_secs(15),
+            gc_after: berth_fleet::gc::DEFAULT_GC_AFTER,
         },
     );
     let tasks = tokio_util::task::TaskTracker::new();

@@ -463,6 +463,15 @@ impl Write {
         })
     }
 
+    /// A delete of `key`, if its revision is still `expected`.
+    pub fn delete(key: String, expected: i64) -> Self {
+        Self {
+            key,
+            expected,
+            value: None,
+        }
+    }
+
     fn size(&self) -> usize {
         self.key.len() + self.value.as_ref().map_or(0, Vec::len) + 16
     }

@@ -8,6 +8,7 @@ pub mod cache;
 pub mod catalog;
 pub mod compaction;
 pub mod etcd;
+pub mod gc;
 pub mod leader;
 pub mod nodes;
 pub mod routing;

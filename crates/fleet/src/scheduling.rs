@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::{
     cache::WatchedDir,
     etcd::{Etcd, Fence, FleetError, Outcome, Versioned, Write},
+    gc::{Collector, History},
     nodes::Membership,
 };
 
@@ -54,6 +55,8 @@ pub struct PlacementReport {
 pub struct LeaderSettings {
     /// How long a node may be down before its allocs are lost and replaced.
     pub lost_after: Duration,
+    /// How long finished allocs and stopped jobs are kept ([`crate::gc`]).
+    pub gc_after: Duration,
 }
 
 /// Counters of the leader's work, for the bench and the metrics.
@@ -67,6 +70,8 @@ pub struct LeaderStats {
     pub placed: AtomicU64,
     /// Allocs stopped.
     pub stopped: AtomicU64,
+    /// Allocs, jobs and reports collected.
+    pub collected: AtomicU64,
 }
 
 /// The fleet's jobs, allocs and reports as every agent mirrors them, and the leader's work.
@@ -86,6 +91,7 @@ pub struct Fleet {
     /// Counters.
     pub stats: LeaderStats,
     down_since: Mutex<BTreeMap<String, Instant>>,
+    collector: Collector,
 }
 
 impl std::fmt::Debug for Fleet {
@@ -116,6 +122,7 @@ impl Fleet {
             settings,
             stats: LeaderStats::default(),
             down_since: Mutex::new(BTreeMap::new()),
+            collector: Collector::new(settings.gc_after),
         })
     }
 
@@ -144,7 +151,8 @@ impl Fleet {
         self.placements.wait_synced(shutdown).await;
     }
 
-    /// Leads until `term`: a pass after every change, and every second.
+    /// Leads until `term`: a pass after every change, and every second; after each pass that
+    /// changed nothing, what is due is collected ([`crate::gc`]).
     pub async fn lead(self: Arc<Self>, fence: Fence, term: CancellationToken) {
         let mut changes = [
             self.jobs.subscribe(),
@@ -157,6 +165,7 @@ impl Fleet {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clear();
+        self.collector.reset();
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -166,7 +175,17 @@ impl Fleet {
                     return;
                 }
                 Ok(Outcome::Changed) => continue,
-                Ok(Outcome::Done(_)) => {}
+                Ok(Outcome::Done(_)) => match self.collect(&fence).await {
+                    Ok(Outcome::Fenced) => {
+                        tracing::warn!("the leader's writes are fenced: stepping down");
+                        return;
+                    }
+                    // A mirror behind a write: its change wakes the next pass.
+                    Ok(Outcome::Changed | Outcome::Done(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "collecting old allocs failed; trying again")
+                    }
+                },
                 Err(e) => tracing::warn!(error = %e, "scheduling pass failed; trying again"),
             }
             let [a, b, c, d, e] = &mut changes;
@@ -184,6 +203,51 @@ impl Fleet {
                 () = tokio::time::sleep(SETTLE) => {}
             }
         }
+    }
+
+    /// Deletes the allocs, reports and stopped jobs that have been done for `gc_after`, as
+    /// the mirrors show them; `Done(0)` when nothing is due.
+    pub async fn collect(&self, fence: &Fence) -> Result<Outcome, FleetError> {
+        let jobs: BTreeMap<_, _> = self.jobs.all_versioned().into_iter().collect();
+        let allocs: BTreeMap<_, _> = self.allocs.all_versioned().into_iter().collect();
+        let reports: BTreeMap<_, _> = self.reports.all_versioned().into_iter().collect();
+        let placements: BTreeMap<String, i64> = self
+            .placements
+            .all_versioned()
+            .into_iter()
+            .map(|(k, v)| (k, v.mod_revision))
+            .collect();
+        let nodes: BTreeMap<String, NodeState> = self
+            .membership
+            .nodes()
+            .into_iter()
+            .map(|n| (n.id, n.status))
+            .collect();
+        let history = History {
+            jobs: &jobs,
+            allocs: &allocs,
+            reports: &reports,
+            placements: &placements,
+            nodes: &nodes,
+        };
+        let due = self.collector.due(history.collectable(), Instant::now());
+        let mut writes = Vec::new();
+        for item in &due {
+            writes.extend(history.deletes(item, |dir, id| self.etcd.key(&[dir, id])));
+        }
+        if writes.is_empty() {
+            return Ok(Outcome::Done(0));
+        }
+        let n = writes.len() as u64;
+        let (outcome, txns) = self.etcd.write_all(writes, fence).await?;
+        self.stats.txns.fetch_add(txns as u64, Ordering::Relaxed);
+        if let Outcome::Done(_) = outcome {
+            self.stats.collected.fetch_add(n, Ordering::Relaxed);
+            for item in &due {
+                tracing::info!(?item, "collected");
+            }
+        }
+        Ok(outcome)
     }
 
     /// When each down node went down, as this leader saw it; nodes back up are forgotten.

@@ -13,6 +13,8 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_secs(3);
 pub const DEFAULT_LOST_AFTER: Duration = Duration::from_secs(15);
 /// The longest `lost_after`.
 pub const MAX_LOST_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// The longest `gc_after`.
+pub const MAX_GC_AFTER: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The longest prefix: keys stay far below etcd's request limit.
 pub const MAX_PREFIX: usize = 128;
 
@@ -45,6 +47,8 @@ pub struct EtcdSettings {
     pub lost_claims: LostClaims,
     /// How often the leader compacts etcd's history (and how much it keeps).
     pub compact_every: Duration,
+    /// How long finished allocs and stopped jobs stay in etcd (and in `job status`).
+    pub gc_after: Duration,
 }
 
 /// What becomes of the volume claims of a node that is down (`lost_claims { after = … }`).
@@ -70,7 +74,14 @@ impl Default for LostClaims {
 impl EtcdSettings {
     /// Settings with the defaults for all but the endpoints, checked.
     pub fn new(endpoints: Vec<String>) -> Result<Self, String> {
-        let s = Self {
+        let s = Self::defaults(endpoints);
+        s.check()?;
+        Ok(s)
+    }
+
+    /// Settings with the defaults for all but the endpoints, not checked yet.
+    pub fn defaults(endpoints: Vec<String>) -> Self {
+        Self {
             endpoints,
             prefix: DEFAULT_PREFIX.into(),
             tls: None,
@@ -78,9 +89,8 @@ impl EtcdSettings {
             lost_after: DEFAULT_LOST_AFTER,
             lost_claims: LostClaims::default(),
             compact_every: crate::compaction::DEFAULT_COMPACT_EVERY,
-        };
-        s.check()?;
-        Ok(s)
+            gc_after: crate::gc::DEFAULT_GC_AFTER,
+        }
     }
 
     /// Checks every field; the error names the field (`endpoints[1]`, `prefix`, …).
@@ -116,6 +126,12 @@ impl EtcdSettings {
             return Err(format!(
                 "compact_every: {:?} is longer than the most, {MAX_LOST_AFTER:?}",
                 self.compact_every
+            ));
+        }
+        if self.gc_after > MAX_GC_AFTER {
+            return Err(format!(
+                "gc_after: {:?} is longer than the most, {MAX_GC_AFTER:?}",
+                self.gc_after
             ));
         }
         if let LostClaims::After(d) = self.lost_claims
@@ -225,6 +241,10 @@ mod tests {
             (
                 Box::new(|s| s.lease_ttl = Duration::from_secs(1)),
                 "lease_ttl:",
+            ),
+            (
+                Box::new(|s| s.gc_after = MAX_GC_AFTER + Duration::from_secs(1)),
+                "gc_after:",
             ),
             (
                 Box::new(|s| {

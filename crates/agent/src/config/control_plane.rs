@@ -3,10 +3,7 @@
 
 use std::path::PathBuf;
 
-use berth_fleet::{
-    EtcdSettings, TlsFiles,
-    settings::{DEFAULT_PREFIX, LostClaims},
-};
+use berth_fleet::{EtcdSettings, TlsFiles, settings::LostClaims};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -25,6 +22,7 @@ struct RawEtcd {
     lost_after: Option<String>,
     lost_claims: Option<RawLostClaims>,
     compact_every: Option<String>,
+    gc_after: Option<String>,
     tls: Option<RawTls>,
 }
 
@@ -52,15 +50,10 @@ pub(super) fn etcd_settings(
     let Some(etcd) = raw.and_then(|r| r.etcd) else {
         return Ok(None);
     };
-    let mut s = EtcdSettings {
-        endpoints: etcd.endpoints,
-        prefix: etcd.prefix.unwrap_or_else(|| DEFAULT_PREFIX.into()),
-        tls: None,
-        lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
-        lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
-        lost_claims: LostClaims::default(),
-        compact_every: berth_fleet::compaction::DEFAULT_COMPACT_EVERY,
-    };
+    let mut s = EtcdSettings::defaults(etcd.endpoints);
+    if let Some(prefix) = etcd.prefix {
+        s.prefix = prefix;
+    }
     if let Some(ttl) = etcd.lease_ttl {
         s.lease_ttl = super::duration(&ttl).map_err(|m| (format!("{FIELD}.lease_ttl"), m))?;
     }
@@ -69,6 +62,9 @@ pub(super) fn etcd_settings(
     }
     if let Some(d) = etcd.compact_every {
         s.compact_every = super::duration(&d).map_err(|m| (format!("{FIELD}.compact_every"), m))?;
+    }
+    if let Some(d) = etcd.gc_after {
+        s.gc_after = super::duration(&d).map_err(|m| (format!("{FIELD}.gc_after"), m))?;
     }
     if let Some(after) = etcd.lost_claims.and_then(|l| l.after) {
         s.lost_claims = if after == "manual" {

@@ -54,15 +54,10 @@ pub fn load_config(args: &AgentArgs) -> anyhow::Result<Config> {
         None => Config::default(),
     };
     if !args.etcd.is_empty() {
-        let mut etcd = config.etcd.take().unwrap_or(berth_fleet::EtcdSettings {
-            endpoints: Vec::new(),
-            prefix: berth_fleet::settings::DEFAULT_PREFIX.into(),
-            tls: None,
-            lease_ttl: berth_fleet::settings::DEFAULT_LEASE_TTL,
-            lost_after: berth_fleet::settings::DEFAULT_LOST_AFTER,
-            lost_claims: berth_fleet::settings::LostClaims::default(),
-            compact_every: berth_fleet::compaction::DEFAULT_COMPACT_EVERY,
-        });
+        let mut etcd = config
+            .etcd
+            .take()
+            .unwrap_or_else(|| berth_fleet::EtcdSettings::defaults(Vec::new()));
         etcd.endpoints.clone_from(&args.etcd);
         berth_agent::config::check_etcd(&etcd)
             .map_err(|(field, m)| UsageError(format!("--etcd: {field}: {m}")))?;
