@@ -1,7 +1,8 @@
 //! The leader's sweep of claims held by nodes that are down: once a node has been down for
 //! the grace the operator set (`lost_claims { after }`), ControllerUnpublishVolume runs for it
 //! and its claims are freed, so its volumes can be claimed elsewhere. A claim a missed event
-//! left behind is found again at the next sweep.
+//! left behind is found again at the next sweep; one that cannot be freed yet (no controller
+//! answers) is tried again after a wait that doubles up to 30 s.
 
 use std::{
     collections::HashMap,
@@ -17,6 +18,9 @@ use crate::volumes::Volumes;
 
 /// How often the leader looks at the claims of down nodes.
 const SWEEP: Duration = Duration::from_secs(1);
+/// The longest wait before freeing a down node's claims is tried again after a failure (the
+/// wait starts at [`SWEEP`] and doubles).
+const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// The sweep; runs while this agent leads.
 #[derive(Debug)]
@@ -49,6 +53,8 @@ impl LostClaimSweep {
             return;
         };
         let mut down_since: HashMap<String, Instant> = HashMap::new();
+        // (volume, node) → when to try again and the wait after that.
+        let mut retry: HashMap<(String, String), (Instant, Duration)> = HashMap::new();
         let mut alive = self.membership.alive_dir().subscribe();
         loop {
             let now = Instant::now();
@@ -62,6 +68,7 @@ impl LostClaimSweep {
                         .is_none_or(|n| n.status == NodeState::Down);
                     if !down {
                         down_since.remove(&node);
+                        retry.retain(|(_, n), _| *n != node);
                         continue;
                     }
                     let since = *down_since.entry(node.clone()).or_insert(now);
@@ -69,10 +76,26 @@ impl LostClaimSweep {
                         next = next.min(since + after);
                         continue;
                     }
+                    let key = (volume_id.clone(), node.clone());
+                    if let Some((at, _)) = retry.get(&key)
+                        && now < *at
+                    {
+                        next = next.min(*at);
+                        continue;
+                    }
                     tracing::info!(volume_id, node_id = %node, down_for = ?now.duration_since(since), "freeing the claims of a down node");
                     let out = self.volumes.free_down_node(&volume_id, &node).await;
-                    if let Some(e) = out.releases.iter().find_map(|r| r.error.as_ref()) {
-                        tracing::warn!(volume_id, node_id = %node, error = %e, "claims of a down node not freed yet; the next sweep tries again");
+                    match out.releases.iter().find_map(|r| r.error.as_ref()) {
+                        Some(e) => {
+                            let wait = retry
+                                .get(&key)
+                                .map_or(SWEEP, |(_, w)| (*w * 2).min(MAX_RETRY));
+                            tracing::warn!(volume_id, node_id = %node, error = %e, retry_in = ?wait, "claims of a down node not freed yet");
+                            retry.insert(key, (Instant::now() + wait, wait));
+                        }
+                        None => {
+                            retry.remove(&key);
+                        }
                     }
                 }
             }

@@ -46,8 +46,8 @@ impl Volumes {
                 }
             }
             Err(e) => {
+                // The caller shows it (the operator's detach, or the sweep's log).
                 let text = e.to_string();
-                tracing::warn!(volume_id = id, node_id, error = %text, "cannot free the claims of a down node yet");
                 DetachResponse {
                     releases: claimed
                         .iter()
