@@ -125,25 +125,21 @@ while [ "$count" -gt 0 ]; do
   "$mount_bin" --bind -- "$src" "$dst" || fail "cannot bind the device node $src at ${dst#"$root"}"
   count=$((count - 1))
 done
-child='' pending=''
-fwd() { if [ -n "$child" ]; then kill -s "$1" "$child" 2>/dev/null; else pending=$1; fi; }
 if [ "$init" = 1 ]; then
-  for s in TERM INT HUP QUIT USR1 USR2; do
-    trap "fwd $s" "$s"
-  done
-fi
-printf 'ready\n'
-exec 1>&3 2>&4 3>&- 4>&-
-if [ "$init" = 1 ]; then
-  # Until it execs, the child is a copy of this shell with its traps: a signal caught there
-  # (it sets `pending` in the copy) ends it before the command starts.
+  # The command's process is forked before any trap is set, so it starts with every signal's
+  # default disposition: a handler it inherited could catch a signal and drop it before the
+  # command is exec'd. Nothing signals the task before `ready`; from then on this PID 1 has
+  # its traps and passes each signal on.
   (
-    trap - TERM INT HUP QUIT USR1 USR2
-    if [ -n "$pending" ]; then exit 143; fi
+    exec 1>&3 2>&4 3>&- 4>&-
     exec "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@"
   ) &
   child=$!
-  if [ -n "$pending" ]; then kill -s "$pending" "$child" 2>/dev/null; fi
+  for s in TERM INT HUP QUIT USR1 USR2; do
+    trap "kill -s $s $child 2>/dev/null" "$s"
+  done
+  printf 'ready\n'
+  exec 1>&3 2>&4 3>&- 4>&-
   status=0
   while :; do
     wait "$child"
@@ -152,6 +148,8 @@ if [ "$init" = 1 ]; then
   done
   exit "$status"
 fi
+printf 'ready\n'
+exec 1>&3 2>&4 3>&- 4>&-
 exec "$chroot_bin" --userspec="$uid:$gid" --groups="$groups" -- "$root" "$@"
 "#;
 
