@@ -29,6 +29,8 @@ use crate::{
     template::{NODE_VARIABLES, Part, RUNTIME_VARIABLES, Template},
 };
 
+mod connect;
+
 type Res<T> = Result<T, SpecError>;
 
 const NOT_HERE: &str = "runtime variables (${NOMAD_…}, ${attr.…}…) are not interpolated here; \
@@ -549,7 +551,7 @@ fn job_of(cx: &Cx<'_>, root: Node) -> Res<JobSpec> {
             continue;
         }
         lines.insert(name.clone(), g.line);
-        match group(cx, job_type, &meta, name, g) {
+        match group(cx, job_type, &id, &meta, name, g) {
             Ok(g) => groups.push(g),
             Err(e) => cx.record(e),
         }
@@ -620,6 +622,7 @@ fn meta(
 fn group(
     cx: &Cx<'_>,
     job_type: JobType,
+    job_id: &str,
     job_meta: &BTreeMap<String, String>,
     name: String,
     mut g: Fields,
@@ -637,6 +640,7 @@ fn group(
             "constraint",
             "affinity",
             "spread",
+            "service",
         ],
     )?;
     let group_meta = meta(cx, &mut g, job_meta)?;
@@ -722,16 +726,25 @@ fn group(
         None => base,
     };
 
+    let services = connect::services(cx, &mut g, job_id, &name);
+
     let mut tasks: Vec<TaskSpec> = Vec::new();
     let mut lines = BTreeMap::new();
+    // Service → its connect-proxy task.
+    let mut proxies = BTreeMap::new();
     for (tname, t) in g.labelled(cx, "task", "name")? {
         if let Some(first) = lines.get(&tname) {
             cx.record(duplicate(cx, &t, "task", &tname, *first));
             continue;
         }
         lines.insert(tname.clone(), t.line);
-        match task(cx, &volumes, restart, &group_meta, tname, t) {
-            Ok(t) => tasks.push(t),
+        let kind_at = (t.path.key("kind"), t.line_of("kind"));
+        let parsed = task(cx, &volumes, &services, restart, &group_meta, tname, t);
+        match parsed {
+            Ok(t) => match connect::second_proxy(cx, &mut proxies, &t, (&kind_at.0, kind_at.1)) {
+                Some(e) => cx.record(e),
+                None => tasks.push(t),
+            },
             Err(e) => cx.record(e),
         }
     }
@@ -749,6 +762,7 @@ fn group(
         restart,
         tasks,
         rules,
+        services: services.list,
     })
 }
 
@@ -925,6 +939,7 @@ fn restart(cx: &Cx<'_>, base: RestartPolicy, mut r: Fields) -> Res<RestartPolicy
 fn task(
     cx: &Cx<'_>,
     volumes: &BTreeMap<String, VolumeRequest>,
+    services: &connect::GroupServices,
     group_restart: RestartPolicy,
     group_meta: &BTreeMap<String, String>,
     name: String,
@@ -964,6 +979,8 @@ fn task(
             "csi_plugin",
             "user",
             "meta",
+            "kind",
+            "identity",
         ],
     )?;
     let meta = meta(cx, &mut t, group_meta)?;
@@ -1120,6 +1137,8 @@ fn task(
         .block(cx, "csi_plugin")?
         .map(|c| plugin(cx, c))
         .transpose()?;
+    let kind = connect::kind(cx, &mut t, services)?;
+    let identities = connect::identities(cx, &mut t)?;
 
     let spec = TaskSpec {
         name,
@@ -1136,6 +1155,8 @@ fn task(
         kill_timeout,
         restart,
         csi_plugin,
+        kind,
+        identities,
     };
     references(cx, &p, &spec);
     Ok(spec)

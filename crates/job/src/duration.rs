@@ -153,6 +153,29 @@ pub(crate) mod go_form {
     }
 }
 
+/// `#[serde(with = "…")]` for an `Option<Duration>` stored as a Go-form string or `null`.
+pub(crate) mod go_form_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize as _, Deserializer, Serializer, de::Error as _};
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.collect_str(&super::GoDuration(*d)),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| {
+                super::parse_duration(&s)
+                    .map_err(|e| D::Error::custom(format!("duration {s:?} {e}")))
+            })
+            .transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,11 +45,19 @@
 //!   `spread` blocks (on top of the job's); `volume "<name>"` blocks with
 //!   `type = "csi"`, `source` (berth's volume id), `access_mode`, `attachment_mode` (default
 //!   `file-system`), `read_only` and `per_alloc` (default false), `mount_options { fs_type,
-//!   mount_flags }`; `restart { attempts, interval, delay, mode }`; `task "<name>"` blocks;
+//!   mount_flags }`; `restart { attempts, interval, delay, mode }`; `service` blocks
+//!   ([`ServiceSpec`]): `name`, `port`, `tags`, `provider` (`consul`, the default, or
+//!   `nomad`), `connect { native, sidecar_service { port, tags } }` and `identity { aud, ttl
+//!   }`; `task "<name>"` blocks;
 //! - in a task: `driver`, `config { command, args }`, `env`, `volume_mount { volume,
 //!   destination, read_only }` blocks, `resources { cpu, memory }` (MHz and MB, default 100
 //!   and 300), `kill_timeout` (default 5s), `restart` and `csi_plugin { id, type, mount_dir,
-//!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s);
+//!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s), `kind`
+//!   ([`TaskKind`]: `connect-proxy:<service>`, `connect-native:<service>`,
+//!   `connect-ingress:<service>`, `connect-terminating:<service>` or
+//!   `connect-mesh:<service>`) and `identity { name, aud, env, file, filepath, ttl,
+//!   change_mode, change_signal }` blocks ([`WorkloadIdentity`]; the one without `name` is
+//!   the default identity);
 //! - in a task's `resources`: `device "<name>"` blocks ([`DeviceRequest`]), any number, with
 //!   `count` (default 1), `constraint { attribute, operator, value }` and `affinity {
 //!   attribute, operator, value, weight }` blocks (operator default `=`, weight default 50).
@@ -163,13 +171,39 @@
 //!   and it takes no constraint or affinity. `${device.…}` anywhere else is an error.
 //! - `csi_plugin`: `id` and `type` are required; `mount_dir` and `stage_publish_base_dir` must
 //!   be absolute and neither may lie inside the other.
+//! - Services are a group's only (a task's `service` is an unknown field), and a service
+//!   holds the fields above only (`check`, `meta`, a sidecar's `proxy`, `sidecar_task` and
+//!   `gateway` are unknown fields). Checked as Nomad checks them: a name of 1 to 63 ASCII
+//!   letters, digits and dashes, neither first nor last a dash, after `${NOMAD_JOB_NAME}`
+//!   and `${NOMAD_GROUP_NAME}` are filled (when read; no other reference, and no
+//!   `${NOMAD_TASK_NAME}`, since a group service has no task); one provider for all services
+//!   of a group; `connect` only with `consul`, holding exactly one of `native = true` and
+//!   `sidecar_service`. Names are unique in a group (Nomad tells services apart by name and
+//!   port). Port labels are kept as written: berth reads no `network` block to check them
+//!   against. No sidecar task is injected: a proxy is a task of the group written with its
+//!   `kind`.
+//! - A `connect-proxy:<service>` task needs a service of its group with that name and a
+//!   `sidecar_service` block, a `connect-native:<service>` task one with `native = true`
+//!   (both errors name the task's `kind`); a service has at most one proxy task. Gateway
+//!   kinds are kept without a check. Any other `kind` is an error (Nomad keeps it).
+//!   [`GroupSpec::consul_si_token_tasks`] lists the tasks that need a Consul service identity
+//!   token with their services.
+//! - `identity` blocks as Nomad checks them: names of 1 to 128 ASCII letters, digits, `-` and
+//!   `_`, unique in the task (two blocks without `name` are two default identities); `aud`
+//!   items not empty; `ttl` a duration, and none on the default identity; `change_signal`
+//!   with `change_mode = "signal"` only, and required by it. Stricter than Nomad: an `aud`
+//!   other than `nomadproject.io` on the default identity is an error (Nomad replaces it), a
+//!   `ttl` of 0 is an error (leave it out for a token that does not expire), `filepath`
+//!   needs `file = true` and is relative without `..`, and a label (`identity
+//!   "vault_default" { … }`) is an error that says to write `name = "…"`. The same `aud` and
+//!   `ttl` rules hold in a service's `identity`.
 //! - Everything else of Nomad's job specification (task constraints, affinities and spreads,
-//!   networks, services, templates, artifacts, update and reschedule policies…) is an unknown
-//!   field.
+//!   networks, templates, artifacts, update and reschedule policies…) is an unknown field.
 //! - [`JobSpec::parse_with`] reports every problem (up to [`MAX_REPORTED`]); a volume spec
 //!   given as a job says which command takes it.
 
 mod check;
+mod connect;
 mod duration;
 mod input;
 mod path;
@@ -182,6 +216,12 @@ use std::path::{Component, Path, PathBuf};
 
 pub use berth_devices::request::{DeviceRequest, DeviceTarget};
 pub use berth_volume::SpecError;
+pub use connect::{
+    ConnectSpec, DEFAULT_IDENTITY_AUD, DEFAULT_IDENTITY_NAME, IdentityChangeMode,
+    MAX_IDENTITY_NAME_CHARS, MAX_SERVICE_NAME_CHARS, ServiceIdentity, ServiceNameError,
+    ServiceProvider, ServiceSpec, SidecarService, TASK_KIND_PREFIXES, TaskKind, TaskKindError,
+    WorkloadIdentity, check_service_name,
+};
 pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
 pub use spec::{
     COUNT_RANGE, CsiPluginSpec, CsiPluginType, DEFAULT_CPU_MHZ, DEFAULT_KILL_TIMEOUT,

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     check,
+    connect::{ServiceSpec, TaskKind, WorkloadIdentity},
     duration::go_form,
     input,
     rules::Rules,
@@ -185,7 +186,9 @@ impl FromStr for JobType {
 /// and a count in [`COUNT_RANGE`]; every `volume_mount` names a volume of its group and has an
 /// absolute destination without `..`; restart policies are consistent; mount flags take at
 /// most 4 KiB; every device request passed [`DeviceRequest::build`] and its name is unique in
-/// its task. Deserializing the canonical form does not check again: it is meant for what
+/// its task; service names are unique in their group, identity names in their task, and a
+/// `connect-proxy` or `connect-native` kind names a service of its group that fits it.
+/// Deserializing the canonical form does not check again: it is meant for what
 /// this crate wrote.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobSpec {
@@ -235,6 +238,9 @@ pub struct GroupSpec {
     /// The group's `constraint`, `affinity` and `spread` blocks (on top of the job's).
     #[serde(default, skip_serializing_if = "Rules::is_empty")]
     pub rules: Rules,
+    /// `service` blocks, in file order; names are unique in the group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<ServiceSpec>,
 }
 
 /// A group's `volume` block: a CSI volume its allocs claim.
@@ -372,6 +378,15 @@ pub struct TaskSpec {
     pub restart: RestartPolicy,
     /// Set when the task runs a CSI plugin.
     pub csi_plugin: Option<CsiPluginSpec>,
+    /// `kind`: the task's Connect role. A `connect-proxy` kind names a group service with
+    /// `connect { sidecar_service {} }`, a `connect-native` kind one with `connect { native =
+    /// true }`; at most one proxy task fronts a service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<TaskKind>,
+    /// `identity` blocks, in file order; names are unique in the task (the one without a name
+    /// is the default identity).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub identities: Vec<WorkloadIdentity>,
 }
 
 /// A `volume_mount` block: where a group volume appears in the task.

@@ -270,6 +270,8 @@ fn full_expected() -> JobSpec {
         pid_mode: None,
         meta: BTreeMap::new(),
         csi_plugin: None,
+        kind: None,
+        identities: vec![],
     };
     let plugin = TaskSpec {
         name: "plugin".into(),
@@ -292,6 +294,8 @@ fn full_expected() -> JobSpec {
             stage_publish_base_dir: "/local/csi".into(),
             health_timeout: secs(60),
         }),
+        kind: None,
+        identities: vec![],
     };
     let second = GroupSpec {
         rules: Default::default(),
@@ -314,7 +318,10 @@ fn full_expected() -> JobSpec {
             pid_mode: None,
             meta: BTreeMap::new(),
             csi_plugin: None,
+            kind: None,
+            identities: vec![],
         }],
+        services: vec![],
     };
     JobSpec {
         priority: 70,
@@ -330,6 +337,7 @@ fn full_expected() -> JobSpec {
                 volumes: BTreeMap::from([("data".into(), data), ("raw".into(), raw)]),
                 restart: group_restart,
                 tasks: vec![app, plugin],
+                services: vec![],
             },
             second,
         ],
