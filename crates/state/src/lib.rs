@@ -51,6 +51,10 @@ impl Table {
     pub const ALLOCS: Table = Table("allocs");
     /// The last device list of each device plugin, keyed `<protocol>:<plugin name>`.
     pub const DEVICES: Table = Table("devices");
+    /// The keys that sign workload identities (one record, `keys`).
+    pub const IDENTITY: Table = Table("identity");
+    /// Consul ACL tokens an alloc holds, keyed by alloc id (one record per alloc).
+    pub const CONSUL_TOKENS: Table = Table("consul_tokens");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)

@@ -6,12 +6,14 @@
 //! running, found by the mark in its environment ([`kill_marked`]), and device nodes
 //! ([`mknod_char`], [`mknod_block`]).
 //! Real etcd clusters on 127.0.0.1 (Debian's `etcd-server`, etcd 3.4): [`EtcdCluster`].
+//! A fake Consul agent's ACL API (login with a JWT, token/self, logout): [`FakeConsul`].
 //!
 //! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod consul;
 mod devnode;
 mod etcd;
 mod marks;
@@ -24,6 +26,10 @@ use std::{
     time::Duration,
 };
 
+pub use consul::{
+    CONSUL_AUDIENCE, CONSUL_AUTH_METHOD, FakeConsul, FakeConsulConfig, IssuedToken, JwksSource,
+    LoginOutcome, LoginRecord, LogoutRecord,
+};
 pub use devnode::{mknod_block, mknod_char};
 pub use etcd::{ETCD_READY_TIMEOUT, EtcdCluster, EtcdError, EtcdTls};
 pub use marks::{ALLOC_DIR_VAR, KILL_WAIT, kill_marked, kill_tasks_under};
