@@ -70,7 +70,7 @@ pub struct LeaderStats {
     pub placed: AtomicU64,
     /// Allocs stopped.
     pub stopped: AtomicU64,
-    /// Allocs, jobs and reports collected.
+    /// Keys deleted by garbage collection (allocs, reports, jobs, placements).
     pub collected: AtomicU64,
 }
 
