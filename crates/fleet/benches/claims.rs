@@ -87,15 +87,6 @@ fn ms(d: Duration) -> String {
     format!("{:.3} ms", d.as_secs_f64() * 1e3)
 }
 
-async fn revision(etcd: &Etcd) -> i64 {
-    etcd.client()
-        .status()
-        .await
-        .expect("status")
-        .header()
-        .map_or(0, |h| h.revision())
-}
-
 fn main() -> ExitCode {
     let samples = match common::samples("claims", 300, 30) {
         Ok(n) => n,
@@ -106,11 +97,7 @@ fn main() -> ExitCode {
     };
     // etcd dies with the thread that started it: this one, which outlives the runtime.
     let cluster = EtcdCluster::single().expect("etcd");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     rt.block_on(run(&cluster, samples));
     ExitCode::SUCCESS
 }
@@ -154,12 +141,12 @@ async fn run(cluster: &EtcdCluster, samples: usize) {
     }
     let mut local = Vec::with_capacity(samples);
     let mut remote = Vec::with_capacity(samples);
-    let before = revision(&etcd).await;
+    let before = etcd.revision().await.expect("revision");
     for i in 0..samples {
         local.push(cycle(&embedded, &format!("a{i}")).await);
         remote.push(cycle(&fleet, &format!("a{i}")).await);
     }
-    let writes = revision(&etcd).await - before;
+    let writes = etcd.revision().await.expect("revision") - before;
     local.sort();
     remote.sort();
     let (l50, r50) = (pct(&local, 0.5), pct(&remote, 0.5));

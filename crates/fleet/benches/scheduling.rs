@@ -82,15 +82,6 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
-async fn revision(etcd: &Etcd) -> i64 {
-    etcd.client()
-        .status()
-        .await
-        .expect("status")
-        .header()
-        .map_or(0, |h| h.revision())
-}
-
 /// The same 1000 decisions, in memory.
 fn in_memory() -> Duration {
     let nodes: Vec<FleetNode> = (0..NODES).map(node).collect();
@@ -181,7 +172,7 @@ async fn through_etcd(cluster: &EtcdCluster, prefix: &str) -> Sample {
             .await
             .expect("job");
     }
-    let before = revision(&etcd).await;
+    let before = etcd.revision().await.expect("revision");
     let start = Instant::now();
     loop {
         match fleet.pass(&fence).await.expect("pass") {
@@ -191,7 +182,7 @@ async fn through_etcd(cluster: &EtcdCluster, prefix: &str) -> Sample {
         }
     }
     let took = start.elapsed();
-    let revisions = revision(&etcd).await - before;
+    let revisions = etcd.revision().await.expect("revision") - before;
     let (allocs, _) = etcd
         .list::<berth_scheduler::FleetAlloc>(&etcd.dir("allocs"))
         .await
@@ -221,11 +212,7 @@ fn main() -> ExitCode {
         }
     };
     let cluster = EtcdCluster::single().expect("etcd");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = common::runtime();
     let mut etcd_runs = Vec::new();
     let mut memory = Vec::new();
     let mut txns = Vec::new();

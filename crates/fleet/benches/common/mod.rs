@@ -1,4 +1,4 @@
-//! What the fleet benches share: their one option.
+//! What the fleet benches share: their one option and their runtime.
 
 /// `--samples N` (default `full`) or `--quick` (`quick`); `Err` holds the usage error.
 pub fn samples(bench: &str, full: usize, quick: usize) -> Result<usize, String> {
@@ -23,4 +23,13 @@ pub fn samples(bench: &str, full: usize, quick: usize) -> Result<usize, String> 
         }
     }
     Ok(samples)
+}
+
+/// The runtime every bench runs in: two workers, as the machines they are measured on.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }
