@@ -402,11 +402,8 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn survives_a_reload_and_failed_updates_change_nothing() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("state.json");
-        let store = Store::load(&path).expect("load empty");
+    /// Adds volume `v1` through `store`.
+    async fn add_v1(store: &Store) {
         store
             .update(|s| {
                 s.volumes.insert("v1".into(), volume("v1"));
@@ -414,6 +411,14 @@ mod tests {
             })
             .await
             .expect("update");
+    }
+
+    #[tokio::test]
+    async fn survives_a_reload_and_failed_updates_change_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.json");
+        let store = Store::load(&path).expect("load empty");
+        add_v1(&store).await;
         let refused = store
             .update(|s| {
                 s.volumes.clear();
@@ -457,13 +462,7 @@ mod tests {
         let store = Store::load(&path)
             .expect("load empty")
             .with_writer(write_then_fail_to_sync_dir);
-        store
-            .update(|s| {
-                s.volumes.insert("v1".into(), volume("v1"));
-                Ok::<_, Refused>(())
-            })
-            .await
-            .expect("the new state is in place: the update is done");
+        add_v1(&store).await;
         assert!(
             store
                 .read(|s| s.volumes.contains_key("v1"))
@@ -508,12 +507,7 @@ mod tests {
         let lock = dir.path().join(STATE_LOCK_FILE);
         let a = std::sync::Arc::new(Store::load_shared(&path, &lock).expect("a"));
         let b = std::sync::Arc::new(Store::load_shared(&path, &lock).expect("b"));
-        a.update(|s| {
-            s.volumes.insert("v1".into(), volume("v1"));
-            Ok::<_, Refused>(())
-        })
-        .await
-        .expect("update through a");
+        add_v1(&a).await;
         assert!(
             b.read(|s| s.volumes.contains_key("v1"))
                 .await
@@ -566,13 +560,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("state.json");
         let store = Store::load(&path).expect("load");
-        store
-            .update(|s| {
-                s.volumes.insert("v1".into(), volume("v1"));
-                Ok::<_, Refused>(())
-            })
-            .await
-            .expect("update");
+        add_v1(&store).await;
         let text = std::fs::read_to_string(&path).expect("read");
         let value: serde_json::Value = serde_json::from_str(&text).expect("json");
         assert_eq!(value.get("nodes"), None, "{text}");
