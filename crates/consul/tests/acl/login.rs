@@ -6,7 +6,9 @@ use berth_consul::{Client, ConsulConfig, ConsulError, StatusCode};
 use berth_testkit::LoginOutcome;
 use serde_json::json;
 
-use crate::support::{Signer, consul_trusting, now, service_claims, service_meta, task_claims};
+use crate::support::{
+    Signer, consul_trusting, logged_in, now, service_claims, service_meta, task_claims,
+};
 
 #[tokio::test]
 async fn login_with_a_service_jwt_gets_a_token_with_that_service_identity() {
@@ -228,16 +230,7 @@ async fn expired_malformed_and_unbound_jwts_are_refused() {
 
 #[tokio::test]
 async fn logout_destroys_the_token() {
-    let signer = Signer::generate("key-1");
-    let (fake, client) = consul_trusting(&signer);
-    let token = client
-        .login(
-            "nomad-workloads",
-            &signer.sign(&service_claims("web")),
-            service_meta("web"),
-        )
-        .await
-        .expect("login");
+    let (fake, client, token) = logged_in(|_| {}).await;
 
     client.logout(&token).await.expect("logout");
     assert!(fake.live_tokens().is_empty());

@@ -2,39 +2,13 @@
 
 use std::time::Duration;
 
-use berth_consul::{AclToken, Client};
-use berth_testkit::FakeConsul;
 use tokio_util::sync::CancellationToken;
 
-use crate::support::{Signer, consul_trusting, service_claims, service_meta};
-
-async fn logged_in() -> (FakeConsul, Client, AclToken) {
-    let signer = Signer::generate("key-1");
-    let (fake, client) = consul_trusting(&signer);
-    let token = client
-        .login(
-            "nomad-workloads",
-            &signer.sign(&service_claims("web")),
-            service_meta("web"),
-        )
-        .await
-        .expect("login");
-    (fake, client, token)
-}
+use crate::support::logged_in;
 
 #[tokio::test]
 async fn preflight_waits_out_three_not_found_answers() {
-    let signer = Signer::generate("key-1");
-    let (fake, client) = consul_trusting(&signer);
-    fake.token_self_not_found(3);
-    let token = client
-        .login(
-            "nomad-workloads",
-            &signer.sign(&service_claims("web")),
-            service_meta("web"),
-        )
-        .await
-        .expect("login");
+    let (fake, client, token) = logged_in(|fake| fake.token_self_not_found(3)).await;
 
     client
         .preflight(
@@ -50,7 +24,7 @@ async fn preflight_waits_out_three_not_found_answers() {
 
 #[tokio::test]
 async fn preflight_past_its_timeout_fails_with_consuls_403() {
-    let (fake, client, token) = logged_in().await;
+    let (fake, client, token) = logged_in(|_| {}).await;
     fake.fail_token_self(403, "ACL not found");
 
     let err = client
@@ -72,7 +46,7 @@ async fn preflight_past_its_timeout_fails_with_consuls_403() {
 
 #[tokio::test]
 async fn preflight_of_a_usable_token_checks_once() {
-    let (fake, client, token) = logged_in().await;
+    let (fake, client, token) = logged_in(|_| {}).await;
     client
         .preflight(
             &token,
@@ -87,7 +61,7 @@ async fn preflight_of_a_usable_token_checks_once() {
 
 #[tokio::test]
 async fn cancelled_preflight_reports_cancellation() {
-    let (fake, client, token) = logged_in().await;
+    let (fake, client, token) = logged_in(|_| {}).await;
     fake.fail_token_self(403, "ACL not found");
     let cancel = CancellationToken::new();
     cancel.cancel();
@@ -107,7 +81,7 @@ async fn cancelled_preflight_reports_cancellation() {
 
 #[tokio::test]
 async fn preflight_recovers_when_token_self_stops_failing() {
-    let (fake, client, token) = logged_in().await;
+    let (fake, client, token) = logged_in(|_| {}).await;
     fake.fail_token_self(500, "rpc error making call: No cluster leader");
     let secret = token.secret_id.expose().to_owned();
 

@@ -5,7 +5,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use berth_consul::{Client, ConsulConfig};
+use berth_consul::{AclToken, Client, ConsulConfig};
 use berth_testkit::{FakeConsul, FakeConsulConfig};
 use jsonwebtoken::{
     Algorithm, EncodingKey, Header,
@@ -124,4 +124,21 @@ pub fn service_meta(service: &str) -> BTreeMap<String, String> {
         "requested_by".to_owned(),
         format!("nomad_service_{service}"),
     )])
+}
+
+/// A fake Consul trusting a fresh key, a client of it, and a token for service `web`; `prepare`
+/// runs on the fake before the login.
+pub async fn logged_in(prepare: impl FnOnce(&FakeConsul)) -> (FakeConsul, Client, AclToken) {
+    let signer = Signer::generate("key-1");
+    let (fake, client) = consul_trusting(&signer);
+    prepare(&fake);
+    let token = client
+        .login(
+            "nomad-workloads",
+            &signer.sign(&service_claims("web")),
+            service_meta("web"),
+        )
+        .await
+        .expect("login");
+    (fake, client, token)
 }
