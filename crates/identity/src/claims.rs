@@ -212,29 +212,13 @@ impl ClaimsBuilder {
             iat,
             nbf: iat,
             exp,
-            jti: random_uuid(),
+            jti: uuid::Uuid::new_v4().to_string(),
         }
     }
 }
 
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_owned())
-}
-
-/// A random (version 4) UUID in its usual hyphenated form.
-fn random_uuid() -> String {
-    let mut b: [u8; 16] = rand::random();
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let hex = crate::keys::hex(&b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
 
 #[cfg(test)]

@@ -803,18 +803,7 @@ fn login_description(meta: &BTreeMap<String, String>) -> String {
 
 /// A random UUID (version 4), as Consul's ids look.
 fn uuid() -> String {
-    let mut bytes: [u8; 16] = rand::rng().random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    uuid::Uuid::new_v4().to_string()
 }
 
 fn now_secs() -> i64 {
