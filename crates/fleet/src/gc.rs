@@ -173,12 +173,6 @@ impl Collector {
         }
         due
     }
-
-    /// When the next item falls due, if any is waiting.
-    pub fn next_due(&self) -> Option<Instant> {
-        let since = self.since.lock().unwrap_or_else(|p| p.into_inner());
-        since.values().min().map(|first| *first + self.after)
-    }
 }
 
 #[cfg(test)]
@@ -333,11 +327,9 @@ mod tests {
         let a = Item::Alloc("a".into());
         let set = |items: &[&Item]| items.iter().map(|i| (*i).clone()).collect::<BTreeSet<_>>();
         assert!(c.due(set(&[&a]), t0).is_empty());
-        assert_eq!(c.next_due(), Some(t0 + Duration::from_secs(10)));
         assert!(c.due(set(&[&a]), t0 + Duration::from_secs(9)).is_empty());
         // No longer collectable (run again, say): its clock starts over.
         assert!(c.due(set(&[]), t0 + Duration::from_secs(9)).is_empty());
-        assert_eq!(c.next_due(), None);
         assert!(c.due(set(&[&a]), t0 + Duration::from_secs(10)).is_empty());
         assert_eq!(
             c.due(set(&[&a]), t0 + Duration::from_secs(20)),
