@@ -21,7 +21,7 @@ use crate::{
     config::AllocDeps,
     csi_hook::{self, PrerunEnd, interruptible},
     error::AllocError,
-    hooks::{TaskContext, TaskEvents, TaskHook},
+    hooks::{AllocContext, AllocHook, TaskContext, TaskEvents, TaskHook},
     record::{
         AllocEvent, AllocRecord, AllocSpec, ClientStatus, DesiredState, EventKind, RECORD_VERSION,
         TaskRunState, hook_names,
@@ -56,6 +56,7 @@ struct Inner {
     /// Fired by [`AllocRunner::stop`] (or a recovered record that says stop).
     stop: CancellationToken,
     hooks: Mutex<BTreeMap<String, Vec<Arc<dyn TaskHook>>>>,
+    alloc_hooks: Mutex<Vec<Arc<dyn AllocHook>>>,
     /// How each task runner begins; taken by `run`.
     entries: Mutex<BTreeMap<String, Entry>>,
     started: AtomicBool,
@@ -187,6 +188,7 @@ impl AllocRunner {
                 alloc_dir,
                 stop: CancellationToken::new(),
                 hooks: Mutex::new(BTreeMap::new()),
+                alloc_hooks: Mutex::new(Vec::new()),
                 entries: Mutex::new(entries),
                 started: AtomicBool::new(false),
             }),
@@ -373,6 +375,41 @@ impl AllocRunner {
         Ok(())
     }
 
+    /// Adds an alloc hook, run after the built-in ones and those added before. Legal only
+    /// before [`run`](Self::run); its name must not be taken.
+    pub fn add_alloc_hook(&self, hook: Arc<dyn AllocHook>) -> Result<(), AllocError> {
+        let inner = &self.inner;
+        if inner.started.load(Ordering::SeqCst) {
+            return Err(AllocError::AlreadyRunning {
+                alloc_id: inner.spec.alloc_id.clone(),
+            });
+        }
+        let mut hooks = lock(&inner.alloc_hooks);
+        let name = hook.name();
+        if [hook_names::UPSTREAM_ALLOCS, hook_names::CSI].contains(&name)
+            || hooks.iter().any(|h| h.name() == name)
+        {
+            return Err(AllocError::HookName {
+                alloc_id: inner.spec.alloc_id.clone(),
+                name: name.to_owned(),
+            });
+        }
+        hooks.push(hook);
+        Ok(())
+    }
+
+    fn alloc_context(&self) -> AllocContext {
+        let inner = &self.inner;
+        AllocContext {
+            alloc_id: inner.spec.alloc_id.clone(),
+            job_id: inner.spec.job_id.clone(),
+            group: inner.spec.group.clone(),
+            index: inner.spec.index,
+            alloc_dir: inner.alloc_dir.clone(),
+            events: TaskEvents::for_alloc(inner.shared.clone()),
+        }
+    }
+
     /// The alloc's id.
     pub fn alloc_id(&self) -> &str {
         &self.inner.spec.alloc_id
@@ -472,6 +509,23 @@ impl AllocRunner {
         }
 
         // Postrun: every task is dead here.
+        let hooks = lock(&inner.alloc_hooks).clone();
+        if !hooks.is_empty() {
+            let ctx = self.alloc_context();
+            for hook in hooks {
+                let name = hook.name();
+                if inner.shared.read(|rec| rec.hooks.postrun.contains(name)) {
+                    continue;
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return Err(cancelled()),
+                    () = hook.postrun(&ctx) => {}
+                }
+                let _ = inner.shared.update(|rec| {
+                    rec.hooks.postrun.insert(name.to_owned());
+                });
+            }
+        }
         let postrun_done = inner
             .shared
             .read(|rec| rec.hooks.postrun.contains(hook_names::CSI));
@@ -546,7 +600,8 @@ impl AllocRunner {
         Ok(status)
     }
 
-    /// Prerun hooks not done yet, in order: upstream allocs, then volume claims.
+    /// Prerun hooks not done yet, in order: upstream allocs, volume claims, then the alloc
+    /// hooks.
     async fn prerun(&self, cancel: &CancellationToken) -> Result<(), PrerunEnd> {
         let inner = &self.inner;
         let done = |hook: &str| inner.shared.read(|rec| rec.hooks.prerun.contains(hook));
@@ -570,6 +625,19 @@ impl AllocRunner {
             )
             .await?;
             mark(hook_names::CSI);
+        }
+        let hooks = lock(&inner.alloc_hooks).clone();
+        if !hooks.is_empty() {
+            let ctx = self.alloc_context();
+            for hook in hooks {
+                if done(hook.name()) {
+                    continue;
+                }
+                interruptible(hook.prerun(&ctx), cancel, &inner.stop)
+                    .await?
+                    .map_err(|e| PrerunEnd::Failed(e.message))?;
+                mark(hook.name());
+            }
         }
         Ok(())
     }

@@ -91,6 +91,14 @@ pub enum AllocError {
         /// The alloc.
         alloc_id: String,
     },
+    /// An alloc hook's name is a built-in hook's or another hook's.
+    #[error("alloc {alloc_id}: an alloc hook named {name:?} is already there")]
+    HookName {
+        /// The alloc.
+        alloc_id: String,
+        /// The name.
+        name: String,
+    },
     /// `run` was cancelled: the agent is shutting down. Tasks keep running and volumes stay
     /// claimed; a new runner recovers them from the record.
     #[error("alloc {alloc_id}: cancelled (tasks keep running for the next agent to recover)")]

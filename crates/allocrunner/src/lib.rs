@@ -8,7 +8,8 @@
 //! 1. prerun hooks: `upstream_allocs` (wait, bounded, for the allocs this one replaces:
 //!    [`UpstreamWatcher`]), then `csi` (claim every group volume through the [`VolumeHost`];
 //!    `per_alloc` volumes as `source[index]`; retryable failures retried with a bounded,
-//!    jittered backoff; a failure fails the alloc);
+//!    jittered backoff; a failure fails the alloc), then the [`AllocHook`]s added for the
+//!    alloc (a failure fails the alloc);
 //! 2. a task runner per task: prestart hooks (`task_dir`: `<alloc dir>/<task>/` and
 //!    `<alloc dir>/logs/<task>.stdout|stderr`; `volume_mounts`: each `volume_mount` as a bind
 //!    mount of the volume's target, read-only when the mount or the volume is; `devices`: the
@@ -22,7 +23,8 @@
 //!    task that exits 0 is done;
 //! 3. when a stop is asked for ([`AllocRunner::stop`]), a task fails for good, or every task
 //!    is dead: stop (each running task gets `SIGTERM`, then `SIGKILL` after its
-//!    `kill_timeout`), postrun (`csi`: release the volumes, once every task is dead), destroy
+//!    `kill_timeout`), postrun (the [`AllocHook`]s, then `csi`: release the volumes, once
+//!    every task is dead), destroy
 //!    (forget every task in its driver).
 //!
 //! # Persistence and recovery
@@ -86,7 +88,7 @@ pub use config::{AllocDeps, Backoff, RunnerConfig};
 pub use device_host::{DeviceCall, DeviceHost, FakeDeviceHost, NoDevices};
 pub use drivers::TaskDrivers;
 pub use error::AllocError;
-pub use hooks::{HookError, TaskContext, TaskEvents, TaskHook};
+pub use hooks::{AllocContext, AllocHook, HookError, TaskContext, TaskEvents, TaskHook};
 pub use record::{
     AllocEvent, AllocRecord, AllocSpec, ClientStatus, DEFAULT_MAX_EVENTS, DesiredState, EventKind,
     HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,

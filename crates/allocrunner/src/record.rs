@@ -319,6 +319,16 @@ pub enum EventKind {
     DevicesReleased,
     /// A note of the task's driver about how it ran the task.
     DriverNote,
+    /// Consul ACL tokens were derived from the alloc's workload identities.
+    ConsulTokensDerived,
+    /// Consul ACL tokens could not be derived: the alloc fails.
+    ConsulTokensFailed,
+    /// The alloc's Consul ACL tokens were revoked.
+    ConsulTokensRevoked,
+    /// A Consul ACL token could not be revoked.
+    ConsulRevokeFailed,
+    /// A secret was written into the task's secrets directory (never its value).
+    SecretWritten,
 }
 
 /// Something that happened to the alloc or one of its tasks. Never holds mount flags or

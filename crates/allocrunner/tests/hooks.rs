@@ -12,8 +12,9 @@ use std::{
 };
 
 use berth_allocrunner::{
-    AllocRecord, AllocRunner, AllocSpec, AllocStore, AllocStoreError, BoxFuture, ClientStatus,
-    EventKind, HookError, MemoryAllocStore, TaskContext, TaskHook, UpstreamError, UpstreamWatcher,
+    AllocContext, AllocHook, AllocRecord, AllocRunner, AllocSpec, AllocStore, AllocStoreError,
+    BoxFuture, ClientStatus, EventKind, HookError, MemoryAllocStore, TaskContext, TaskHook,
+    UpstreamError, UpstreamWatcher,
 };
 use berth_drivers::{ExitResult, TaskConfig, TaskHandle};
 use common::*;
@@ -233,6 +234,127 @@ async fn a_recovered_task_runs_only_the_poststart_hooks_a_crash_interrupted() {
     runner.stop();
     assert_eq!(finished(run).await.expect("run"), ClientStatus::Complete);
     assert_eq!(calls.lock().unwrap()[1], "stop");
+}
+
+/// An alloc hook that records its calls; its prerun fails when told to.
+#[derive(Debug)]
+struct AllocRecorder {
+    name: &'static str,
+    calls: Arc<Mutex<Vec<String>>>,
+    fail: bool,
+}
+
+impl AllocHook for AllocRecorder {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn prerun<'a>(&'a self, ctx: &'a AllocContext) -> BoxFuture<'a, Result<(), HookError>> {
+        Box::pin(async move {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("prerun {} {}", self.name, ctx.alloc_id));
+            ctx.events
+                .emit(EventKind::ConsulTokensDerived, format!("{} ran", self.name));
+            if self.fail {
+                return Err(HookError::new(format!("{} refused", self.name)));
+            }
+            Ok(())
+        })
+    }
+
+    fn postrun<'a>(&'a self, ctx: &'a AllocContext) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(format!("postrun {} {}", self.name, ctx.alloc_id));
+        })
+    }
+}
+
+fn alloc_hook(name: &'static str, fail: bool) -> (Arc<AllocRecorder>, Arc<Mutex<Vec<String>>>) {
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let hook = Arc::new(AllocRecorder {
+        name,
+        calls: calls.clone(),
+        fail,
+    });
+    (hook, calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alloc_hooks_run_before_the_tasks_and_after_they_die_and_are_not_run_twice() {
+    let mut node = Node::new();
+    let reaper = Reaper::default();
+    let runner = AllocRunner::new(alloc(&job(SERVICE), "hooked-0"), node.deps()).expect("runner");
+    let (hook, calls) = alloc_hook("tokens", false);
+    runner.add_alloc_hook(hook).expect("add");
+    let (same, _) = alloc_hook("tokens", false);
+    assert!(runner.add_alloc_hook(same).is_err(), "names are unique");
+    let (builtin, _) = alloc_hook("csi", false);
+    assert!(
+        runner.add_alloc_hook(builtin).is_err(),
+        "built-in names are taken"
+    );
+    let cancel = CancellationToken::new();
+    let run = spawn_run(&runner, &cancel);
+    wait_running(&runner, "plugin", &reaper).await;
+    assert_eq!(*calls.lock().unwrap(), ["prerun tokens hooked-0"]);
+    assert!(runner.record().hooks.prerun.contains("tokens"));
+    cancel.cancel();
+    assert!(finished(run).await.is_err());
+    node.restart_drivers().await;
+
+    // A recovered alloc does not run a finished prerun again; its postrun runs once the tasks
+    // are dead.
+    let record = node.store.get("hooked-0").expect("get").expect("record");
+    let runner = AllocRunner::recover(record, node.deps())
+        .await
+        .expect("recover");
+    let (hook, calls) = alloc_hook("tokens", false);
+    runner.add_alloc_hook(hook).expect("add");
+    let run = spawn_run(&runner, &CancellationToken::new());
+    runner.stop();
+    assert_eq!(finished(run).await.expect("run"), ClientStatus::Complete);
+    assert_eq!(*calls.lock().unwrap(), ["postrun tokens hooked-0"]);
+    assert!(runner.record().hooks.postrun.contains("tokens"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_alloc_hook_fails_the_alloc_before_any_task_starts_and_postrun_still_runs() {
+    let node = Node::new();
+    let runner = AllocRunner::new(alloc(&job(SERVICE), "hooked-1"), node.deps()).expect("runner");
+    let (first, calls) = alloc_hook("first", true);
+    let second = Arc::new(AllocRecorder {
+        name: "second",
+        calls: calls.clone(),
+        fail: false,
+    });
+    runner.add_alloc_hook(first).expect("add");
+    runner.add_alloc_hook(second).expect("add");
+    let run = spawn_run(&runner, &CancellationToken::new());
+    assert_eq!(finished(run).await.expect("run"), ClientStatus::Failed);
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [
+            "prerun first hooked-1",
+            "postrun first hooked-1",
+            "postrun second hooked-1"
+        ]
+    );
+    let status = runner.status();
+    assert_eq!(status.failure.as_deref(), Some("first refused"));
+    assert!(status.tasks["plugin"].pid.is_none(), "no task started");
+    let events = kinds(&status, None);
+    assert!(
+        in_order(
+            &events,
+            &[EventKind::ConsulTokensDerived, EventKind::AllocFailed]
+        ),
+        "{events:?}"
+    );
 }
 
 /// Waits for an alloc that finishes when `done` is set, or never.

@@ -40,11 +40,14 @@ const SETUP_STDERR_LIMIT: u64 = 8192;
 /// Runs in the task's new mount namespace (as PID 1 of its new PID namespace with a private
 /// `pid_mode`), as `sh -c SETUP_SCRIPT berth-exec <stdout log> <stderr log> <cgroup.procs or
 /// ""> <mount> <mkdir> <ln> <chroot> <root> <init 0|1> <devices cgroup.procs or ""> <uid>
-/// <gid> <groups> <privileged 0|1> <count> <shared mount to make a slave>… <count> (<source>
+/// <gid> <groups> <privileged 0|1> <cp> <chown> <count> <shared mount to make a slave>…
+/// <count> (<source>
 /// <path in root> <ro|rw> <keep|private|slave|shared>)… <count> (<device node> <path in root>
 /// <make the mount point in the task's /dev 0|1>)… <command> <args>…`. It joins the cgroup and
 /// the devices cgroup, makes the slaves (only with a bidirectional mount), mounts the root's
-/// own file systems (`secrets` tmpfs, `proc`, `dev`, `sys`), then the binds in order
+/// own file systems (`secrets` tmpfs, holding a copy of what the agent put in the root's
+/// `secrets/` before the start and owned by the task's user; `proc`, `dev`, `sys`), then the
+/// binds in order
 /// (chroot_env, alloc, the task's mounts), then the device nodes, says `ready`, and runs the
 /// command chrooted as the task's user. With `init`, it stays as PID 1,
 /// passing signals on to the command and exiting with its status (a PID 1 ignores signals it
@@ -56,8 +59,8 @@ exec 3>>"$1" || fail "cannot open the stdout log $1"
 exec 4>>"$2" || fail "cannot open the stderr log $2"
 cgroup_procs=$3 mount_bin=$4 mkdir_bin=$5 ln_bin=$6 chroot_bin=$7 root=$8 init=$9
 shift 9
-devices_procs=$1 uid=$2 gid=$3 groups=$4 privileged=$5 slaves=$6
-shift 6
+devices_procs=$1 uid=$2 gid=$3 groups=$4 privileged=$5 cp_bin=$6 chown_bin=$7 slaves=$8
+shift 8
 if [ -n "$cgroup_procs" ]; then
   printf '%s\n' "$$" >"$cgroup_procs" || fail "cannot join the cgroup ($cgroup_procs)"
 fi
@@ -73,8 +76,14 @@ done
 # where it lies on its filesystem, as in a container.
 "$mount_bin" --bind -- "$root" "$root" || fail "cannot bind the root onto itself"
 "$mount_bin" --make-private -- "$root" || fail "cannot make the root private"
+# The secrets the agent wrote (si_token…) go into the task's own tmpfs: this shell's working
+# directory keeps seeing the host directory once the tmpfs covers it.
+cd -- "$root/secrets" || fail "cannot enter the task's secrets directory"
 "$mount_bin" -t tmpfs -o "mode=0700,uid=$uid,gid=$gid,size=16m,nosuid,nodev" berth-secrets "$root/secrets" \
   || fail "cannot mount the task's secrets"
+"$cp_bin" -pR -- ./. "$root/secrets/" || fail "cannot copy the task's secrets"
+"$chown_bin" -R -h -- "$uid:$gid" "$root/secrets" || fail "cannot give the task its secrets"
+cd / || fail "cannot leave the task's secrets directory"
 "$mount_bin" -t proc -o nosuid,nodev,noexec proc "$root/proc" || fail "cannot mount /proc"
 if [ "$privileged" = 1 ]; then
   "$mount_bin" --rbind -- /dev "$root/dev" || fail "cannot bind /dev"
@@ -208,6 +217,8 @@ struct Host {
     ln: PathBuf,
     chroot: PathBuf,
     sh: PathBuf,
+    cp: PathBuf,
+    chown: PathBuf,
     /// `Ok(None)`: disabled; `Err(reason)`: unavailable.
     cgroups: Result<Option<CgroupParent>, String>,
     /// Where devices cgroups go; `Ok(None)`: disabled; `Err(reason)`: unavailable.
@@ -285,6 +296,8 @@ impl ExecDriver {
             ln: tools.ln,
             chroot: tools.chroot,
             sh: tools.sh,
+            cp: tools.cp,
+            chown: tools.chown,
             cgroups: cgroup::prepare(&self.config.cgroup),
             devices: devices::prepare(&self.config.devices_cgroup),
         };
@@ -640,7 +653,9 @@ impl ExecDriver {
             } else {
                 groups.join(",")
             })
-            .arg(if config.privileged { "1" } else { "0" });
+            .arg(if config.privileged { "1" } else { "0" })
+            .arg(&host.cp)
+            .arg(&host.chown);
         let slaves = slaves.unwrap_or_default();
         cmd.arg(slaves.len().to_string()).args(&slaves);
         cmd.arg(binds.len().to_string());
@@ -791,6 +806,8 @@ struct Tools {
     ln: PathBuf,
     chroot: PathBuf,
     sh: PathBuf,
+    cp: PathBuf,
+    chown: PathBuf,
 }
 
 /// Checks the privileges and finds the programs; the error is the reason tasks cannot run.
@@ -812,6 +829,8 @@ fn find_tools(
         ln: find("ln")?,
         chroot: find("chroot")?,
         sh: find("sh")?,
+        cp: find("cp")?,
+        chown: find("chown")?,
     })
 }
 

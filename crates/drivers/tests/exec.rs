@@ -227,6 +227,45 @@ async fn a_task_sees_only_its_root_runs_as_nobody_and_keeps_its_secrets() {
 }
 
 #[tokio::test]
+async fn secrets_written_before_the_start_reach_the_task_as_its_own_files() {
+    require_root!();
+    let tmp = tempfile::tempdir().unwrap();
+    let reaper = Reaper::default();
+    let driver = ExecDriver::new(EventSink::discard(), config(CgroupSetting::Disabled));
+    let mut t = sh(
+        tmp.path(),
+        "proxy",
+        "stat -c '%a %u' /secrets/si_token; cat /secrets/si_token; echo; echo more > /secrets/other",
+    );
+    t.user = None;
+    // What the agent's si_token hook does before a start: a 0440 root file in the root's
+    // `secrets/` directory (0700, root's).
+    let root = in_root(&t, Path::new("/"));
+    let secrets = root.join("secrets");
+    fs::create_dir_all(&secrets).unwrap();
+    berth_sys::write_file_beneath(
+        &root,
+        Path::new("secrets"),
+        "si_token",
+        b"token-value",
+        0o440,
+    )
+    .unwrap();
+    reaper.track(&driver.start(t.clone()).await.expect("start"));
+    let exit = driver.wait(&t.id).await.unwrap();
+    assert!(exit.success(), "{exit:?}: {}", read(&t.stderr_path));
+    assert_eq!(
+        read(&t.stdout_path),
+        "440 65534\ntoken-value\n",
+        "{}",
+        read(&t.stderr_path)
+    );
+    // What the task writes stays in its tmpfs; the host copy is left as it was.
+    assert!(!secrets.join("other").exists());
+    assert_eq!(read(secrets.join("si_token")), "token-value");
+}
+
+#[tokio::test]
 async fn sigterm_reaches_a_command_under_its_own_pid_1() {
     require_root!();
     let tmp = tempfile::tempdir().unwrap();

@@ -209,6 +209,73 @@ pub fn create_dir_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// Writes `bytes` as `dir/name` with exactly `mode`, where `dir` is a path relative to `root`
+/// that must resolve beneath it without a symlink or `..` in it: a file a task could tamper
+/// with (its own directory) cannot send the write elsewhere on the host. The file is written
+/// under a temporary name and renamed into place, so a symlink already at `name` is replaced,
+/// never followed, and a reader never sees half a file. Not synced: for files rewritten at
+/// every start (secrets on a tmpfs).
+pub fn write_file_beneath(
+    root: &Path,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    mode: u32,
+) -> io::Result<()> {
+    use std::os::fd::{AsFd as _, OwnedFd};
+
+    use nix::{
+        fcntl::{OFlag, OpenHow, ResolveFlag, openat, openat2, renameat},
+        sys::stat::{Mode, fchmod},
+    };
+    if name.is_empty() || name.contains('/') || name == "." || name == ".." {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{name:?} is not a file name"),
+        ));
+    }
+    let root_fd = File::open(root)?;
+    let dir_fd: OwnedFd = openat2(
+        root_fd.as_fd(),
+        dir,
+        OpenHow::new()
+            .flags(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+    )
+    .map_err(|e| {
+        io::Error::new(
+            io::Error::from(e).kind(),
+            format!(
+                "{} is not a directory beneath {} reached without a symlink ({e})",
+                dir.display(),
+                root.display()
+            ),
+        )
+    })?;
+    let tmp = format!(".{name}.tmp-{}", std::process::id());
+    let fd = openat(
+        dir_fd.as_fd(),
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    let written = (|| {
+        let mut f = File::from(fd);
+        f.write_all(bytes)?;
+        fchmod(f.as_fd(), Mode::from_bits_truncate(mode))?;
+        renameat(dir_fd.as_fd(), tmp.as_str(), dir_fd.as_fd(), name)?;
+        Ok::<(), io::Error>(())
+    })();
+    if written.is_err() {
+        let _ = nix::unistd::unlinkat(
+            dir_fd.as_fd(),
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+    }
+    written
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -303,5 +370,48 @@ mod tests {
         assert!(st.available_bytes <= st.total_bytes);
         let err = fs_stats(&dir.path().join("nope")).unwrap_err();
         assert_eq!(err.source.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn write_file_beneath_writes_with_the_mode_and_never_follows_a_symlink() {
+        use std::os::unix::fs::{PermissionsExt as _, symlink};
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("task");
+        let outside = tmp.path().join("outside");
+        fs::create_dir_all(root.join("secrets")).unwrap();
+        fs::create_dir_all(&outside).unwrap();
+
+        write_file_beneath(&root, Path::new("secrets"), "token", b"abc", 0o440).unwrap();
+        let file = root.join("secrets/token");
+        assert_eq!(fs::read(&file).unwrap(), b"abc");
+        assert_eq!(
+            fs::metadata(&file).unwrap().permissions().mode() & 0o7777,
+            0o440
+        );
+        // A second write replaces a read-only file.
+        write_file_beneath(&root, Path::new("secrets"), "token", b"de", 0o440).unwrap();
+        assert_eq!(fs::read(&file).unwrap(), b"de");
+
+        // A symlink at the file's name is replaced, not followed.
+        fs::remove_file(&file).unwrap();
+        symlink(outside.join("victim"), &file).unwrap();
+        write_file_beneath(&root, Path::new("secrets"), "token", b"x", 0o440).unwrap();
+        assert!(!outside.join("victim").exists());
+        assert!(fs::symlink_metadata(&file).unwrap().is_file());
+
+        // A directory swapped for a symlink, or a path out of the root, is refused.
+        fs::remove_dir_all(root.join("secrets")).unwrap();
+        symlink(&outside, root.join("secrets")).unwrap();
+        let err =
+            write_file_beneath(&root, Path::new("secrets"), "token", b"x", 0o440).unwrap_err();
+        assert!(err.to_string().contains("without a symlink"), "{err}");
+        assert!(write_file_beneath(&root, Path::new("../outside"), "t", b"x", 0o440).is_err());
+        assert!(write_file_beneath(&root, Path::new("/tmp"), "t", b"x", 0o440).is_err());
+        assert_eq!(
+            fs::read_dir(&outside).unwrap().count(),
+            0,
+            "nothing written outside"
+        );
+        assert!(write_file_beneath(&root, Path::new("."), "../x", b"x", 0o440).is_err());
     }
 }

@@ -19,7 +19,7 @@ pub mod slot;
 pub use duration::{now_ms, short_duration};
 pub use fs::{
     AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
-    fs_stats, hostname, write_atomic,
+    fs_stats, hostname, write_atomic, write_file_beneath,
 };
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, is_unprintable, validate_path_segment};
 pub use mount::{
