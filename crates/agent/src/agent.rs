@@ -63,6 +63,10 @@ pub struct AgentOptions {
     pub devices: DevicesConfig,
     /// A fleet on etcd; `None`: the embedded control plane.
     pub etcd: Option<berth_fleet::EtcdSettings>,
+    /// Where Consul is, for the tokens of services with a workload identity.
+    pub consul: berth_consul::ConsulConfig,
+    /// When the workload identity signing key is replaced.
+    pub identity_rotation: berth_identity::Rotation,
 }
 
 impl AgentOptions {
@@ -82,6 +86,8 @@ impl AgentOptions {
             chroot_env: config.chroot_env,
             devices: config.devices,
             etcd: config.etcd,
+            consul: config.consul,
+            identity_rotation: berth_identity::Rotation::default(),
         }
     }
 
@@ -141,6 +147,12 @@ pub enum AgentError {
     /// The device settings or a device plugin cannot be used.
     #[error("devices: {0}")]
     Devices(String),
+    /// The workload identity keys cannot be loaded or made.
+    #[error("workload identity keys: {0}")]
+    Identity(#[from] berth_identity::IdentityError),
+    /// The `consul` settings cannot be used.
+    #[error("consul: {0}")]
+    Consul(#[from] berth_consul::ConsulError),
     /// A `chroot_env` entry would show tasks the agent's data dir.
     #[error(
         "client.chroot_env: {} would show tasks the data dir {}; list directories that neither hold it nor lie in it",
@@ -192,6 +204,8 @@ pub struct Agent {
     fleet_jobs: Option<Arc<crate::fleet_jobs::FleetJobs>>,
     /// The fleet's leader election.
     election: Option<Arc<berth_fleet::Election>>,
+    /// Signs workload identities; its public keys are the API's JWKS.
+    signer: berth_identity::Signer,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -236,6 +250,20 @@ impl Agent {
             .map_err(|e| AgentError::Task(e.to_string()))??;
         let store = Arc::new(store);
         let node_id = node_id(&store)?;
+        let signer = {
+            let store = Arc::clone(&store);
+            let rotation = opts.identity_rotation;
+            tokio::task::spawn_blocking(move || crate::identity::open_signer(store, rotation))
+                .await
+                .map_err(|e| AgentError::Task(e.to_string()))??
+        };
+        let consul = Arc::new(crate::consul::ConsulTokens::new(
+            berth_consul::Client::new(&opts.consul)?,
+            signer.clone(),
+            Arc::clone(&store),
+            &node_id,
+            &opts.node.region,
+        ));
         let hostname = berth_sys::hostname().unwrap_or_else(|_| "localhost".into());
         let chroot_env = opts
             .chroot_env
@@ -365,6 +393,7 @@ impl Agent {
             tasks.clone(),
             shutdown.clone(),
             hooks,
+            consul,
         ));
         let fleet_jobs = joined.as_ref().map(|j| {
             crate::fleet_jobs::FleetJobs::new(
@@ -395,8 +424,14 @@ impl Agent {
             fleet: joined.as_ref().map(|j| Arc::clone(&j.membership)),
             fleet_jobs,
             election,
+            signer,
         });
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
+        tasks.spawn(crate::identity::rotate(
+            agent.signer.clone(),
+            crate::identity::ROTATION_CHECK,
+            shutdown.clone(),
+        ));
         if let Some(m) = &agent.fleet {
             let me = Arc::clone(&agent);
             let snapshot: berth_fleet::Snapshot = Arc::new(move || me.fleet_node());
@@ -1000,6 +1035,10 @@ impl AgentView for Agent {
 
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<berth_api::Event> {
         self.events.subscribe()
+    }
+
+    fn jwks(&self) -> Option<serde_json::Value> {
+        Some(self.signer.jwks_json())
     }
 
     fn metrics(&self) -> String {

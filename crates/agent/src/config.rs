@@ -124,6 +124,10 @@ pub struct Config {
     /// `control_plane { etcd { endpoints, prefix, lease_ttl, tls { … } } }`: a fleet on etcd;
     /// `None`: the embedded control plane.
     pub etcd: Option<berth_fleet::EtcdSettings>,
+    /// `consul { address, token, service_identity_auth_method, task_identity_auth_method,
+    /// ssl, ca_file }`: where the Consul the alloc's tokens come from is (Nomad's defaults,
+    /// `127.0.0.1:8500` and the `nomad-workloads` auth method, without the block).
+    pub consul: berth_consul::ConsulConfig,
 }
 
 /// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
@@ -182,6 +186,7 @@ struct Raw {
     plugin_dir: Option<PathBuf>,
     devices: Option<devices::RawDevices>,
     control_plane: Option<control_plane::RawControlPlane>,
+    consul: Option<berth_consul::ConsulConfig>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -455,6 +460,20 @@ impl Config {
             .map_err(|(field, m)| err(None, &field, m))?;
         cfg.etcd = control_plane::etcd_settings(raw.control_plane)
             .map_err(|(field, m)| err(None, &field, m))?;
+        if let Some(consul) = raw.consul {
+            let line = (!json)
+                .then(|| unlabeled_block_line(text, "consul"))
+                .flatten();
+            consul.check().map_err(|e| err(line, e.field, e.message))?;
+            if consul.ssl || consul.address.starts_with("https://") {
+                return Err(err(
+                    line,
+                    "consul.ssl",
+                    "TLS to Consul is not supported yet: talk plain HTTP to a local Consul agent (address 127.0.0.1:8500)".into(),
+                ));
+            }
+            cfg.consul = consul;
+        }
         if !cfg.devices.nomad_plugins.is_empty() && cfg.devices.plugin_dir.is_none() {
             let name = &cfg.devices.nomad_plugins[0].name;
             let line = (!json)
@@ -627,6 +646,17 @@ fn block_line(text: &str, ident: &str, label: &str, nth: usize) -> Option<usize>
         })
         .nth(nth)
         .map(|(i, _)| i + 1)
+}
+
+/// The 1-based line where the first unlabeled block `ident { … }` opens.
+fn unlabeled_block_line(text: &str, ident: &str) -> Option<usize> {
+    text.lines()
+        .position(|l| {
+            l.trim_start()
+                .strip_prefix(ident)
+                .is_some_and(|rest| rest.trim_start().starts_with('{'))
+        })
+        .map(|i| i + 1)
 }
 
 #[cfg(test)]
@@ -947,6 +977,54 @@ client {
         );
         // hcl turns the nested list into one string.
         assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn the_consul_block_is_read_checked_and_never_shows_its_token() {
+        let cfg = parse("name = \"n\"\n").unwrap();
+        assert_eq!(cfg.consul, berth_consul::ConsulConfig::default());
+        let cfg = parse(
+            "consul {\n  address = \"127.0.0.1:18500\"\n  token = \"agent-token-8841\"\n  service_identity_auth_method = \"svc\"\n  task_identity_auth_method = \"tasks\"\n  ssl = false\n}\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.consul.address, "127.0.0.1:18500");
+        assert_eq!(
+            cfg.consul.token.as_ref().map(|t| t.expose()),
+            Some("agent-token-8841")
+        );
+        assert_eq!(cfg.consul.service_identity_auth_method, "svc");
+        assert_eq!(cfg.consul.task_identity_auth_method, "tasks");
+        assert!(!format!("{cfg:?}").contains("agent-token-8841"));
+
+        let cases = [
+            (
+                "name = \"n\"\nconsul {\n  address = \"127.0.0.1:99999\"\n}\n",
+                "agent.hcl:2: consul.address",
+            ),
+            ("consul {\n  token = \"\"\n}\n", "agent.hcl:1: consul.token"),
+            (
+                "consul {\n  service_identity_auth_method = \"a b\"\n}\n",
+                "consul.service_identity_auth_method",
+            ),
+            (
+                "consul {\n  task_identity_auth_method = \"\"\n}\n",
+                "consul.task_identity_auth_method",
+            ),
+            (
+                "consul {\n  ssl = true\n  token = \"agent-token-8841\"\n}\n",
+                "consul.ssl",
+            ),
+            (
+                "consul {\n  adress = \"127.0.0.1:8500\"\n  token = \"agent-token-8841\"\n}\n",
+                "unknown field `adress`",
+            ),
+            ("consul {\n  ssl = \"agent-token-8841\"\n}\n", "consul.ssl"),
+        ];
+        for (text, place) in cases {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(place), "{text:?}: {e} should name {place:?}");
+            assert!(!e.contains("agent-token-8841"), "{e}");
+        }
     }
 
     #[test]

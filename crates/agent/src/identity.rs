@@ -40,8 +40,7 @@ impl KeyStore for StoreKeyStore {
     }
 
     fn save(&self, bytes: &[u8]) -> Result<(), KeyStoreError> {
-        let text =
-            std::str::from_utf8(bytes).map_err(|e| backend("encoding identity/keys", e))?;
+        let text = std::str::from_utf8(bytes).map_err(|e| backend("encoding identity/keys", e))?;
         self.store
             .put(Table::IDENTITY, KEYS_RECORD, &text)
             .map_err(|e| backend("writing identity/keys", e))

@@ -198,6 +198,8 @@ pub struct Jobs {
     node: NodeVars,
     deps: AllocDeps,
     plugins: PluginTasks,
+    /// Consul tokens of services with a workload identity.
+    consul: Arc<crate::consul::ConsulTokens>,
     runners: Mutex<BTreeMap<String, AllocRunner>>,
     tasks: TaskTracker,
     shutdown: CancellationToken,
@@ -230,6 +232,7 @@ impl Jobs {
         tasks: TaskTracker,
         shutdown: CancellationToken,
         fleet: Option<FleetHooks>,
+        consul: Arc<crate::consul::ConsulTokens>,
     ) -> Self {
         let node_id = node.id.clone();
         let changed = tokio::sync::watch::channel(0).0;
@@ -270,6 +273,7 @@ impl Jobs {
             node_id,
             node,
             deps,
+            consul,
             runners: Mutex::new(BTreeMap::new()),
             tasks,
             shutdown,
@@ -340,7 +344,7 @@ impl Jobs {
             }
         };
         for runner in runners {
-            self.add_plugin_hooks(&runner);
+            self.add_hooks(&runner);
             self.spawn_runner(runner);
         }
         Ok(())
@@ -363,7 +367,7 @@ impl Jobs {
             let devices = record.devices.clone();
             match AllocRunner::recover(record, self.deps.clone()).await {
                 Ok(runner) => {
-                    live_plugins.extend(self.add_plugin_hooks(&runner));
+                    live_plugins.extend(self.add_hooks(&runner));
                     tracing::info!(alloc_id, "alloc recovered");
                     self.spawn_runner(runner);
                 }
@@ -393,9 +397,20 @@ impl Jobs {
         }
     }
 
-    /// Adds the plugin supervisor to every task of the alloc with a `csi_plugin` block;
-    /// returns their (plugin id, instance).
-    fn add_plugin_hooks(&self, runner: &AllocRunner) -> Vec<(String, String)> {
+    /// Adds the agent's hooks to a runner: the Consul token hooks, and the plugin supervisor
+    /// of every task with a `csi_plugin` block; returns the plugins' (plugin id, instance).
+    fn add_hooks(&self, runner: &AllocRunner) -> Vec<(String, String)> {
+        if let Some(hooks) = self.consul.hooks(runner.group()) {
+            let added = runner.add_alloc_hook(hooks.alloc).and_then(|()| {
+                hooks
+                    .tasks
+                    .into_iter()
+                    .try_for_each(|(task, hook)| runner.add_task_hook(&task, hook))
+            });
+            if let Err(e) = added {
+                tracing::error!(alloc_id = runner.alloc_id(), error = %e, "cannot add the Consul token hooks");
+            }
+        }
         let mut added = Vec::new();
         for task in &runner.group().tasks {
             let Some(spec) = &task.csi_plugin else {
@@ -697,7 +712,7 @@ impl Jobs {
             }
         };
         for runner in runners {
-            self.add_plugin_hooks(&runner);
+            self.add_hooks(&runner);
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");

@@ -1,13 +1,16 @@
 //! The berth agent: a persisted registry of CSI plugins, fed by the config, a kubelet-style
 //! registration directory and the API; one health loop per plugin instance; device plugins
-//! and the device manager; jobs; and the view the HTTP API serves.
+//! and the device manager; jobs; workload identities and the Consul tokens derived from them;
+//! and the view the HTTP API serves.
 
 pub mod agent;
 pub mod config;
+pub mod consul;
 pub mod devices;
 pub mod events;
 pub mod fleet_claims;
 pub mod fleet_jobs;
+pub mod identity;
 pub mod jobs;
 pub mod manager;
 pub mod metrics;

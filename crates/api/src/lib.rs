@@ -13,6 +13,7 @@
 //! | `GET /v1/node` | [`NodeStatus`] |
 //! | `GET /v1/events` | newline-delimited [`EventLine`]s, live from the request on |
 //! | `GET /v1/metrics` | Prometheus text ([`METRICS_CONTENT_TYPE`]) |
+//! | `GET /.well-known/jwks.json` | the JWK set that verifies the agent's workload identities |
 //! | `GET /v1/volumes` | [`volumes::VolumeList`] |
 //! | `POST /v1/volumes/register`, `/v1/volumes/create` | body [`volumes::VolumeSpecRequest`] → [`volumes::VolumeStatus`] |
 //! | `GET /v1/volumes/snapshots?plugin_id=…` | [`volumes::SnapshotList`] |
@@ -70,6 +71,9 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 
 /// `Content-Type` of `GET /v1/events`.
 pub const EVENTS_CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// Where the agent serves the public keys of its workload identities (a JWK set).
+pub const JWKS_PATH: &str = "/.well-known/jwks.json";
 
 #[cfg(test)]
 mod tests {

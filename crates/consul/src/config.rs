@@ -14,7 +14,7 @@ pub const DEFAULT_AUTH_METHOD: &str = "nomad-workloads";
 
 /// The agent's Consul settings, named as in Nomad's `consul` block.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct ConsulConfig {
     /// `host:port`, `http://host:port` or `https://host:port` (IPv6 hosts in brackets).
     pub address: String,

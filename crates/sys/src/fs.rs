@@ -210,7 +210,8 @@ pub fn create_dir_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
 }
 
 /// Writes `bytes` as `dir/name` with exactly `mode`, where `dir` is a path relative to `root`
-/// that must resolve beneath it without a symlink or `..` in it: a file a task could tamper
+/// that must resolve beneath it without a symlink or `..` in it (a missing last component of
+/// `dir` is made, 0700, never through a symlink): a file a task could tamper
 /// with (its own directory) cannot send the write elsewhere on the host. The file is written
 /// under a temporary name and renamed into place, so a symlink already at `name` is replaced,
 /// never followed, and a reader never sees half a file. Not synced: for files rewritten at
@@ -235,6 +236,26 @@ pub fn write_file_beneath(
         ));
     }
     let root_fd = File::open(root)?;
+    if let Some(parent) = dir.parent() {
+        let parent_fd = if parent.as_os_str().is_empty() {
+            None
+        } else {
+            Some(openat2(
+                root_fd.as_fd(),
+                parent,
+                OpenHow::new()
+                    .flags(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+                    .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+            )?)
+        };
+        if let Some(last) = dir.file_name() {
+            let at = parent_fd.as_ref().map_or(root_fd.as_fd(), |f| f.as_fd());
+            match nix::sys::stat::mkdirat(at, last, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
     let dir_fd: OwnedFd = openat2(
         root_fd.as_fd(),
         dir,
@@ -413,5 +434,13 @@ mod tests {
             "nothing written outside"
         );
         assert!(write_file_beneath(&root, Path::new("."), "../x", b"x", 0o440).is_err());
+
+        // A missing directory is made, private.
+        write_file_beneath(&root, Path::new("fresh"), "t", b"x", 0o440).unwrap();
+        let mode = fs::metadata(root.join("fresh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o700);
     }
 }

@@ -381,6 +381,14 @@ impl Client {
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// `GET /.well-known/jwks.json`: the public keys of the agent's workload identities, as
+    /// the JSON text served (what a Consul auth method's `JWKSURL` fetches).
+    pub async fn jwks(&self) -> Result<String, ClientError> {
+        let path = crate::JWKS_PATH.to_string();
+        let body = self.call(Method::GET, path, None).await?;
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+
     /// `GET /v1/events`: events from the moment this returns on (the agent has subscribed by
     /// then), in order, with a [`crate::EventLine::Lagged`] line wherever this reader fell
     /// behind and lost events.

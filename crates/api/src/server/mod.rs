@@ -213,6 +213,11 @@ pub trait AgentView: VolumeView + JobView {
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
     /// Prometheus text exposition.
     fn metrics(&self) -> String;
+    /// The JWK set that verifies the workload identities the agent signs, as
+    /// `/.well-known/jwks.json` serves it; `None` when it signs none.
+    fn jwks(&self) -> Option<serde_json::Value> {
+        None
+    }
     /// Registers one plugin instance. Only called with a request that passed
     /// [`RegisterRequest::validate`].
     fn register(

@@ -49,6 +49,7 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain_node::<V>))
         .route("/v1/events", get(events::<V>))
         .route("/v1/metrics", get(metrics::<V>))
+        .route(crate::JWKS_PATH, get(jwks::<V>))
         .merge(super::volume_routes::routes::<V>())
         .merge(super::job_routes::routes::<V>())
         .fallback(no_route)
@@ -154,6 +155,16 @@ async fn metrics<V: AgentView>(State(view): State<Arc<V>>) -> Response {
         view.metrics(),
     )
         .into_response()
+}
+
+/// The public keys that verify the agent's workload identities (a JWK set), for Consul's
+/// auth method; 404 when the agent signs none.
+async fn jwks<V: AgentView>(
+    State(view): State<Arc<V>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    view.jwks()
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound("this agent signs no workload identities".into()))
 }
 
 /// Newline-delimited JSON, one [`EventLine`] per body chunk (hyper writes each chunk out as it
