@@ -390,3 +390,45 @@ async fn the_jwks_verifies_the_identities_and_survives_a_restart() {
         serde_json::from_str(&client.jwks().await.expect("jwks")).unwrap();
     assert_eq!(again, jwks, "the key is kept in the agent's store");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_obtained_before_a_kill_9_is_reused_not_leaked() {
+    let mut setup = start().await;
+    // The agent dies while it waits for its fresh token to replicate.
+    setup.consul.fail_token_self(403, "ACL not found");
+    run_job(&setup.agent.client(), countdash("crash", ""))
+        .await
+        .expect("job run");
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
+        setup
+            .consul
+            .live_tokens()
+            .first()
+            .is_some_and(|t| setup.consul.token_self_count(&t.secret_id) > 0)
+    });
+    setup.agent.kill9();
+    setup.consul.clear_token_self_failure();
+    setup.agent.respawn();
+    setup.agent.wait_ready().await;
+    let running = wait_alloc(&setup.agent, "crash", |a| {
+        a.tasks.values().all(|t| t.pid.is_some()) || a.client_status == ClientStatus::Failed
+    })
+    .await;
+    assert_eq!(running.client_status, ClientStatus::Running, "{running:?}");
+    assert_eq!(
+        setup.consul.logins().len(),
+        1,
+        "the persisted token was reused"
+    );
+    let live = setup.consul.live_tokens();
+    assert_eq!(live.len(), 1);
+    let file = alloc_dir(&setup.agent, &running).join("proxy/secrets/si_token");
+    assert_eq!(std::fs::read_to_string(file).unwrap(), live[0].secret_id);
+    setup.agent.client().stop_job("crash").await.expect("stop");
+    wait_alloc(&setup.agent, "crash", |a| {
+        a.client_status == ClientStatus::Complete
+    })
+    .await;
+    assert!(setup.consul.live_tokens().is_empty());
+    assert_nothing_leaks(&setup, "crash").await;
+}
