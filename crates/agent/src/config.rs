@@ -824,6 +824,15 @@ client {
         let cfg = parse(&readme[start..end]).unwrap();
         assert_eq!(cfg.plugins.len(), 2);
         assert_eq!(cfg.health, HealthConfig::default());
+        // The Consul section's config: Nomad's defaults, spelled out.
+        let consul = readme
+            .find("## Consul service identity tokens")
+            .expect("the Consul section");
+        let start = consul + readme[consul..].find("```hcl\n").expect("its config") + 7;
+        let end = start + readme[start..].find("```").expect("closed");
+        let cfg = parse(&readme[start..end]).unwrap();
+        assert_eq!(cfg.consul, berth_consul::ConsulConfig::default());
+        assert!(cfg.api_address.is_some());
     }
 
     #[test]
