@@ -8,9 +8,8 @@ mod agent_support;
 
 use std::{
     collections::BTreeSet,
-    io::{Read as _, Write as _},
-    os::unix::{fs::PermissionsExt as _, net::UnixStream},
-    path::{Path, PathBuf},
+    os::unix::fs::PermissionsExt as _,
+    path::PathBuf,
     sync::{Arc, OnceLock},
     time::Duration,
 };
@@ -22,24 +21,6 @@ use agent_support::{
 use berth_api::jobs::{AllocStatus, ClientStatus, EventKind};
 use berth_testkit::{FakeConsul, FakeConsulConfig, LoginOutcome};
 
-/// Fetches the agent's JWKS over its API socket, as Consul's auth method fetches its
-/// `JWKSURL` (a plain HTTP GET).
-fn fetch_jwks(socket: &Path) -> Result<String, String> {
-    let mut s = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
-    s.write_all(b"GET /.well-known/jwks.json HTTP/1.1\r\nHost: berth\r\nConnection: close\r\n\r\n")
-        .map_err(|e| format!("write: {e}"))?;
-    let mut answer = String::new();
-    s.read_to_string(&mut answer)
-        .map_err(|e| format!("read: {e}"))?;
-    let (head, body) = answer
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| "no header end".to_owned())?;
-    if !head.starts_with("HTTP/1.1 200") {
-        return Err(head.lines().next().unwrap_or_default().to_owned());
-    }
-    Ok(body.to_owned())
-}
-
 /// A fake Consul whose auth method trusts the agent started next, and that agent.
 struct Setup {
     consul: FakeConsul,
@@ -47,16 +28,20 @@ struct Setup {
 }
 
 async fn start() -> Setup {
-    let socket: Arc<OnceLock<PathBuf>> = Arc::new(OnceLock::new());
-    let for_consul = Arc::clone(&socket);
+    // Consul's auth method fetches the JWKS at each login; the fake asks on a blocking thread
+    // of its own runtime, where the agent's client can run.
+    let agent_client: Arc<OnceLock<berth_api::Client>> = Arc::new(OnceLock::new());
+    let for_consul = Arc::clone(&agent_client);
     let consul = FakeConsul::start(FakeConsulConfig::new(move || {
-        let socket = for_consul.get().ok_or("the agent has not started")?;
-        fetch_jwks(socket)
+        let client = for_consul.get().ok_or("the agent has not started")?;
+        tokio::runtime::Handle::current()
+            .block_on(client.jwks())
+            .map_err(|e| e.to_string())
     }))
     .expect("fake consul");
     let config = format!("consul {{\n  address = \"{}\"\n}}\n", consul.address());
     let agent = AgentProcess::start_in_namespace(&config).await;
-    socket.set(agent.socket()).expect("set once");
+    agent_client.set(agent.client()).expect("set once");
     Setup { consul, agent }
 }
 
@@ -107,6 +92,14 @@ job "{id}" {{
 }}
 "#
     )
+}
+
+/// Waits until every task of job `job`'s alloc has a process, or the alloc failed.
+async fn wait_started(agent: &AgentProcess, job: &str) -> AllocStatus {
+    wait_alloc(agent, job, |a| {
+        a.tasks.values().all(|t| t.pid.is_some()) || a.client_status == ClientStatus::Failed
+    })
+    .await
 }
 
 fn alloc_dir(agent: &AgentProcess, alloc: &AllocStatus) -> PathBuf {
@@ -171,10 +164,7 @@ async fn a_sidecar_gets_its_service_token_keeps_it_across_a_kill_9_and_it_is_rev
     run_job(&client, countdash("dash", ""))
         .await
         .expect("job run");
-    let running = wait_alloc(&setup.agent, "dash", |a| {
-        a.tasks.values().all(|t| t.pid.is_some()) || a.client_status == ClientStatus::Failed
-    })
-    .await;
+    let running = wait_started(&setup.agent, "dash").await;
     assert_eq!(running.client_status, ClientStatus::Running, "{running:?}");
 
     // One login, for the service's identity, with Nomad's claims and meta.
@@ -274,10 +264,7 @@ async fn a_token_that_replicates_after_three_checks_is_waited_for() {
     run_job(&setup.agent.client(), countdash("late", ""))
         .await
         .expect("job run");
-    let running = wait_alloc(&setup.agent, "late", |a| {
-        a.tasks.values().all(|t| t.pid.is_some()) || a.client_status == ClientStatus::Failed
-    })
-    .await;
+    let running = wait_started(&setup.agent, "late").await;
     assert_eq!(running.client_status, ClientStatus::Running, "{running:?}");
     let live = setup.consul.live_tokens();
     assert_eq!(live.len(), 1);
@@ -374,7 +361,7 @@ async fn a_login_consul_refuses_fails_the_alloc_with_its_answer() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_jwks_verifies_the_identities_and_survives_a_restart() {
+async fn the_jwks_holds_one_public_es256_key_that_survives_a_restart() {
     let mut setup = start().await;
     let client = setup.agent.client();
     let jwks: serde_json::Value =
@@ -410,10 +397,7 @@ async fn a_token_obtained_before_a_kill_9_is_reused_not_leaked() {
     setup.consul.clear_token_self_failure();
     setup.agent.respawn();
     setup.agent.wait_ready().await;
-    let running = wait_alloc(&setup.agent, "crash", |a| {
-        a.tasks.values().all(|t| t.pid.is_some()) || a.client_status == ClientStatus::Failed
-    })
-    .await;
+    let running = wait_started(&setup.agent, "crash").await;
     assert_eq!(running.client_status, ClientStatus::Running, "{running:?}");
     assert_eq!(
         setup.consul.logins().len(),

@@ -235,18 +235,22 @@ pub fn write_file_beneath(
             format!("{name:?} is not a file name"),
         ));
     }
+    // A directory beneath `root`, reached without a symlink or `..`.
+    let beneath = |root: &File, path: &Path| {
+        openat2(
+            root.as_fd(),
+            path,
+            OpenHow::new()
+                .flags(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC)
+                .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
+        )
+    };
     let root_fd = File::open(root)?;
     if let Some(parent) = dir.parent() {
         let parent_fd = if parent.as_os_str().is_empty() {
             None
         } else {
-            Some(openat2(
-                root_fd.as_fd(),
-                parent,
-                OpenHow::new()
-                    .flags(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC)
-                    .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
-            )?)
+            Some(beneath(&root_fd, parent)?)
         };
         if let Some(last) = dir.file_name() {
             let at = parent_fd.as_ref().map_or(root_fd.as_fd(), |f| f.as_fd());
@@ -256,14 +260,7 @@ pub fn write_file_beneath(
             }
         }
     }
-    let dir_fd: OwnedFd = openat2(
-        root_fd.as_fd(),
-        dir,
-        OpenHow::new()
-            .flags(OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS),
-    )
-    .map_err(|e| {
+    let dir_fd: OwnedFd = beneath(&root_fd, dir).map_err(|e| {
         io::Error::new(
             io::Error::from(e).kind(),
             format!(
