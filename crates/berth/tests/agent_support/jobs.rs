@@ -100,8 +100,19 @@ pub async fn wait_job_before(
     pred: impl Fn(&JobStatus) -> bool,
 ) -> JobStatus {
     let what = format!("job {id}");
-    let fetch = |c: Client| async move { c.job(id).await.expect("job status") };
-    super::poll_api(agent, &what, deadline, fetch, pred).await
+    // In a fleet, a job run through another agent reaches this one's view a moment later:
+    // until then it is not found here.
+    let fetch = |c: Client| async move {
+        match c.job(id).await {
+            Ok(s) => Some(s),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => panic!("job status: {e:?}"),
+        }
+    };
+    let found = super::poll_api(agent, &what, deadline, fetch, |s| {
+        s.as_ref().is_some_and(&pred)
+    });
+    found.await.expect("the predicate held for a status")
 }
 
 /// Polls the first alloc of job `id` until `pred` holds (at most 30 s).
