@@ -3,7 +3,8 @@
 # keep every mount in a private mount namespace; mkfs.ext4 and resize2fs (e2fsprogs) for
 # berth-hostpath's image backing; curl for the README's API examples; protoc
 # (protobuf-compiler), which the etcd client crate needs to build; etcd (etcd-server), which
-# the fleet's tests and the README's fleet example run.
+# the fleet's tests and the README's fleet example run; podman and runc (the docker driver's
+# container engine and OCI runtime) and busybox-static (what the docker tests' images hold).
 
 if [ "$(id -u)" != 0 ]; then
   echo "berth makes real mounts: run this as root" >&2
@@ -23,6 +24,10 @@ berth_install_missing() {
   berth_need curl || missing+=(curl)
   berth_need protoc || missing+=(protobuf-compiler)
   berth_need etcd || missing+=(etcd-server)
+  berth_need podman || missing+=(podman)
+  berth_need runc || [ -x /usr/sbin/runc ] || missing+=(runc)
+  [ -x /bin/busybox ] || missing+=(busybox-static)
+  berth_need tar || missing+=(tar)
   if [ "${#missing[@]}" -gt 0 ]; then
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
     echo "installing: ${missing[*]}" >&2

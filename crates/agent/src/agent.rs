@@ -67,6 +67,8 @@ pub struct AgentOptions {
     pub consul: berth_consul::ConsulConfig,
     /// When the workload identity signing key is replaced.
     pub identity_rotation: berth_identity::Rotation,
+    /// The `docker` driver's settings.
+    pub docker: berth_drivers::DockerConfig,
 }
 
 impl AgentOptions {
@@ -88,6 +90,7 @@ impl AgentOptions {
             etcd: config.etcd,
             consul: config.consul,
             identity_rotation: berth_identity::Rotation::default(),
+            docker: config.docker,
         }
     }
 
@@ -362,6 +365,7 @@ impl Agent {
             let raw = berth_drivers::RawExecDriver::new(sink.clone(), process.clone());
             // Tasks see their own root only: the chroot_env (checked above to stay clear of
             // the data dir), their directories and their volumes.
+            let docker = berth_drivers::DockerDriver::new(sink.clone(), opts.docker.clone());
             let exec = berth_drivers::ExecDriver::new(
                 sink,
                 berth_drivers::ExecConfig {
@@ -373,6 +377,7 @@ impl Agent {
             for d in [
                 Arc::new(raw) as Arc<dyn berth_drivers::Driver>,
                 Arc::new(exec) as Arc<dyn berth_drivers::Driver>,
+                Arc::new(docker) as Arc<dyn berth_drivers::Driver>,
             ] {
                 if let Err(e) = b.add(d) {
                     return Err(AgentError::Task(e.to_string()));

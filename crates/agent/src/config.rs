@@ -18,6 +18,7 @@ use serde::Deserialize;
 
 mod control_plane;
 mod devices;
+mod docker;
 
 pub use control_plane::check as check_etcd;
 pub use devices::{DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig, NomadPluginDecl};
@@ -128,6 +129,9 @@ pub struct Config {
     /// ssl, ca_file }`: where the Consul the alloc's tokens come from is (Nomad's defaults,
     /// `127.0.0.1:8500` and the `nomad-workloads` auth method, without the block).
     pub consul: berth_consul::ConsulConfig,
+    /// `plugin "docker" { config { podman, runtime, allow_privileged, volumes { enabled },
+    /// storage_root, run_root } }`: the `docker` task driver's settings.
+    pub docker: berth_drivers::DockerConfig,
 }
 
 /// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
@@ -379,6 +383,19 @@ impl Config {
             let field = |f: &str| format!("plugin {}.{f}", Quoted(&id));
             berth_sys::validate_path_segment("plugin id", &id)
                 .map_err(|e| err(line, &format!("plugin {}", Quoted(&id)), e.to_string()))?;
+            if id == berth_drivers::DOCKER && p.plugin_type.is_none() {
+                // Nomad's block for its docker driver, which berth has built in.
+                if p.socket.is_some() || p.command.is_some() || !p.env.is_empty() {
+                    return Err(err(
+                        line,
+                        &field("config"),
+                        "plugin \"docker\" configures the built-in docker driver: it takes config only".into(),
+                    ));
+                }
+                cfg.docker =
+                    docker::docker_plugin(&p.args, p.config).map_err(|(f, m)| err(line, &f, m))?;
+                continue;
+            }
             let Some(plugin_type) = p.plugin_type else {
                 // Nomad's form: a plugin binary in plugin_dir, with its own config.
                 if p.socket.is_some() || p.command.is_some() || !p.env.is_empty() {

@@ -67,6 +67,7 @@
 
 mod alloc_runner;
 mod config;
+mod container;
 mod csi_hook;
 mod device_host;
 mod devices_hook;

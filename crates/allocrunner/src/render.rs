@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use berth_job::{JobSpec, TaskSpec, Template};
+use berth_job::{DockerMount, DockerTask, DockerVolume, JobSpec, TaskSpec, Template};
 use serde::{Deserialize, Serialize};
 
 use crate::record::AllocSpec;
@@ -266,6 +266,9 @@ fn render_task(
             Err(m) => fail(a, format!("{at}.config.args[{i}]"), m),
         }
     }
+    if let Some(d) = task.docker.as_mut() {
+        render_docker(d, &full, &plain, &format!("{at}.config"), &mut fail);
+    }
     let mut seen: BTreeMap<PathBuf, usize> = BTreeMap::new();
     for (i, m) in task.volume_mounts.iter_mut().enumerate() {
         let field = format!("{at}.volume_mount[{i}].destination");
@@ -302,6 +305,99 @@ fn render_task(
     }
 }
 
+/// Said instead of a rendered value that holds an `env` value (rule 7).
+const NOT_REPEATED: &str = "(the value is not repeated: it holds an env value)";
+
+/// Fills a docker task's templates in place (`full` fills them; what `plain` cannot fill came
+/// from `env`) and checks what they became: the image is not empty, every `volumes` entry
+/// parses, mount targets are absolute without `..`, bind sources have no `..` and `work_dir`
+/// is absolute. A value made with an `env` value is not repeated in an error.
+fn render_docker(
+    d: &mut DockerTask,
+    full: &dyn Fn(&str) -> Option<String>,
+    plain: &dyn Fn(&str) -> Option<String>,
+    config: &str,
+    fail: &mut dyn FnMut(&Template, String, String),
+) {
+    let secret = |t: &Template| t.vars().any(|v| plain(v).is_none());
+    let shown = |t: &Template, s: &str, why: &str, sep: &str| {
+        if secret(t) {
+            format!("{why} {NOT_REPEATED}")
+        } else {
+            format!("{s:?}{sep}{why}")
+        }
+    };
+
+    match render_one(&d.image, full) {
+        Ok(s) if s.trim().is_empty() => fail(
+            &d.image,
+            format!("{config}.image"),
+            "is empty once its variables are filled".into(),
+        ),
+        Ok(s) => d.image = Template::literal(s),
+        Err(m) => fail(&d.image, format!("{config}.image"), m),
+    }
+    for (i, e) in d.entrypoint.iter_mut().flatten().enumerate() {
+        match render_one(e, full) {
+            Ok(s) => *e = Template::literal(s),
+            Err(m) => fail(e, format!("{config}.entrypoint[{i}]"), m),
+        }
+    }
+    for (i, v) in d.volumes.iter_mut().enumerate() {
+        let field = format!("{config}.volumes[{i}]");
+        let checked = render_one(v, full).and_then(|s| {
+            let parsed = if secret(v) {
+                DockerVolume::parse(&s).map_err(|why| format!("{why} {NOT_REPEATED}"))
+            } else {
+                berth_job::parse_docker_volume(&s)
+            };
+            parsed.map(|_| s)
+        });
+        match checked {
+            Ok(s) => *v = Template::literal(s),
+            Err(m) => fail(v, field, m),
+        }
+    }
+    for (i, m) in d.mounts.iter_mut().enumerate() {
+        let here = format!("{config}.mount[{i}]");
+        let (source, target) = match m {
+            DockerMount::Bind { source, target, .. } => (Some(source), target),
+            DockerMount::Tmpfs { target, .. } => (None, target),
+        };
+        let rendered = render_one(target, full).and_then(|s| {
+            berth_job::check_container_path(&s).map_err(|why| shown(target, &s, why, " "))
+        });
+        match rendered {
+            Ok(p) => *target = Template::literal(p.display().to_string()),
+            Err(msg) => fail(target, format!("{here}.target"), msg),
+        }
+        if let Some(source) = source {
+            let rendered = render_one(source, full).and_then(|s| {
+                berth_job::check_bind_source(&s)
+                    .map(|()| s.clone())
+                    .map_err(|why| shown(source, &s, why, ": "))
+            });
+            match rendered {
+                Ok(s) => *source = Template::literal(s),
+                Err(msg) => fail(source, format!("{here}.source"), msg),
+            }
+        }
+    }
+    if let Some(w) = d.work_dir.as_mut() {
+        let rendered = render_one(w, full).and_then(|s| {
+            if s.starts_with('/') {
+                Ok(s)
+            } else {
+                Err(shown(w, &s, "is not an absolute path", " "))
+            }
+        });
+        match rendered {
+            Ok(s) => *w = Template::literal(s),
+            Err(msg) => fail(w, format!("{config}.work_dir"), msg),
+        }
+    }
+}
+
 fn render_one(t: &Template, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     t.render(lookup).map_err(|name| {
         let hint = if name.starts_with("attr.") {
@@ -315,4 +411,155 @@ fn render_one(t: &Template, lookup: &dyn Fn(&str) -> Option<String>) -> Result<S
         };
         format!("unknown variable {name}{hint}")
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The task of a one-task docker job whose `config` holds `config`; its `env` has `SUB`
+    /// (a path in the task directory) and `UP` (one out of it).
+    fn docker_task(config: &str) -> TaskSpec {
+        let text = format!(
+            "job \"j\" {{\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"docker\"\n      env {{\n        SUB = \"local/sub\"\n        UP  = \"../ENVUP\"\n      }}\n      config {{\n{config}      }}\n    }}\n  }}\n}}\n"
+        );
+        let spec =
+            JobSpec::parse(Path::new("/jobs/j.hcl"), &text).unwrap_or_else(|e| panic!("{e}"));
+        spec.groups[0].tasks[0].clone()
+    }
+
+    fn render(task: &mut TaskSpec) -> Result<(), Vec<RenderError>> {
+        let node = NodeVars {
+            attrs: BTreeMap::from([("unique.hostname".into(), "h1".into())]),
+            ..Default::default()
+        };
+        let env = RenderEnv {
+            node: &node,
+            allocs_dir: Path::new("/allocs"),
+            chroot: &|_| true,
+            csi_endpoint: &|_, _, _| String::new(),
+        };
+        let vars = BTreeMap::from([
+            ("NOMAD_TASK_DIR".to_string(), "/local".to_string()),
+            ("NOMAD_ALLOC_INDEX".to_string(), "3".to_string()),
+        ]);
+        render_task(task, "a1", &vars, &env, "job.group[g].task[t]")
+    }
+
+    #[test]
+    fn docker_templates_are_filled() {
+        let mut t = docker_task(
+            r#"        image      = "reg/${attr.unique.hostname}:v${NOMAD_ALLOC_INDEX}"
+        entrypoint = ["${NOMAD_TASK_DIR}/run"]
+        volumes    = ["${SUB}:/sub:ro", "${NOMAD_TASK_DIR}/x:/x"]
+        work_dir   = "${NOMAD_TASK_DIR}"
+        mount {
+          type   = "bind"
+          source = "${SUB}"
+          target = "/m/${NOMAD_ALLOC_INDEX}/"
+        }
+        mount {
+          type   = "tmpfs"
+          target = "/t/${NOMAD_ALLOC_INDEX}"
+        }
+"#,
+        );
+        render(&mut t).unwrap();
+        let d = t.docker.unwrap();
+        assert_eq!(d.image, "reg/h1:v3");
+        assert_eq!(d.entrypoint.unwrap(), ["/local/run"]);
+        assert_eq!(d.volumes, ["local/sub:/sub:ro", "/local/x:/x"]);
+        assert_eq!(d.work_dir.unwrap(), "/local");
+        assert_eq!(
+            d.mounts,
+            [
+                DockerMount::Bind {
+                    source: "local/sub".into(),
+                    target: "/m/3".into(),
+                    readonly: false,
+                    propagation: Default::default(),
+                },
+                DockerMount::Tmpfs {
+                    target: "/t/3".into(),
+                    readonly: false,
+                    size: None,
+                    mode: None,
+                },
+            ]
+        );
+        assert_eq!(t.command, "", "the image's own command");
+    }
+
+    #[test]
+    fn rendered_docker_values_are_checked() {
+        let at = "job.group[g].task[t].config";
+        let mount = |source: &str, target: &str| {
+            format!(
+                "        mount {{\n          type = \"bind\"\n          source = \"{source}\"\n          target = \"{target}\"\n        }}\n"
+            )
+        };
+        // (config, field, what the message says)
+        let cases = [
+            (
+                "        volumes = [\"${UP}:/x\"]\n".to_string(),
+                "volumes[0]",
+                "the source must stay inside the task directory (no \"..\") (the value is not \
+                 repeated: it holds an env value)",
+            ),
+            (
+                "        volumes = [\"up/${NOMAD_ALLOC_INDEX}\"]\n".into(),
+                "volumes[0]",
+                "\"up/3\": expected \"source:target\"",
+            ),
+            (
+                mount("local", "${NOMAD_ALLOC_INDEX}"),
+                "mount[0].target",
+                "\"3\" is not an absolute path",
+            ),
+            (
+                mount("local", "/a/${UP}"),
+                "mount[0].target",
+                "must not contain \"..\" (the value is not repeated",
+            ),
+            (
+                mount("${UP}", "/a"),
+                "mount[0].source",
+                "must stay inside the task directory (no \"..\") (the value is not repeated",
+            ),
+            (
+                mount("/srv/${NOMAD_TASK_DIR}/../x", "/a"),
+                "mount[0].source",
+                "\"/srv//local/../x\": the source must not contain \"..\"",
+            ),
+            (
+                "        work_dir = \"x${NOMAD_ALLOC_INDEX}\"\n".into(),
+                "work_dir",
+                "\"x3\" is not an absolute path",
+            ),
+            (
+                "        image = \"${attr.nope}\"\n".into(),
+                "image",
+                "unknown variable attr.nope",
+            ),
+        ];
+        for (config, field, what) in cases {
+            let config = if config.contains("image") {
+                config
+            } else {
+                format!("        image = \"redis\"\n{config}")
+            };
+            let mut t = docker_task(&config);
+            let errors = render(&mut t).unwrap_err();
+            assert_eq!(errors.len(), 1, "{config}\n{errors:?}");
+            let e = &errors[0];
+            assert_eq!(e.field, format!("{at}.{field}"), "{config}");
+            assert!(e.line.is_some(), "{e:?}");
+            assert!(
+                e.message.contains(what),
+                "{config}\n{}\nshould say {what:?}",
+                e.message
+            );
+            assert!(!e.message.contains("ENVUP"), "{e:?}");
+        }
+    }
 }

@@ -310,6 +310,13 @@ impl TaskRunner {
             Some(berth_job::PidMode::Private) | None => PidMode::Private,
         };
 
+        if let Some(docker) = &spec.docker {
+            let (container, devices) = crate::container::container_config(docker, &ctx.task_dir)?;
+            config.container = Some(container);
+            config.devices.extend(devices);
+            config.privileged = docker.privileged;
+        }
+
         config.mounts = self.shared.read(|rec| volume_mounts(rec, spec))?;
         self.mark_prestart(hook_names::VOLUME_MOUNTS);
 

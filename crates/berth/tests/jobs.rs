@@ -203,8 +203,8 @@ async fn a_job_that_cannot_be_placed_is_refused_and_nothing_is_placed() {
     let dest = agent.tmp.path().join("d");
     let cases = [
         (
-            volume_job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"docker\""),
-            "driver \"docker\" is not available on this node: exec, raw_exec",
+            volume_job("j1", "batch", "v", &dest, "true").replace("\"exec\"", "\"qemu\""),
+            "driver \"qemu\" is not available on this node: docker, exec, raw_exec",
         ),
         (
             volume_job("j2", "batch", "nope", &dest, "true"),

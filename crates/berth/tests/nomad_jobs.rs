@@ -334,8 +334,8 @@ async fn bad_forms_name_file_and_line_and_change_nothing() {
         (
             "job \"bad\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"docker\"\n      config {\n        image = \"redis:7\"\n        ports = [\"db\"]\n      }\n    }\n  }\n}\n",
             &[
-                "bad.hcl:4",
-                "driver \"docker\" is not available on this node: exec, raw_exec",
+                "bad.hcl:7",
+                "config.ports: unknown field",
             ],
         ),
         (

@@ -193,6 +193,16 @@ pub enum DriverError {
         /// The start time in the handle.
         expected: u64,
     },
+    /// A container task's image cannot be used; nothing was started.
+    #[error("task {task_id}: image {image:?} {reason}")]
+    Image {
+        /// The task.
+        task_id: TaskId,
+        /// The image as the task names it.
+        image: String,
+        /// Why.
+        reason: String,
+    },
     /// The driver was shut down while the operation waited.
     #[error("driver {driver} is shut down")]
     ShutDown {

@@ -378,6 +378,7 @@ impl ExecDriver {
 
     async fn start_task(&self, config: TaskConfig) -> Result<TaskHandle, DriverError> {
         config.validate()?;
+        config.refuse_container(EXEC)?;
         let host = self
             .host()
             .await

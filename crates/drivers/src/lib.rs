@@ -8,6 +8,8 @@
 //!   namespaces) with bind mounts and device nodes ([`TaskDevice`]), in its own cgroup v2 when
 //!   the host allows, and with its device access limited to its own nodes by a cgroup v1
 //!   `devices` cgroup where the host has that controller.
+//! - [`DockerDriver`] (`docker`): Nomad's docker task config ([`ContainerConfig`]) run as a
+//!   container through podman and runc.
 //! - [`DriverManager`]: fingerprints and health of the drivers, and task events routed to
 //!   per-task handlers (held back until a handler registers). Besides what happens to a task,
 //!   drivers send [`TaskEventKind::Note`] events: facts of its set-up its events should show.
@@ -26,6 +28,7 @@
 
 mod cgroup;
 mod devices;
+mod docker;
 mod driver;
 mod error;
 mod event;
@@ -40,6 +43,9 @@ mod task;
 
 pub use cgroup::CgroupSetting;
 pub use devices::DevicesCgroupSetting;
+pub use docker::{
+    ContainerConfig, DOCKER, DockerConfig, DockerDriver, NetworkMode, TmpfsMount, Ulimit,
+};
 pub use driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health};
 pub use error::DriverError;
 pub use event::{EventSink, TaskEvent, TaskEventKind};

@@ -43,6 +43,7 @@ impl RawExecDriver {
 
     async fn start_task(&self, config: TaskConfig) -> Result<TaskHandle, DriverError> {
         config.validate()?;
+        config.refuse_container(RAW_EXEC)?;
         if !config.devices.is_empty() {
             return Err(DriverError::InvalidConfig {
                 task_id: config.id,

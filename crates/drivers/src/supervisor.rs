@@ -252,6 +252,7 @@ fn describe_child(
             boot_id,
             started_at: SystemTime::now(),
             cgroup: cgroup.map(|c| c.dir.clone()),
+            container_id: None,
         },
         pidfd,
     ))

@@ -205,6 +205,11 @@ pub struct TaskConfig {
     /// cgroup: for CSI plugins.
     #[serde(default)]
     pub privileged: bool,
+    /// What a container task runs (`docker` only; other drivers refuse it). With it,
+    /// `command` may be empty (the image's own command) and `env` is passed as it is (the
+    /// image's `PATH` stays unless `env` sets one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<crate::docker::ContainerConfig>,
 }
 
 /// Where a task's directories are on the host.
@@ -251,6 +256,7 @@ impl TaskConfig {
             user: None,
             pid_mode: PidMode::default(),
             privileged: false,
+            container: None,
         }
     }
 
@@ -261,7 +267,7 @@ impl TaskConfig {
             field,
             reason,
         };
-        if self.command.is_empty() {
+        if self.command.is_empty() && self.container.is_none() {
             return Err(bad("command".into(), "must not be empty".into()));
         }
         if self.command.contains('\0') {
@@ -321,6 +327,18 @@ impl TaskConfig {
                 "resources.memory_max_bytes".into(),
                 "must be more than 0".into(),
             ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a container config: for drivers that run no images.
+    pub(crate) fn refuse_container(&self, driver: &str) -> Result<(), DriverError> {
+        if self.container.is_some() {
+            return Err(DriverError::InvalidConfig {
+                task_id: self.id.clone(),
+                field: "container".into(),
+                reason: format!("{driver} runs no images; use the docker driver"),
+            });
         }
         Ok(())
     }
@@ -425,6 +443,9 @@ pub struct TaskHandle {
     /// The task's cgroup directory, when it has one.
     #[serde(default)]
     pub cgroup: Option<PathBuf>,
+    /// The container's id (`docker` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_id: Option<String>,
 }
 
 /// How a task's main process ended.

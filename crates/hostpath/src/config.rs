@@ -35,6 +35,14 @@ const LONG_HELP: &str = concat!(
     exit_help!(),
     "
 
+Modes (MODE, default all):
+  all         serve the Identity, Controller and Node services
+  node        serve Identity and Node only: Controller RPCs answer UNIMPLEMENTED and
+              GetPluginCapabilities does not list CONTROLLER_SERVICE (a CO's node plugin)
+  controller  serve Identity and Controller only: Node RPCs answer UNIMPLEMENTED (a CO's
+              controller plugin)
+  The mode comes first or anywhere among the flags, as in `node --endpoint=…`.
+
 Strict mode (--strict):
   Refuse, instead of covering for it, a request where the CO skipped a duty the CSI spec puts
   on it: INVALID_ARGUMENT when a field holds what the spec rules out, FAILED_PRECONDITION when
@@ -115,6 +123,43 @@ pub enum Backing {
     Image,
 }
 
+/// Which CSI services are served (the positional `MODE`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    /// Identity, Controller and Node.
+    #[default]
+    All,
+    /// Identity and Node only.
+    Node,
+    /// Identity and Controller only.
+    Controller,
+}
+
+impl Mode {
+    /// Whether the Controller service is served (and advertised).
+    pub fn serves_controller(self) -> bool {
+        matches!(self, Self::All | Self::Controller)
+    }
+
+    /// Whether the Node service is served.
+    pub fn serves_node(self) -> bool {
+        matches!(self, Self::All | Self::Node)
+    }
+}
+
+/// `--logtostderr` was given something other than `true`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LogToStderrError {
+    /// `false`: there is nowhere else to log.
+    #[error(
+        "berth-hostpath always logs to stderr and has nowhere else to log; only true is accepted"
+    )]
+    False,
+    /// Not a boolean.
+    #[error("{0:?} is not a boolean (true or false)")]
+    NotBool(String),
+}
+
 /// How log lines are written (to stderr).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -137,6 +182,11 @@ pub enum LogFormat {
     after_long_help = LONG_HELP
 )]
 pub struct Config {
+    /// Which services to serve: all, node (Identity and Node) or controller (Identity and
+    /// Controller); see the section below.
+    #[arg(value_enum, value_name = "MODE", default_value_t = Mode::All)]
+    pub mode: Mode,
+
     /// CSI endpoint: unix:///absolute/path.sock, unix:/absolute/path.sock, or an absolute socket
     /// path (at most 107 bytes).
     #[arg(long, env = "CSI_ENDPOINT")]
@@ -204,9 +254,21 @@ pub struct Config {
     #[arg(long, value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
 
-    /// Log level or tracing filter directives [default: RUST_LOG if set, else info].
+    /// Log level or tracing filter directives [default: RUST_LOG if set, else from --v, else
+    /// info].
     #[arg(long, value_name = "LEVEL")]
     pub log_level: Option<String>,
+
+    /// klog verbosity, accepted for the flags Kubernetes CSI images take: 0-3 logs at info,
+    /// 4-5 at debug, 6 and up at trace; used only without --log-level and RUST_LOG.
+    #[arg(long = "v", value_name = "N")]
+    pub verbosity: Option<u8>,
+
+    /// klog's flag, accepted for the flags Kubernetes CSI images take: berth-hostpath always
+    /// logs to stderr, so false is refused.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true", value_parser = parse_logtostderr)]
+    pub logtostderr: bool,
 
     /// Inject a fault (test only; repeatable); see the section below.
     #[arg(
@@ -227,6 +289,7 @@ impl Config {
     /// A configuration with every default, serving on `endpoint` with state in `statedir`.
     pub fn new(endpoint: impl Into<String>, statedir: impl Into<PathBuf>) -> Self {
         Self {
+            mode: Mode::All,
             endpoint: endpoint.into(),
             nodeid: None,
             statedir: statedir.into(),
@@ -241,26 +304,33 @@ impl Config {
             shared: false,
             log_format: LogFormat::Human,
             log_level: None,
+            verbosity: None,
+            logtostderr: true,
             faults: Vec::new(),
             call_log: None,
         }
     }
 
-    /// The log filter: `--log-level`, else `RUST_LOG`, else `info`. A bare level keeps the gRPC
-    /// and HTTP/2 libraries at `info` so that `debug` shows the plugin's RPCs, not frames.
+    /// The log filter: `--log-level`, else `RUST_LOG`, else the level `--v` maps to, else
+    /// `info`. A bare level keeps the gRPC and HTTP/2 libraries at `info` so that `debug` shows
+    /// the plugin's RPCs, not frames.
     pub fn log_filter(&self) -> Result<EnvFilter, tracing_subscriber::filter::ParseError> {
-        let directives = match (&self.log_level, std::env::var("RUST_LOG")) {
+        EnvFilter::try_new(self.filter_directives(std::env::var("RUST_LOG").ok()))
+    }
+
+    /// The directives of [`Self::log_filter`], given the value of `RUST_LOG`.
+    fn filter_directives(&self, rust_log: Option<String>) -> String {
+        let directives = match (&self.log_level, rust_log) {
             (Some(level), _) => level.clone(),
-            (None, Ok(env)) if !env.is_empty() => return EnvFilter::try_new(env),
-            (None, _) => "info".to_owned(),
+            (None, Some(env)) if !env.is_empty() => return env,
+            (None, _) => self.verbosity.map_or("info", klog_level).to_owned(),
         };
         let bare_level = !directives.contains(['=', ',']);
-        let directives = if bare_level {
+        if bare_level {
             format!("{directives},h2=info,hyper=info,hyper_util=info,tower=info,tonic=info")
         } else {
             directives
-        };
-        EnvFilter::try_new(directives)
+        }
     }
 
     /// Installs the global `tracing` subscriber for this configuration (stderr).
@@ -273,6 +343,24 @@ impl Config {
             LogFormat::Human => builder.try_init(),
             LogFormat::Json => builder.json().try_init(),
         }
+    }
+}
+
+/// The log level for klog verbosity `v` (`--v`).
+fn klog_level(v: u8) -> &'static str {
+    match v {
+        0..=3 => "info",
+        4..=5 => "debug",
+        _ => "trace",
+    }
+}
+
+/// Parses `--logtostderr`'s value: only `true` is accepted.
+fn parse_logtostderr(text: &str) -> Result<bool, LogToStderrError> {
+    match text {
+        "true" => Ok(true),
+        "false" => Err(LogToStderrError::False),
+        _ => Err(LogToStderrError::NotBool(text.to_owned())),
     }
 }
 
@@ -327,6 +415,9 @@ mod tests {
         assert_eq!(c.capacity, None);
         assert!(c.faults.is_empty());
         assert_eq!(c.call_log, None);
+        assert_eq!(c.mode, Mode::All);
+        assert_eq!(c.verbosity, None);
+        assert!(c.logtostderr);
     }
 
     #[test]
@@ -401,6 +492,148 @@ mod tests {
         assert_eq!(c.faults.len(), 2);
         let err = parse(&["--endpoint=/x.sock", "--fault", "Probe:SOMETIMES"]).unwrap_err();
         assert!(err.to_string().contains("Probe:SOMETIMES"), "{err}");
+    }
+
+    #[test]
+    fn kubernetes_csi_hostpath_arguments() {
+        let c = parse(&[
+            "--drivername=csi-hostpath",
+            "--v=5",
+            "--endpoint=unix:///csi/csi.sock",
+            "--nodeid=node-0",
+        ])
+        .expect("parses");
+        assert_eq!(c.mode, Mode::All);
+        assert_eq!(c.drivername, "csi-hostpath");
+        assert_eq!(c.verbosity, Some(5));
+        assert_eq!(c.endpoint, "unix:///csi/csi.sock");
+        assert_eq!(c.nodeid.as_deref(), Some("node-0"));
+        assert!(c.logtostderr);
+    }
+
+    #[test]
+    fn aws_ebs_csi_driver_arguments() {
+        let c = parse(&[
+            "node",
+            "--endpoint=unix:///csi/csi.sock",
+            "--logtostderr",
+            "--v=5",
+        ])
+        .expect("parses");
+        assert_eq!(c.mode, Mode::Node);
+        assert_eq!(c.endpoint, "unix:///csi/csi.sock");
+        assert!(c.logtostderr);
+        assert_eq!(c.verbosity, Some(5));
+    }
+
+    #[test]
+    fn modes() {
+        let mode = |args: &[&str]| parse(args).map(|c| c.mode);
+        assert_eq!(mode(&["--endpoint=/x.sock"]).expect("parses"), Mode::All);
+        assert_eq!(
+            mode(&["controller", "--endpoint=/x.sock"]).expect("parses"),
+            Mode::Controller
+        );
+        assert_eq!(
+            mode(&["--endpoint", "/x.sock", "node"]).expect("parses"),
+            Mode::Node
+        );
+        assert_eq!(
+            mode(&["all", "--endpoint=/x.sock"]).expect("parses"),
+            Mode::All
+        );
+        assert!(mode(&["monolith", "--endpoint=/x.sock"]).is_err());
+        assert_eq!(Config::new("/x.sock", "/s").mode, Mode::All);
+        assert!(Mode::All.serves_controller() && Mode::All.serves_node());
+        assert!(!Mode::Node.serves_controller() && Mode::Node.serves_node());
+        assert!(Mode::Controller.serves_controller() && !Mode::Controller.serves_node());
+    }
+
+    #[test]
+    fn logtostderr_accepts_only_true() {
+        for args in [
+            &["--endpoint=/x.sock"][..],
+            &["--endpoint=/x.sock", "--logtostderr"],
+            &["--endpoint=/x.sock", "--logtostderr=true"],
+        ] {
+            assert!(parse(args).expect("parses").logtostderr, "{args:?}");
+        }
+        let err = parse(&["--endpoint=/x.sock", "--logtostderr=false"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("always logs to stderr"), "{err}");
+        let err = parse(&["--endpoint=/x.sock", "--logtostderr=yes"]).unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+    }
+
+    #[test]
+    fn verbosity_flag() {
+        let v = |args: &[&str]| parse(args).map(|c| c.verbosity);
+        assert_eq!(v(&["--endpoint=/x.sock"]).expect("parses"), None);
+        assert_eq!(
+            v(&["--endpoint=/x.sock", "--v", "2"]).expect("parses"),
+            Some(2)
+        );
+        assert!(v(&["--endpoint=/x.sock", "--v=-1"]).is_err());
+        assert!(v(&["--endpoint=/x.sock", "--v=256"]).is_err());
+    }
+
+    #[test]
+    fn verbosity_maps_to_a_level() {
+        for (v, level) in [
+            (0, "info"),
+            (3, "info"),
+            (4, "debug"),
+            (5, "debug"),
+            (6, "trace"),
+            (255, "trace"),
+        ] {
+            assert_eq!(klog_level(v), level, "--v={v}");
+        }
+    }
+
+    #[test]
+    fn log_filter_directives() {
+        let libs = "h2=info,hyper=info,hyper_util=info,tower=info,tonic=info";
+        let config = |level: Option<&str>, v: Option<u8>| Config {
+            log_level: level.map(str::to_owned),
+            verbosity: v,
+            ..Config::new("/x.sock", "/s")
+        };
+        let env = |s: &str| Some(s.to_owned());
+        assert_eq!(
+            config(None, None).filter_directives(None),
+            format!("info,{libs}")
+        );
+        assert_eq!(
+            config(None, Some(5)).filter_directives(None),
+            format!("debug,{libs}")
+        );
+        assert_eq!(
+            config(None, Some(6)).filter_directives(env("")),
+            format!("trace,{libs}"),
+            "an empty RUST_LOG is not set"
+        );
+        assert_eq!(
+            config(None, Some(1)).filter_directives(None),
+            format!("info,{libs}")
+        );
+        // --log-level and RUST_LOG win over --v.
+        assert_eq!(
+            config(Some("warn"), Some(6)).filter_directives(env("trace")),
+            format!("warn,{libs}")
+        );
+        assert_eq!(
+            config(None, Some(6)).filter_directives(env("berth_hostpath=warn")),
+            "berth_hostpath=warn"
+        );
+        assert_eq!(
+            config(Some("info,tonic=debug"), Some(0)).filter_directives(None),
+            "info,tonic=debug"
+        );
+        for v in [0, 4, 6] {
+            EnvFilter::try_new(config(None, Some(v)).filter_directives(None))
+                .expect("a valid filter");
+        }
     }
 
     #[test]

@@ -7,27 +7,33 @@ use berth_csi::pb::{
     plugin_capability::{self, Service, VolumeExpansion, service, volume_expansion},
 };
 
-use crate::plugin::Plugin;
+use crate::{config::Mode, plugin::Plugin};
 
 #[derive(Debug, Clone)]
 pub(crate) struct IdentityService(pub Arc<Plugin>);
 
-/// The plugin capabilities this plugin advertises.
-pub(crate) fn plugin_capabilities() -> Vec<PluginCapability> {
+/// The plugin capabilities this plugin advertises in `mode` (CONTROLLER_SERVICE only when it
+/// serves the Controller service).
+pub(crate) fn plugin_capabilities(mode: Mode) -> Vec<PluginCapability> {
     let service = |t: service::Type| PluginCapability {
         r#type: Some(plugin_capability::Type::Service(Service {
             r#type: t as i32,
         })),
     };
-    vec![
-        service(service::Type::ControllerService),
-        service(service::Type::VolumeAccessibilityConstraints),
-        PluginCapability {
-            r#type: Some(plugin_capability::Type::VolumeExpansion(VolumeExpansion {
-                r#type: volume_expansion::Type::Online as i32,
-            })),
-        },
-    ]
+    let controller = mode
+        .serves_controller()
+        .then(|| service(service::Type::ControllerService));
+    controller
+        .into_iter()
+        .chain([
+            service(service::Type::VolumeAccessibilityConstraints),
+            PluginCapability {
+                r#type: Some(plugin_capability::Type::VolumeExpansion(VolumeExpansion {
+                    r#type: volume_expansion::Type::Online as i32,
+                })),
+            },
+        ])
+        .collect()
 }
 
 csi_service!(IdentityService: pb::identity_server::Identity {
@@ -40,8 +46,8 @@ csi_service!(IdentityService: pb::identity_server::Identity {
         });
     get_plugin_capabilities(pb::GetPluginCapabilitiesRequest)
         -> pb::GetPluginCapabilitiesResponse = GetPluginCapabilities
-        |_, _| Ok(pb::GetPluginCapabilitiesResponse {
-            capabilities: plugin_capabilities(),
+        |p, _| Ok(pb::GetPluginCapabilitiesResponse {
+            capabilities: plugin_capabilities(p.settings.mode),
         });
     probe(pb::ProbeRequest)
         -> pb::ProbeResponse = Probe

@@ -23,6 +23,11 @@
 //!
 //! Topology: one segment, `topology.hostpath.csi.berth.dev/node` = the node id.
 //!
+//! The positional mode ([`Mode`]) picks the services served: `all` (the default), `node`
+//! (Identity and Node; CONTROLLER_SERVICE is not advertised) or `controller` (Identity and
+//! Controller). RPCs of a service left out answer `UNIMPLEMENTED`. `--v` and `--logtostderr`
+//! are accepted so that the argument lists of Kubernetes CSI images run unchanged.
+//!
 //! # Strict mode
 //!
 //! With `--strict` the plugin refuses (`INVALID_ARGUMENT` or `FAILED_PRECONDITION`) every
@@ -150,7 +155,7 @@ use crate::{
     state::Store,
 };
 pub use crate::{
-    config::{Backing, Config, LogFormat},
+    config::{Backing, Config, LogFormat, Mode},
     error::RunError,
     plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
     state::StateError,
@@ -254,6 +259,7 @@ pub async fn run_with_mounter(
         backing: config.backing,
         strict: config.strict,
         shared: config.shared,
+        mode: config.mode,
     };
     let plugin = Arc::new(
         Plugin::new(settings, store, mounter, faults, shutdown.clone())
@@ -271,6 +277,7 @@ pub async fn run_with_mounter(
         attach = plugin.settings.attach,
         strict = plugin.settings.strict,
         shared = plugin.settings.shared,
+        mode = ?plugin.settings.mode,
         backing = ?plugin.settings.backing,
         "serving CSI"
     );
@@ -279,10 +286,19 @@ pub async fn run_with_mounter(
             plugin::stamp_arrival as fn(_) -> _,
         ))
         .add_service(IdentityServer::new(IdentityService(Arc::clone(&plugin))))
-        .add_service(ControllerServer::new(ControllerService(Arc::clone(
-            &plugin,
-        ))))
-        .add_service(NodeServer::new(NodeService(Arc::clone(&plugin))))
+        // A service left out answers every RPC of its own with UNIMPLEMENTED.
+        .add_optional_service(
+            config
+                .mode
+                .serves_controller()
+                .then(|| ControllerServer::new(ControllerService(Arc::clone(&plugin)))),
+        )
+        .add_optional_service(
+            config
+                .mode
+                .serves_node()
+                .then(|| NodeServer::new(NodeService(Arc::clone(&plugin)))),
+        )
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.clone().cancelled_owned(),

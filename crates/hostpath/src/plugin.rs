@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, codegen::http};
 use tracing::Instrument as _;
 
 use crate::{
-    Backing,
+    Backing, Mode,
     calllog::CallLog,
     error::internal,
     faults::Faults,
@@ -49,6 +49,8 @@ pub(crate) struct Settings {
     pub strict: bool,
     /// `--shared`: the state directory is shared with copies serving other nodes.
     pub shared: bool,
+    /// Which services are served (and advertised).
+    pub mode: Mode,
 }
 
 #[derive(Debug)]
@@ -407,6 +409,7 @@ pub(crate) async fn shared_test_plugin(
         backing: Backing::Dir,
         strict: false,
         shared: true,
+        mode: Mode::All,
     };
     let store = Store::load_shared(
         &statedir.join("state.json"),
@@ -444,6 +447,7 @@ fn unshared_test_plugin(
         backing: Backing::Dir,
         strict: false,
         shared: false,
+        mode: Mode::All,
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");

@@ -18,6 +18,7 @@ use berth_input::{Quoted, Shown, quoted_list};
 use berth_volume::{SpecError, StoredMountOptions, check_fs_type, check_mount_flags};
 
 use crate::{
+    docker::DOCKER_CONFIG_KEYS,
     duration::{GoDuration, parse_duration},
     input::{Node, V},
     path::FieldPath,
@@ -30,11 +31,13 @@ use crate::{
 };
 
 mod connect;
+mod docker;
 
 type Res<T> = Result<T, SpecError>;
 
 const NOT_HERE: &str = "runtime variables (${NOMAD_…}, ${attr.…}…) are not interpolated here; \
-     Nomad fills them in config.command and args, env, volume_mount.destination and csi_plugin dirs";
+     Nomad fills them in config.command and args, env, volume_mount.destination, csi_plugin \
+     dirs, and a docker task's image, entrypoint, volumes, mount source and target and work_dir";
 
 /// Where `${device.…}` references may be.
 const DEVICE_ONLY: &str = "${device.…} references are read only in the attribute and value of \
@@ -995,15 +998,18 @@ fn task(
         ));
     }
 
+    let is_docker = driver == "docker";
     let Some(mut config) = t.block(cx, "config")? else {
-        return Err(cx.err(
-            &p.key("config"),
-            t.line,
-            "is required: config { command = \"…\" }",
-        ));
+        let hint = if is_docker {
+            "is required: config { image = \"…\" }"
+        } else {
+            "is required: config { command = \"…\" }"
+        };
+        return Err(cx.err(&p.key("config"), t.line, hint));
     };
-    let exec = driver == "exec";
-    if exec {
+    if is_docker {
+        config.deny_unknown(cx, DOCKER_CONFIG_KEYS)?;
+    } else if driver == "exec" {
         config.deny_unknown(cx, &["command", "args", "pid_mode"])?;
     } else {
         config.deny_unknown(cx, &["command", "args"])?;
@@ -1022,13 +1028,30 @@ fn task(
         }
     };
     let line = config.line_of("command");
-    let command = config
-        .template(cx, "command")?
-        .ok_or_else(|| cx.err(&config.path.key("command"), config.line, "is required"))?;
-    if command.as_literal() == Some("") {
-        return Err(cx.err(&config.path.key("command"), line, "must not be empty"));
-    }
+    let command = match config.template(cx, "command")? {
+        Some(c) if c.as_literal() == Some("") => {
+            let hint = if is_docker {
+                " (leave it out to run the image's own command)"
+            } else {
+                ""
+            };
+            return Err(cx.err(
+                &config.path.key("command"),
+                line,
+                format!("must not be empty{hint}"),
+            ));
+        }
+        Some(c) => c,
+        // The image's own command.
+        None if is_docker => Template::literal(""),
+        None => return Err(cx.err(&config.path.key("command"), config.line, "is required")),
+    };
     let args = config.templates(cx, "args")?.unwrap_or_default();
+    let docker_task = if is_docker {
+        Some(docker::config(cx, &mut config)?)
+    } else {
+        None
+    };
 
     let env = match t.block(cx, "env")? {
         Some(e) => env(cx, e)?,
@@ -1157,6 +1180,7 @@ fn task(
         csi_plugin,
         kind,
         identities,
+        docker: docker_task,
     };
     references(cx, &p, &spec);
     Ok(spec)
@@ -1236,6 +1260,11 @@ fn references(cx: &Cx<'_>, p: &FieldPath, task: &TaskSpec) {
             &m.destination,
             false,
         );
+    }
+    if let Some(d) = &task.docker {
+        for (field, t) in docker::templates(d, &config) {
+            check(field, t, false);
+        }
     }
     if let Some(c) = &task.csi_plugin {
         check(p.key("csi_plugin").key("mount_dir"), &c.mount_dir, false);

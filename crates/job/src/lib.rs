@@ -49,7 +49,7 @@
 //!   ([`ServiceSpec`]): `name`, `port`, `tags`, `provider` (`consul`, the default, or
 //!   `nomad`), `connect { native, sidecar_service { port, tags } }` and `identity { aud, ttl
 //!   }`; `task "<name>"` blocks;
-//! - in a task: `driver`, `config { command, args }`, `env`, `volume_mount { volume,
+//! - in a task: `driver`, `config { command, args }` (more for `docker`, below), `env`, `volume_mount { volume,
 //!   destination, read_only }` blocks, `resources { cpu, memory }` (MHz and MB, default 100
 //!   and 300), `kill_timeout` (default 5s), `restart` and `csi_plugin { id, type, mount_dir,
 //!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s), `kind`
@@ -117,6 +117,7 @@
 //! `${…}` interpolations that name a runtime value (Nomad's `NOMAD_*` variables, `CSI_ENDPOINT`
 //! in a plugin task, `attr.*`, `node.*`, `meta.*`, the task's own `env` keys) are kept as
 //! [`Template`] references where Nomad interpolates at runtime (`config.command` and `args`,
+//! a docker task's `image`, `entrypoint`, `volumes`, `mount` source and target and `work_dir`,
 //! `env` values, `volume_mount.destination`, `csi_plugin` dirs), for the node to fill; anywhere
 //! else they are refused. `${device.…}` references are kept as text in a device block's
 //! constraints and affinities, and refused everywhere else; `${attr.…}`, `${meta.…}` and
@@ -157,6 +158,17 @@
 //! - `config` holds what berth's drivers take: `command` and `args`, and `pid_mode` for
 //!   `exec`. With [`ParseOptions::drivers`], a driver the node lacks is reported first, and
 //!   its task's config is not checked.
+//! - A `docker` task's `config` ([`DockerTask`]) holds Nomad's docker options berth runs:
+//!   `image` (required), `command` (optional: the image's own when left out), `args`,
+//!   `entrypoint`, `privileged`, `network_mode` (`bridge`/`default`, `none`, `host` only),
+//!   `volumes` (`"src:dst[:ro|rw]"`), `mount` blocks (`type` `bind` or `tmpfs`, which must be
+//!   written: Nomad's default, a named `volume`, is refused), `devices`, `cap_add`, `cap_drop`,
+//!   `ulimit`, `work_dir`, `labels`, `pid_mode`, `ipc_mode` and `init`. A bind source (in
+//!   `volumes` or `mount`) has no `..`; a relative one lies in the task directory. Targets and
+//!   `work_dir` are absolute. With [`ParseOptions::node`], `privileged = true` needs the
+//!   attribute [`DOCKER_PRIVILEGED_ATTR`] and an absolute host path needs
+//!   [`DOCKER_VOLUMES_ATTR`], as Nomad's docker driver needs `allow_privileged` and
+//!   `volumes { enabled = true }`.
 //! - `resources` holds `cpu`, `memory` (at least 1 MHz and 10 MB, as in Nomad) and `device`
 //!   blocks only.
 //! - `device` blocks are checked when read, not at placement: two with one name in a task, an
@@ -204,6 +216,7 @@
 
 mod check;
 mod connect;
+mod docker;
 mod duration;
 mod input;
 mod path;
@@ -221,6 +234,12 @@ pub use connect::{
     MAX_IDENTITY_NAME_CHARS, MAX_SERVICE_NAME_CHARS, ServiceIdentity, ServiceNameError,
     ServiceProvider, ServiceSpec, SidecarService, TASK_KIND_PREFIXES, TaskKind, TaskKindError,
     WorkloadIdentity, check_service_name,
+};
+pub use docker::{
+    BindPropagation, DOCKER_CONFIG_KEYS, DOCKER_PRIVILEGED_ATTR, DOCKER_VOLUMES_ATTR, DockerDevice,
+    DockerIpc, DockerMount, DockerNetwork, DockerTask, DockerUlimit, DockerVolume, ULIMIT_NAMES,
+    check_bind_source, check_cgroup_permissions, check_container_path, normalize_capability,
+    parse_docker_volume,
 };
 pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
 pub use spec::{

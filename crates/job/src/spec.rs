@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     check,
     connect::{ServiceSpec, TaskKind, WorkloadIdentity},
+    docker::DockerTask,
     duration::go_form,
     input,
     rules::Rules,
@@ -348,6 +349,7 @@ pub struct TaskSpec {
     /// placement.
     pub driver: String,
     /// `config.command`; its `${…}` runtime references are filled when the alloc is placed.
+    /// Empty for a docker task that gives none: the image's own command.
     pub command: Template,
     /// `config.args`, likewise.
     pub args: Vec<Template>,
@@ -356,7 +358,7 @@ pub struct TaskSpec {
     /// `user`: who the task runs as (the driver's default when not given).
     #[serde(default)]
     pub user: Option<String>,
-    /// `config.pid_mode` (exec only): the driver's default when not given.
+    /// `config.pid_mode` (exec and docker only): the driver's default when not given.
     #[serde(default)]
     pub pid_mode: Option<PidMode>,
     /// `meta` of the job, group and task, merged (the task's wins).
@@ -387,6 +389,9 @@ pub struct TaskSpec {
     /// is the default identity).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub identities: Vec<WorkloadIdentity>,
+    /// The rest of `config` of a docker task: `Some` exactly when `driver` is `docker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker: Option<DockerTask>,
 }
 
 /// A `volume_mount` block: where a group volume appears in the task.
@@ -420,7 +425,7 @@ pub enum PropagationMode {
     Bidirectional,
 }
 
-/// `config.pid_mode` of an `exec` task.
+/// `config.pid_mode` of an `exec` or `docker` task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PidMode {

@@ -36,13 +36,15 @@ fn job(body: &str) -> String {
 }
 
 /// The job spec example of Nomad's `device` documentation, as written there (two GPUs with a
-/// memory constraint and a memory affinity), plus a model affinity as its examples write one.
+/// memory constraint and a memory affinity), plus a model affinity as its examples write one,
+/// in a docker task of our own (the example shows no driver).
 const NOMAD_DOCS: &str = r#"job "docs" {
   group "example" {
     task "server" {
       driver = "docker"
 
       config {
+        image   = "trainer"
         command = "/usr/bin/train"
       }
 

@@ -272,6 +272,7 @@ fn full_expected() -> JobSpec {
         csi_plugin: None,
         kind: None,
         identities: vec![],
+        docker: None,
     };
     let plugin = TaskSpec {
         name: "plugin".into(),
@@ -296,6 +297,7 @@ fn full_expected() -> JobSpec {
         }),
         kind: None,
         identities: vec![],
+        docker: None,
     };
     let second = GroupSpec {
         rules: Default::default(),
@@ -320,6 +322,7 @@ fn full_expected() -> JobSpec {
             csi_plugin: None,
             kind: None,
             identities: vec![],
+            docker: None,
         }],
         services: vec![],
     };

@@ -6,6 +6,7 @@
 //! running, found by the mark in its environment ([`kill_marked`]), and device nodes
 //! ([`mknod_char`], [`mknod_block`]).
 //! Real etcd clusters on 127.0.0.1 (Debian's `etcd-server`, etcd 3.4): [`EtcdCluster`].
+//! Container images built offline into a podman storage of a test's own: [`TestPodman`].
 //! A fake Consul agent's ACL API (login with a JWT, token/self, logout): [`FakeConsul`].
 //!
 //! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
@@ -16,6 +17,7 @@
 mod consul;
 mod devnode;
 mod etcd;
+mod images;
 mod marks;
 mod mountns;
 mod plugin;
@@ -32,6 +34,7 @@ pub use consul::{
 };
 pub use devnode::{mknod_block, mknod_char};
 pub use etcd::{ETCD_READY_TIMEOUT, EtcdCluster, EtcdError, EtcdTls};
+pub use images::{BUSYBOX, TestPodman};
 pub use marks::{ALLOC_DIR_VAR, KILL_WAIT, kill_marked, kill_tasks_under};
 pub use mountns::{MountNamespace, NAMESPACE_TIMEOUT};
 pub use plugin::{HostpathPlugin, HostpathPluginBuilder, SpawnError, attached_loops_under};
