@@ -333,10 +333,7 @@ async fn bad_forms_name_file_and_line_and_change_nothing() {
         ),
         (
             "job \"bad\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"docker\"\n      config {\n        image = \"redis:7\"\n        ports = [\"db\"]\n      }\n    }\n  }\n}\n",
-            &[
-                "bad.hcl:7",
-                "config.ports: unknown field",
-            ],
+            &["bad.hcl:7", "config.ports: unknown field"],
         ),
         (
             "variable \"v\" {\n  type = string\n}\njob \"bad\" {\n  group \"g\" {\n    task \"t\" {\n      driver = \"exec\"\n      config {\n        command = var.v\n      }\n    }\n  }\n}\n",
