@@ -127,6 +127,29 @@ pub(crate) fn cgroup_procs(cgroup: &Path) -> io::Result<Vec<u32>> {
     Ok(text.lines().filter_map(|l| l.trim().parse().ok()).collect())
 }
 
+/// CPU and memory of `pids` read now; a process that exits while it is read is skipped (so
+/// the result's `pids` may be fewer, or none).
+pub(crate) fn stats_of(pids: &[u32]) -> crate::task::TaskStats {
+    let mut stats = crate::task::TaskStats {
+        pids: Vec::with_capacity(pids.len()),
+        cpu_user_ticks: 0,
+        cpu_system_ticks: 0,
+        ticks_per_second: ticks_per_second(),
+        rss_bytes: 0,
+        timestamp: std::time::SystemTime::now(),
+    };
+    for &pid in pids {
+        let Ok(Some(stat)) = read_stat(pid) else {
+            continue;
+        };
+        stats.pids.push(pid);
+        stats.cpu_user_ticks += stat.utime;
+        stats.cpu_system_ticks += stat.stime;
+        stats.rss_bytes += stat.rss_pages * page_size();
+    }
+    stats
+}
+
 /// Looks `name` up in the agent's `PATH` (or takes it as is when it holds a `/`); only
 /// executable regular files count.
 pub(crate) fn find_program(name: &str) -> Option<std::path::PathBuf> {

@@ -591,24 +591,7 @@ impl Supervisor {
             (None, Some(dev)) => dev.pids().map_err(proc_err)?,
             (None, None) => procfs::group_members(entry.pid()).map_err(proc_err)?,
         };
-        let mut stats = TaskStats {
-            pids: Vec::with_capacity(pids.len()),
-            cpu_user_ticks: 0,
-            cpu_system_ticks: 0,
-            ticks_per_second: procfs::ticks_per_second(),
-            rss_bytes: 0,
-            timestamp: SystemTime::now(),
-        };
-        for pid in pids {
-            // A process may exit while we read: skip it.
-            let Ok(Some(stat)) = procfs::read_stat(pid) else {
-                continue;
-            };
-            stats.pids.push(pid);
-            stats.cpu_user_ticks += stat.utime;
-            stats.cpu_system_ticks += stat.stime;
-            stats.rss_bytes += stat.rss_pages * procfs::page_size();
-        }
+        let stats = procfs::stats_of(&pids);
         if stats.pids.is_empty() {
             return Err(not_running());
         }

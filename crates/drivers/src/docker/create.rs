@@ -82,6 +82,8 @@ pub(crate) fn create_args(
         a.push(v);
     }
     flag(&mut a, "--name", name.into());
+    // Never a registry: an image podman lacks fails the create at once.
+    flag(&mut a, "--pull", "never".into());
     flag(&mut a, "--cidfile", text(&files.cidfile));
     flag(&mut a, "--pidfile", text(&files.pidfile));
     flag(&mut a, "--env-file", text(&files.envfile));

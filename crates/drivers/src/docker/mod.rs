@@ -59,6 +59,11 @@ const KILL_WAIT: Duration = Duration::from_secs(10);
 /// How often the start polls for the runtime's pid file (a stat of one file).
 const PIDFILE_POLL: Duration = Duration::from_millis(2);
 
+/// Why an image podman does not have fails the task.
+const NOT_STORED: &str = "is not in podman's storage, and berth pulls from no registry: load it \
+     first (podman load, podman import) or name an archive (docker-archive:/path.tar, \
+     oci-archive:/path.tar, oci:/dir:tag)";
+
 /// The name of the task's private directory (its start's files) under its task directory.
 const PRIVATE_DIR: &str = ".container";
 
@@ -220,20 +225,8 @@ impl DockerDriver {
         if image.contains("://") || image.starts_with('-') || image.contains(char::is_whitespace) {
             return Err(bad("is not an image reference".into()));
         }
-        match self
-            .podman
-            .run(["image", "exists", image], COMMAND_TIMEOUT)
-            .await
-        {
-            Ok(_) => Ok(image.to_owned()),
-            Err(PodmanError::Failed { code: 1, .. }) => Err(bad(
-                "is not in podman's storage, and berth pulls from no registry: load it first \
-                 (podman load, podman import) or name an archive (docker-archive:/path.tar, \
-                 oci-archive:/path.tar, oci:/dir:tag)"
-                    .into(),
-            )),
-            Err(e) => Err(bad(e.to_string())),
-        }
+        // Whether podman has it is learnt from the create itself (`--pull never`).
+        Ok(image.to_owned())
     }
 
     /// Checks what the agent's settings decide: privileged mode and host paths.
@@ -363,8 +356,16 @@ impl DockerDriver {
         let created = self.podman.run(&args, COMMAND_TIMEOUT).await;
         // The environment may hold secrets: it lives no longer than the create.
         let _ = fs::remove_file(&files.envfile);
-        if let Err(e) = created {
-            return Err(self.podman_err(&id, "creating the container", e));
+        match created {
+            Ok(_) => {}
+            Err(PodmanError::Failed { message, .. }) if message.contains("image not known") => {
+                return Err(DriverError::Image {
+                    task_id: id.clone(),
+                    image: container.image.clone(),
+                    reason: NOT_STORED.into(),
+                });
+            }
+            Err(e) => return Err(self.podman_err(&id, "creating the container", e)),
         }
         let cid = fs::read_to_string(&files.cidfile)
             .map(|s| s.trim().to_owned())
@@ -653,23 +654,7 @@ impl DockerDriver {
             });
         }
         let pids = container_pids(pid).unwrap_or_else(|| vec![pid]);
-        let mut stats = TaskStats {
-            pids: Vec::with_capacity(pids.len()),
-            cpu_user_ticks: 0,
-            cpu_system_ticks: 0,
-            ticks_per_second: procfs::ticks_per_second(),
-            rss_bytes: 0,
-            timestamp: SystemTime::now(),
-        };
-        for p in pids {
-            let Ok(Some(stat)) = procfs::read_stat(p) else {
-                continue;
-            };
-            stats.pids.push(p);
-            stats.cpu_user_ticks += stat.utime;
-            stats.cpu_system_ticks += stat.stime;
-            stats.rss_bytes += stat.rss_pages * procfs::page_size();
-        }
+        let stats = procfs::stats_of(&pids);
         if stats.pids.is_empty() {
             return Err(DriverError::NotRunning {
                 task_id: id.clone(),
