@@ -269,14 +269,39 @@ async fn a_container_outlives_its_driver_and_is_recovered_by_id() {
     let mut wrong = handle.clone();
     wrong.pid = std::process::id();
     assert!(second.recover(wrong).await.is_err());
-    second.recover(handle.clone()).await.unwrap();
+    if let Err(e) = second.recover(handle.clone()).await {
+        let state = s.podman.run(&[
+            "inspect",
+            "--format",
+            "{{json .State}}",
+            handle.container_id.as_deref().unwrap(),
+        ]);
+        panic!(
+            "{e}: {} alive={}; log: {}",
+            String::from_utf8_lossy(&state.stdout),
+            common::alive(handle.pid),
+            read(&t.stdout_path)
+        );
+    }
     let kinds = events_until(&mut rx, |k| matches!(k, TaskEventKind::Recovered { .. })).await;
     assert!(matches!(kinds.last(), Some(TaskEventKind::Recovered { pid }) if *pid == handle.pid));
     assert_eq!(
         s.podman.containers(),
         vec![handle.container_id.clone().unwrap()]
     );
-    let stats = second.stats(&t.id).await.unwrap();
+    let stats = second.stats(&t.id).await.unwrap_or_else(|e| {
+        let state = s.podman.run(&[
+            "inspect",
+            "--format",
+            "{{json .State}}",
+            &handle.container_id.clone().unwrap(),
+        ]);
+        panic!(
+            "{e}: {}; log: {}",
+            String::from_utf8_lossy(&state.stdout),
+            read(&t.stdout_path)
+        )
+    });
     assert!(stats.pids.contains(&handle.pid), "{stats:?}");
 
     second

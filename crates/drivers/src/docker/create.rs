@@ -423,7 +423,7 @@ mod tests {
         };
         let line = args(&t, &c).unwrap().join(" ");
         for part in [
-            "create --name web-a1 --cidfile /t/.container/cid",
+            "create --name web-a1 --pull never --cidfile /t/.container/cid",
             "--log-driver passthrough --network none",
             "--label berth.task_id=a1.web --label berth.alloc_id=a1 --label berth.task=web --label team=storage",
             "--user nobody --privileged --pid host --ipc host --init --memory 67108864b",

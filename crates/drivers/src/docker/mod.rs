@@ -415,7 +415,10 @@ impl DockerDriver {
         let mut cmd = self
             .podman
             .command(["start", "--attach", "--sig-proxy=false", cid]);
-        cmd.stdout(stdout).stderr(stderr);
+        // It must outlive the driver: killed before it has recorded the start, it would leave
+        // podman believing the running container is only initialized (then no later agent
+        // could re-attach it). It ends with the container.
+        cmd.stdout(stdout).stderr(stderr).kill_on_drop(false);
         let mut child = cmd.spawn().map_err(|source| DriverError::Spawn {
             task_id: id.clone(),
             program: self.podman.program().display().to_string(),
@@ -457,18 +460,17 @@ impl DockerDriver {
             pid,
             source,
         };
-        let stat = procfs::read_stat(pid)
+        // A container that has already ended has no start time to read: its handle then
+        // matches no live process, and the waiter reports how it ended.
+        let start_ticks = procfs::read_stat(pid)
             .map_err(proc_err)?
-            .ok_or(DriverError::NotRunning {
-                task_id: id.clone(),
-                pid,
-            })?;
+            .map_or(0, |stat| stat.start_ticks);
         let handle = TaskHandle {
             version: HANDLE_VERSION,
             driver: DOCKER.into(),
             task_id: id.clone(),
             pid,
-            start_ticks: stat.start_ticks,
+            start_ticks,
             boot_id: procfs::boot_id().map_err(proc_err)?,
             started_at: SystemTime::now(),
             cgroup: None,
@@ -483,38 +485,39 @@ impl DockerDriver {
         let events = self.events.clone();
         let cancel = self.cancel.clone();
         self.tracker.spawn(async move {
-            let ended = match waiter {
+            match waiter {
                 Waiter::Start(mut child) => tokio::select! {
-                    r = child.wait() => r.is_ok(),
+                    _ = child.wait() => {}
                     () = cancel.cancelled() => return,
                 },
                 Waiter::Wait => {
-                    let mut cmd = podman.command(["wait", "--interval", "250ms", &entry.id]);
-                    cmd.stdout(std::process::Stdio::null())
-                        .stderr(std::process::Stdio::null());
-                    match cmd.spawn() {
-                        Ok(mut child) => tokio::select! {
-                            r = child.wait() => r.is_ok(),
-                            () = cancel.cancelled() => return,
-                        },
-                        Err(_) => false,
-                    }
-                }
-            };
-            // podman has recorded the exit by now; if its waiter failed, watch the pid.
-            if !ended {
-                let mut tick = tokio::time::interval(Duration::from_millis(200));
-                loop {
+                    let waited =
+                        podman.run(["wait", "--interval", "250ms", &entry.id], Duration::MAX);
                     tokio::select! {
-                        _ = tick.tick() => {}
+                        _ = waited => {}
                         () = cancel.cancelled() => return,
-                    }
-                    if !entry.identity_holds() {
-                        break;
                     }
                 }
             }
-            let result = match podman.inspect(&entry.id).await {
+            // A waiter can end without the container ending (podman itself failed): then
+            // the container's first process is watched until it is gone.
+            let mut tick = tokio::time::interval(Duration::from_millis(200));
+            while entry.identity_holds() {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = cancel.cancelled() => return,
+                }
+            }
+            // The process is gone; if conmon has not recorded the exit yet, `podman wait`
+            // waits for it.
+            let mut state = podman.inspect(&entry.id).await;
+            if matches!(&state, Ok(Some(s)) if s.running) {
+                let _ = podman
+                    .run(["wait", "--interval", "50ms", &entry.id], COMMAND_TIMEOUT)
+                    .await;
+                state = podman.inspect(&entry.id).await;
+            }
+            let result = match state {
                 Ok(Some(state)) if !state.running => ExitResult {
                     exit_code: (state.exit_code >= 0 && state.exit_code < 128)
                         .then_some(state.exit_code),
