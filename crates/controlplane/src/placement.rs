@@ -359,11 +359,11 @@ job "web" {
 
     #[test]
     fn unknown_driver_volume_and_plugin() {
-        let text = WRITER.replace("raw_exec", "docker");
+        let text = WRITER.replace("raw_exec", "qemu");
         let e = place(&job(&text), &node(), |_| None, ids()).unwrap_err();
         let s = e.to_string();
         assert!(
-            s.contains("unknown driver \"docker\" (this node has exec, raw_exec)"),
+            s.contains("unknown driver \"qemu\" (this node has exec, raw_exec)"),
             "{s}"
         );
         assert!(s.contains("no volume \"vol\" is registered"), "{s}");
