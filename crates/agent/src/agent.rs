@@ -13,6 +13,7 @@ use berth_allocrunner::NodeVars;
 use berth_api::{
     Instance, NodePlugin, NodeStatus, PluginStatus, RegisterRequest, Source,
     server::{AgentView, ApiError, Listeners},
+    stream::Topic,
 };
 use berth_regdir::{DiscoveredPlugin, RegistrationDir};
 use berth_state::{Store, Table};
@@ -24,6 +25,7 @@ use crate::{
         PluginRun,
     },
     devices::{Devices, DevicesOptions, KUBE_RESTORE_GRACE},
+    event_log::EventLog,
     events::EventBus,
     jobs::Jobs,
     manager::Manager,
@@ -69,6 +71,8 @@ pub struct AgentOptions {
     pub identity_rotation: berth_identity::Rotation,
     /// The `docker` driver's settings.
     pub docker: berth_drivers::DockerConfig,
+    /// How many events the event stream's window keeps.
+    pub event_window: usize,
 }
 
 impl AgentOptions {
@@ -91,6 +95,9 @@ impl AgentOptions {
             consul: config.consul,
             identity_rotation: berth_identity::Rotation::default(),
             docker: config.docker,
+            event_window: config
+                .event_window
+                .unwrap_or(crate::event_log::DEFAULT_WINDOW),
         }
     }
 
@@ -291,8 +298,16 @@ impl Agent {
             },
             meta: opts.node.meta.clone(),
         };
+        let node_name = node.name.clone();
 
-        let events = Arc::new(EventBus::new());
+        let (event_log, event_writer) = {
+            let path = data_dir.join("events.redb");
+            let window = opts.event_window;
+            tokio::task::spawn_blocking(move || EventLog::open(&path, window))
+                .await
+                .map_err(|e| AgentError::Task(e.to_string()))??
+        };
+        let events = Arc::new(EventBus::with_stream(event_log));
         let device_opts = DevicesOptions {
             config: opts.devices.clone(),
             data_dir: data_dir.clone(),
@@ -431,6 +446,14 @@ impl Agent {
             election,
             signer,
         });
+        tasks.spawn(event_writer.run(shutdown.clone()));
+        agent.events.publish(
+            Topic::Node,
+            "NodeRegistration",
+            &agent.node_id,
+            Vec::new(),
+            serde_json::json!({ "Node": { "ID": agent.node_id, "Name": node_name, "Status": "ready" } }),
+        );
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
         tasks.spawn(crate::identity::rotate(
             agent.signer.clone(),
@@ -1032,10 +1055,25 @@ impl AgentView for Agent {
             ));
         };
         match m.set_drain(id, enable).await {
-            Ok(Some(n)) => Ok(n),
+            Ok(Some(n)) => {
+                self.events.publish(
+                    Topic::Node,
+                    "NodeDrain",
+                    &n.id,
+                    vec![n.name.clone()],
+                    serde_json::json!({ "Node": { "ID": n.id, "Name": n.name, "Drain": enable } }),
+                );
+                Ok(n)
+            }
             Ok(None) => Err(ApiError::NotFound(format!("no node {id:?}"))),
             Err(e) => Err(ApiError::Unavailable(e.to_string())),
         }
+    }
+
+    fn event_source(&self) -> Option<Arc<dyn berth_api::stream::EventSource>> {
+        self.events
+            .stream()
+            .map(|s| Arc::new(s.clone()) as Arc<dyn berth_api::stream::EventSource>)
     }
 
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<berth_api::Event> {

@@ -132,7 +132,13 @@ pub struct Config {
     /// `plugin "docker" { config { podman, runtime, allow_privileged, volumes { enabled },
     /// storage_root, run_root } }`: the `docker` task driver's settings.
     pub docker: berth_drivers::DockerConfig,
+    /// `events { window = N }`: how many of the latest events the event stream keeps on disk
+    /// for readers that reconnect; default [`crate::event_log::DEFAULT_WINDOW`].
+    pub event_window: Option<usize>,
 }
+
+/// Most events `events.window` may keep.
+pub const MAX_EVENT_WINDOW: usize = 1_000_000;
 
 /// The node as jobs see it (Nomad's `name`, `datacenter`, `region`, `client.node_class`,
 /// `client.meta`).
@@ -191,6 +197,13 @@ struct Raw {
     devices: Option<devices::RawDevices>,
     control_plane: Option<control_plane::RawControlPlane>,
     consul: Option<berth_consul::ConsulConfig>,
+    events: Option<RawEvents>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvents {
+    window: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -358,6 +371,19 @@ impl Config {
                 }
                 cfg.api_address = Some(addr);
             }
+        }
+        if let Some(w) = raw.events.and_then(|e| e.window) {
+            let n = usize::try_from(w)
+                .ok()
+                .filter(|n| (1..=MAX_EVENT_WINDOW).contains(n))
+                .ok_or_else(|| {
+                    err(
+                        None,
+                        "events.window",
+                        format!("{w} is not a number of events from 1 to {MAX_EVENT_WINDOW}"),
+                    )
+                })?;
+            cfg.event_window = Some(n);
         }
         if let Some(s) = raw.registry_rescan_interval {
             cfg.rescan_interval =

@@ -557,6 +557,7 @@ impl FleetJobs {
             version: Some(job.version),
             placements,
             failures,
+            event_index: None,
         })
     }
 

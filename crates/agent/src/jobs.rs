@@ -55,6 +55,8 @@ fn alloc_id(job_id: &str, group: &str, index: u32, tasks: &[&str]) -> String {
 struct NotifyingStore {
     inner: StateAllocStore,
     changed: tokio::sync::watch::Sender<u64>,
+    events: Arc<EventBus>,
+    streamed: crate::alloc_events::AllocEvents,
 }
 
 impl NotifyingStore {
@@ -69,6 +71,9 @@ impl AllocStore for NotifyingStore {
         record: &berth_allocrunner::AllocRecord,
     ) -> Result<(), berth_allocrunner::AllocStoreError> {
         let r = self.inner.put(record);
+        if r.is_ok() {
+            self.streamed.written(&self.events, record);
+        }
         self.bump();
         r
     }
@@ -77,6 +82,11 @@ impl AllocStore for NotifyingStore {
         records: &[berth_allocrunner::AllocRecord],
     ) -> Result<(), berth_allocrunner::AllocStoreError> {
         let r = self.inner.put_all(records);
+        if r.is_ok() {
+            for record in records {
+                self.streamed.written(&self.events, record);
+            }
+        }
         self.bump();
         r
     }
@@ -93,6 +103,9 @@ impl AllocStore for NotifyingStore {
     }
     fn delete(&self, alloc_id: &str) -> Result<bool, berth_allocrunner::AllocStoreError> {
         let r = self.inner.delete(alloc_id);
+        if matches!(r, Ok(true)) {
+            self.streamed.deleted(&self.events, alloc_id);
+        }
         self.bump();
         r
     }
@@ -207,6 +220,8 @@ pub struct Jobs {
     placing: tokio::sync::Mutex<()>,
     /// Bumped whenever an alloc record is written.
     changed: tokio::sync::watch::Sender<u64>,
+    /// Where job events go.
+    events: Arc<EventBus>,
 }
 
 impl std::fmt::Debug for Jobs {
@@ -236,9 +251,13 @@ impl Jobs {
     ) -> Self {
         let node_id = node.id.clone();
         let changed = tokio::sync::watch::channel(0).0;
+        let inner = StateAllocStore::new(Arc::clone(&store));
+        let streamed = crate::alloc_events::AllocEvents::new(&inner.list().unwrap_or_default());
         let allocs: Arc<dyn AllocStore> = Arc::new(NotifyingStore {
-            inner: StateAllocStore::new(Arc::clone(&store)),
+            inner,
             changed: changed.clone(),
+            events: Arc::clone(&events),
+            streamed,
         });
         let mut deps = AllocDeps::new(
             Arc::new(drivers.clone()),
@@ -255,7 +274,7 @@ impl Jobs {
         }
         let plugins = PluginTasks {
             registry: Arc::clone(&registry),
-            events,
+            events: Arc::clone(&events),
             drivers: drivers.clone(),
             data_dir: data_dir.to_path_buf(),
             tasks: tasks.clone(),
@@ -279,6 +298,7 @@ impl Jobs {
             shutdown,
             placing: tokio::sync::Mutex::new(()),
             changed,
+            events,
         }
     }
 
@@ -552,6 +572,7 @@ impl Jobs {
             version: None,
             placements: Vec::new(),
             failures: Vec::new(),
+            event_index: None,
         }
     }
 
@@ -716,6 +737,7 @@ impl Jobs {
             self.spawn_runner(runner);
         }
         tracing::info!(job_id, allocs = rec.allocs.len(), "job placed");
+        self.publish_job("JobRegistered", &rec);
         Ok(self.status_of(&rec))
     }
 
@@ -864,6 +886,7 @@ impl Jobs {
                 r.stop();
             }
         }
+        self.publish_job("JobDeregistered", &rec);
         Ok(self.status_of(&rec))
     }
 
@@ -897,6 +920,22 @@ impl Jobs {
             }
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+    }
+
+    /// Publishes a `Job` event about `rec` (its id, type and allocs; never its spec).
+    fn publish_job(&self, kind: &str, rec: &JobRecord) {
+        self.events.publish(
+            berth_api::stream::Topic::Job,
+            kind,
+            &rec.spec.id,
+            Vec::new(),
+            serde_json::json!({ "Job": {
+                "ID": rec.spec.id,
+                "Type": rec.spec.job_type.as_str(),
+                "Stopped": rec.stopped,
+                "Allocs": rec.allocs,
+            }}),
+        );
     }
 
     /// `GET /v1/job/{id}`.

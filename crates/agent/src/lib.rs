@@ -4,9 +4,11 @@
 //! and the view the HTTP API serves.
 
 pub mod agent;
+pub mod alloc_events;
 pub mod config;
 pub mod consul;
 pub mod devices;
+pub mod event_log;
 pub mod events;
 pub mod fleet_claims;
 pub mod fleet_jobs;

@@ -135,6 +135,10 @@ pub struct JobStatus {
     /// In a fleet: why groups were not (wholly) placed, per node class.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<String>,
+    /// In the answer to run and stop: the newest event index before the change, so a reader
+    /// of the event stream from there sees every event the change causes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_index: Option<u64>,
 }
 
 /// Where the fleet placed an alloc.

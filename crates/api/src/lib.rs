@@ -12,6 +12,7 @@
 //! | `DELETE /v1/plugin/csi/{id}/instances/{instance}` | 204 |
 //! | `GET /v1/node` | [`NodeStatus`] |
 //! | `GET /v1/events` | newline-delimited [`EventLine`]s, live from the request on |
+//! | `GET /v1/event/stream[?topic=T:key&index=N&heartbeat=10s]` | newline-delimited [`stream::StreamLine`]s: the persisted window after `N`, then live; `{}` while idle |
 //! | `GET /v1/metrics` | Prometheus text ([`METRICS_CONTENT_TYPE`]) |
 //! | `GET /.well-known/jwks.json` | the JWK set that verifies the agent's workload identities |
 //! | `GET /v1/volumes` | [`volumes::VolumeList`] |
@@ -47,6 +48,7 @@ pub mod client;
 pub mod jobs;
 pub mod nodes;
 pub mod server;
+pub mod stream;
 pub mod types;
 pub mod volumes;
 
@@ -71,6 +73,10 @@ pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8
 
 /// `Content-Type` of `GET /v1/events`.
 pub const EVENTS_CONTENT_TYPE: &str = "application/x-ndjson";
+
+/// The response header that carries the newest event index when the response was made (the
+/// event stream's `index` to read what follows from).
+pub const INDEX_HEADER: &str = "x-berth-index";
 
 /// Where the agent serves the public keys of its workload identities (a JWK set).
 pub const JWKS_PATH: &str = "/.well-known/jwks.json";

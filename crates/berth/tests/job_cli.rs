@@ -163,6 +163,7 @@ fn web() -> JobStatus {
         version: None,
         placements: Vec::new(),
         failures: Vec::new(),
+        event_index: None,
     }
 }
 

@@ -11,8 +11,10 @@
 //! [`KeyedLocks`] serializes the callers that act on one key (e.g. one volume) while different
 //! keys run in parallel.
 
+mod journal;
 mod locks;
 
+pub use journal::Journal;
 pub use locks::KeyedLocks;
 
 use std::{

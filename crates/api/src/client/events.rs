@@ -1,41 +1,66 @@
-//! Reading `GET /v1/events`: newline-delimited JSON, one [`EventLine`] per line.
+//! Reading newline-delimited JSON: `GET /v1/events` ([`EventLine`]s) and
+//! `GET /v1/event/stream` ([`StreamLine`](crate::stream::StreamLine)s).
 
 use futures::Stream;
 use http_body_util::BodyExt as _;
 use hyper::{Method, body::Incoming};
+use serde::de::DeserializeOwned;
 
 use super::{ClientError, ConnTask};
 use crate::types::EventLine;
 
-/// Longest line [`EventStream`] accepts, in bytes.
+/// Longest line a [`LineStream`] accepts, in bytes.
 pub const MAX_EVENT_LINE: usize = 1 << 20;
 
-const PATH: &str = "/v1/events";
+/// The agent's live events (`GET /v1/events`).
+pub type EventStream = LineStream<EventLine>;
 
-/// The agent's live events, read line by line. Holds its connection: dropping it disconnects.
+/// The agent's event stream (`GET /v1/event/stream`).
+pub type StreamReader = LineStream<crate::stream::StreamLine>;
+
+/// A response read line by line, each line one `T`. Holds its connection: dropping it
+/// disconnects.
 #[derive(Debug)]
-pub struct EventStream {
+pub struct LineStream<T> {
     address: String,
+    path: String,
     body: Incoming,
     buf: Vec<u8>,
     done: bool,
+    /// The newest event index when the agent answered (its `x-berth-index` header).
+    index: Option<u64>,
     _conn: ConnTask,
+    _line: std::marker::PhantomData<fn() -> T>,
 }
 
-impl EventStream {
-    pub(super) fn new(address: String, body: Incoming, conn: ConnTask) -> Self {
+impl<T: DeserializeOwned + Send> LineStream<T> {
+    pub(super) fn new(
+        address: String,
+        path: String,
+        index: Option<u64>,
+        body: Incoming,
+        conn: ConnTask,
+    ) -> Self {
         Self {
             address,
+            path,
             body,
             buf: Vec::new(),
             done: false,
+            index,
             _conn: conn,
+            _line: std::marker::PhantomData,
         }
+    }
+
+    /// The newest event index when the agent answered, when it said.
+    pub fn index(&self) -> Option<u64> {
+        self.index
     }
 
     /// The next line; `None` once the agent has ended the stream (it shuts down) or after an
     /// error has been returned. Cancel-safe: dropping the future loses no line.
-    pub async fn next(&mut self) -> Option<Result<EventLine, ClientError>> {
+    pub async fn next(&mut self) -> Option<Result<T, ClientError>> {
         if self.done {
             return None;
         }
@@ -47,13 +72,13 @@ impl EventStream {
     }
 
     /// The lines as a [`Stream`].
-    pub fn into_stream(self) -> impl Stream<Item = Result<EventLine, ClientError>> + Send {
+    pub fn into_stream(self) -> impl Stream<Item = Result<T, ClientError>> + Send {
         futures::stream::unfold(self, |mut events| async move {
             events.next().await.map(|line| (line, events))
         })
     }
 
-    async fn next_line(&mut self) -> Option<Result<EventLine, ClientError>> {
+    async fn next_line(&mut self) -> Option<Result<T, ClientError>> {
         loop {
             if let Some(end) = self.buf.iter().position(|&b| b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=end).collect();
@@ -65,7 +90,7 @@ impl EventStream {
                     serde_json::from_slice(line).map_err(|source| ClientError::Decode {
                         address: self.address.clone(),
                         method: Method::GET,
-                        path: PATH.into(),
+                        path: self.path.clone(),
                         source,
                     }),
                 );
@@ -85,7 +110,7 @@ impl EventStream {
                     return Some(Err(ClientError::Http {
                         address: self.address.clone(),
                         method: Method::GET,
-                        path: PATH.into(),
+                        path: self.path.clone(),
                         source,
                     }));
                 }

@@ -26,7 +26,7 @@ use tokio::{
 };
 
 pub use address::{Address, InvalidAddress};
-pub use events::{EventStream, MAX_EVENT_LINE};
+pub use events::{EventStream, LineStream, MAX_EVENT_LINE, StreamReader};
 
 use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequest};
 
@@ -405,6 +405,51 @@ impl Client {
         let response = self.check_status(&Method::GET, &path, response).await?;
         Ok(EventStream::new(
             self.name.clone(),
+            path,
+            None,
+            response.into_body(),
+            conn,
+        ))
+    }
+
+    /// `GET /v1/event/stream`: the events `filter` passes, after index `after` (those the
+    /// agent's window still holds, then live ones), or from the moment this returns when
+    /// `after` is `None`; a heartbeat line every `heartbeat` while idle.
+    pub async fn event_stream(
+        &self,
+        filter: &crate::stream::TopicFilter,
+        after: Option<u64>,
+        heartbeat: Option<Duration>,
+    ) -> Result<events::StreamReader, ClientError> {
+        let mut query: Vec<String> = filter
+            .terms()
+            .iter()
+            .map(|t| format!("topic={}", encode_segment(t)))
+            .collect();
+        if let Some(i) = after {
+            query.push(format!("index={i}"));
+        }
+        if let Some(h) = heartbeat {
+            query.push(format!("heartbeat={}ms", h.as_millis().max(1)));
+        }
+        let mut path = "/v1/event/stream".to_string();
+        if !query.is_empty() {
+            path = format!("{path}?{}", query.join("&"));
+        }
+        let (response, conn) = self
+            .timed(
+                self.timeout,
+                &Method::GET,
+                &path,
+                self.send(Method::GET, &path, None),
+            )
+            .await?;
+        let response = self.check_status(&Method::GET, &path, response).await?;
+        let index = index_header(&response);
+        Ok(events::StreamReader::new(
+            self.name.clone(),
+            path,
+            index,
             response.into_body(),
             conn,
         ))
@@ -625,6 +670,15 @@ fn encode<T: serde::Serialize>(
         path: path.to_string(),
         source,
     })
+}
+
+/// The `x-berth-index` header of `response`, when it has a number.
+fn index_header<B>(response: &Response<B>) -> Option<u64> {
+    response
+        .headers()
+        .get(crate::INDEX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 /// Percent-encodes one path segment (or query value): everything but RFC 3986's unreserved

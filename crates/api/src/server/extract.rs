@@ -64,6 +64,42 @@ pub(super) fn query(
     allowed: &[&'static str],
 ) -> Result<BTreeMap<&'static str, String>, ApiError> {
     let mut out = BTreeMap::new();
+    for (known, value) in query_pairs(raw, allowed)? {
+        if out.insert(known, value).is_some() {
+            return Err(ApiError::BadRequest(format!(
+                "query parameter `{known}` is given more than once"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Like [`query`], but the names in `repeatable` may come more than once (their values in
+/// order).
+pub(super) fn query_repeated(
+    raw: Option<&str>,
+    allowed: &[&'static str],
+    repeatable: &[&'static str],
+) -> Result<BTreeMap<&'static str, Vec<String>>, ApiError> {
+    let mut out: BTreeMap<&'static str, Vec<String>> = BTreeMap::new();
+    for (known, value) in query_pairs(raw, allowed)? {
+        let values = out.entry(known).or_default();
+        if !values.is_empty() && !repeatable.contains(&known) {
+            return Err(ApiError::BadRequest(format!(
+                "query parameter `{known}` is given more than once"
+            )));
+        }
+        values.push(value);
+    }
+    Ok(out)
+}
+
+/// The decoded `(name, value)` pairs of a query, each name one of `allowed`.
+fn query_pairs(
+    raw: Option<&str>,
+    allowed: &[&'static str],
+) -> Result<Vec<(&'static str, String)>, ApiError> {
+    let mut out = Vec::new();
     for pair in raw.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let (name, value) = (decode_component(name)?, decode_component(value)?);
@@ -74,11 +110,7 @@ pub(super) fn query(
                 names.join(", ")
             )));
         };
-        if out.insert(*known, value).is_some() {
-            return Err(ApiError::BadRequest(format!(
-                "query parameter `{known}` is given more than once"
-            )));
-        }
+        out.push((*known, value));
     }
     Ok(out)
 }

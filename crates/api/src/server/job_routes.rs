@@ -9,13 +9,13 @@ use axum::{
 };
 
 use super::{
-    ApiError, JobView, Refusal,
+    AgentView, ApiError, Refusal,
     extract::{json_body, path_id},
 };
 use crate::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus};
 
 /// The job routes; merged into [`super::router`].
-pub(super) fn routes<V: JobView>() -> Router<Arc<V>> {
+pub(super) fn routes<V: AgentView>() -> Router<Arc<V>> {
     Router::new()
         .route("/v1/jobs", get(list::<V>).post(run::<V>))
         .route("/v1/job/{id}", get(status::<V>).delete(stop::<V>))
@@ -24,19 +24,22 @@ pub(super) fn routes<V: JobView>() -> Router<Arc<V>> {
 
 type Id = Result<Path<String>, PathRejection>;
 
-async fn list<V: JobView>(State(view): State<Arc<V>>) -> Result<Json<JobList>, ApiError> {
+async fn list<V: AgentView>(State(view): State<Arc<V>>) -> Result<Json<JobList>, ApiError> {
     view.jobs().map(Json)
 }
 
-async fn run<V: JobView>(
+async fn run<V: AgentView>(
     State(view): State<Arc<V>>,
     req: Request,
 ) -> Result<Json<JobStatus>, Refusal> {
     let req: JobRunRequest = json_body(req).await?;
-    Ok(Json(view.run_job(req).await?))
+    let index = newest_event(&*view);
+    let mut status = view.run_job(req).await?;
+    status.event_index = index;
+    Ok(Json(status))
 }
 
-async fn status<V: JobView>(
+async fn status<V: AgentView>(
     State(view): State<Arc<V>>,
     id: Id,
 ) -> Result<Json<JobStatus>, ApiError> {
@@ -44,12 +47,23 @@ async fn status<V: JobView>(
     view.job(&id).map(Json)
 }
 
-async fn stop<V: JobView>(State(view): State<Arc<V>>, id: Id) -> Result<Json<JobStatus>, ApiError> {
+async fn stop<V: AgentView>(
+    State(view): State<Arc<V>>,
+    id: Id,
+) -> Result<Json<JobStatus>, ApiError> {
     let id = path_id("job id", id)?;
-    view.stop_job(&id).await.map(Json)
+    let index = newest_event(&*view);
+    let mut status = view.stop_job(&id).await?;
+    status.event_index = index;
+    Ok(Json(status))
 }
 
-async fn alloc<V: JobView>(
+/// The newest index of the event stream now, when the agent keeps one.
+fn newest_event<V: AgentView>(view: &V) -> Option<u64> {
+    view.event_source().map(|s| *s.watch_last().borrow())
+}
+
+async fn alloc<V: AgentView>(
     State(view): State<Arc<V>>,
     id: Id,
 ) -> Result<Json<AllocStatus>, ApiError> {

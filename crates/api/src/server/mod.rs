@@ -15,6 +15,7 @@ mod json;
 mod listen;
 mod routes;
 mod slots;
+mod stream_route;
 mod volume_routes;
 
 use std::future::Future;
@@ -211,6 +212,11 @@ pub trait AgentView: VolumeView + JobView {
     /// answers, so an event sent after the client has the response head reaches it. A reader
     /// that falls behind the channel's capacity loses the oldest events and is told how many.
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
+    /// The window of the event stream (`GET /v1/event/stream`); `None` when the agent keeps
+    /// none (the route answers 404).
+    fn event_source(&self) -> Option<std::sync::Arc<dyn crate::stream::EventSource>> {
+        None
+    }
     /// Prometheus text exposition.
     fn metrics(&self) -> String;
     /// The JWK set that verifies the workload identities the agent signs, as

@@ -48,6 +48,10 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route("/v1/nodes/{id}", get(get_node::<V>))
         .route("/v1/nodes/{id}/drain", axum::routing::post(drain_node::<V>))
         .route("/v1/events", get(events::<V>))
+        .route(
+            "/v1/event/stream",
+            get(super::stream_route::event_stream::<V>),
+        )
         .route("/v1/metrics", get(metrics::<V>))
         .route(crate::JWKS_PATH, get(jwks::<V>))
         .merge(super::volume_routes::routes::<V>())

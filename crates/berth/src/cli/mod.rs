@@ -4,6 +4,7 @@ mod agent;
 mod alloc;
 mod api_client;
 mod csi;
+mod events;
 mod input;
 mod job;
 mod node;
@@ -176,6 +177,8 @@ enum Command {
     Job(job::JobArgs),
     /// Allocs: status with tasks, volumes and events.
     Alloc(alloc::AllocArgs),
+    /// The agent's event stream: what happened to nodes, plugins, volumes, jobs and allocs.
+    Events(events::EventsArgs),
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -262,6 +265,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Volume(args) => volume::run(&address, args).await,
         Command::Job(args) => job::run(&address, args).await,
         Command::Alloc(args) => alloc::run(&address, args).await,
+        Command::Events(args) => events::run(&address, args).await,
     }
 }
 
