@@ -45,36 +45,68 @@ pub fn parse() -> Cli {
     try_parse_from(nomad_style_flags(std::env::args_os())).unwrap_or_else(|e| e.exit())
 }
 
-/// Nomad's single-dash long flags that its users type (`berth job run -var k=v -var-file
-/// f.hcl`), rewritten to the double-dash form clap reads; nothing after `--` is touched.
+/// Nomad's single-dash long flags that its users type (`berth job run -var k=v -detach`,
+/// `berth volume status -type csi -verbose`), rewritten to the double-dash form clap reads.
+///
+/// Only a word that is a long flag of the command it is given to (or a global one) is
+/// rewritten, so a short flag (`-f`) or another program's argument (`alloc exec … ls -la`)
+/// passes as typed; nothing after `--`, nor after the first positional of a command that takes
+/// a trailing command line, is touched.
 fn nomad_style_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Vec<std::ffi::OsString> {
+    let root = command();
+    let mut current = &root;
     let mut out = Vec::new();
     let mut rest = false;
-    for arg in args {
-        if rest {
-            out.push(arg);
-            continue;
-        }
-        let Some(s) = arg.to_str() else {
+    let mut value_next = false;
+    for (i, arg) in args.into_iter().enumerate() {
+        let text = arg.to_str().map(str::to_owned);
+        let Some(s) = text.filter(|_| i > 0 && !rest) else {
             out.push(arg);
             continue;
         };
+        if std::mem::take(&mut value_next) {
+            out.push(arg);
+            continue;
+        }
         if s == "--" {
             rest = true;
             out.push(arg);
             continue;
         }
-        let rewritten = ["-var", "-var-file"].iter().find_map(|flag| {
-            if s == *flag {
-                Some(format!("-{s}"))
-            } else {
-                s.strip_prefix(&format!("{flag}="))
-                    .map(|v| format!("-{flag}={v}"))
-            }
+        if let Some(sub) = current.find_subcommand(&s) {
+            current = sub;
+            out.push(arg);
+            continue;
+        }
+        let dashed = s.strip_prefix("--").or_else(|| {
+            s.strip_prefix('-')
+                .filter(|b| b.len() >= 2 && b.starts_with(|c: char| c.is_ascii_alphabetic()))
         });
-        out.push(rewritten.map_or(arg, Into::into));
+        if let Some(body) = dashed {
+            let (name, value) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v)),
+                None => (body, None),
+            };
+            if let Some(flag) = current.get_arguments().find(|a| {
+                a.get_long() == Some(name)
+                    || a.get_all_aliases()
+                        .is_some_and(|aliases| aliases.contains(&name))
+            }) {
+                value_next = value.is_none() && flag.get_action().takes_values();
+                out.push(format!("--{body}").into());
+                continue;
+            }
+        } else if !s.starts_with('-')
+            && current
+                .get_positionals()
+                .any(clap::Arg::is_trailing_var_arg_set)
+        {
+            // The command line of another program starts here.
+            rest = true;
+        }
+        out.push(arg);
     }
     out
 }
@@ -333,6 +365,63 @@ mod tests {
             let text = err.render().to_string();
             assert!(text.contains(usage), "{args:?}:\n{text}");
         }
+    }
+
+    fn rewritten(args: &[&str]) -> Vec<String> {
+        nomad_style_flags(
+            std::iter::once("berth")
+                .chain(args.iter().copied())
+                .map(std::ffi::OsString::from),
+        )
+        .into_iter()
+        .skip(1)
+        .map(|a| a.into_string().expect("utf-8"))
+        .collect()
+    }
+
+    #[test]
+    fn nomads_single_dash_long_flags_are_read_as_long_flags() {
+        assert_eq!(
+            rewritten(&[
+                "job",
+                "run",
+                "-var",
+                "a=b",
+                "-var-file=f.hcl",
+                "-json",
+                "j.hcl"
+            ]),
+            [
+                "job",
+                "run",
+                "--var",
+                "a=b",
+                "--var-file=f.hcl",
+                "--json",
+                "j.hcl"
+            ]
+        );
+        // A flag's value is not a flag, even when it looks like one.
+        assert_eq!(
+            rewritten(&["job", "run", "-var", "-json", "j.hcl"]),
+            ["job", "run", "--var", "-json", "j.hcl"]
+        );
+        // Global flags work at any level; unknown words and short flags pass as typed.
+        assert_eq!(
+            rewritten(&["events", "-address", "unix:///s", "-bogus", "-f"]),
+            ["events", "--address", "unix:///s", "-bogus", "-f"]
+        );
+        assert_eq!(
+            rewritten(&["job", "status", "-json", "--", "-json"]),
+            ["job", "status", "--json", "--", "-json"]
+        );
+        let cli = try_parse_from(nomad_style_flags(
+            ["berth", "events", "-topic", "Job", "-json"]
+                .into_iter()
+                .map(std::ffi::OsString::from),
+        ))
+        .expect("parses");
+        assert!(matches!(cli.command, Command::Events(_)));
     }
 
     #[test]
