@@ -816,9 +816,18 @@ impl berth_api::JobView for Agent {
             .await
     }
 
-    async fn stop_job(&self, id: &str) -> Result<berth_api::jobs::JobStatus, ApiError> {
+    async fn stop_job(
+        &self,
+        id: &str,
+        purge: bool,
+    ) -> Result<berth_api::jobs::JobStatus, ApiError> {
         let id = id.to_string();
         if let Some(f) = &self.fleet_jobs {
+            if purge {
+                return Err(fleet_only_not(
+                    "job stop -purge (the leader collects stopped jobs after gc_after)",
+                ));
+            }
             let f = Arc::clone(f);
             return self
                 .volumes
@@ -827,9 +836,69 @@ impl berth_api::JobView for Agent {
         }
         let jobs = Arc::clone(&self.jobs);
         self.volumes
-            .detached(move |_| async move { jobs.stop(&id).await })
+            .detached(move |_| async move {
+                let status = jobs.stop(&id).await?;
+                if purge {
+                    jobs.purge_when_finished(&id);
+                }
+                Ok(status)
+            })
             .await
     }
+
+    fn alloc_ids(&self) -> Vec<String> {
+        self.jobs.alloc_ids()
+    }
+
+    async fn plan_job(
+        &self,
+        req: berth_api::jobs::JobRunRequest,
+    ) -> Result<berth_api::jobs::JobPlan, ApiError> {
+        if self.fleet_jobs.is_some() {
+            return Err(fleet_only_not("job plan"));
+        }
+        self.jobs.plan(req).await
+    }
+
+    fn job_spec(&self, id: &str) -> Result<berth_api::jobs::JobSpecView, ApiError> {
+        if self.fleet_jobs.is_some() {
+            return Err(fleet_only_not("job inspect"));
+        }
+        self.jobs.spec_view(id)
+    }
+
+    async fn stop_alloc(&self, id: &str) -> Result<berth_api::jobs::AllocStatus, ApiError> {
+        if self.fleet_jobs.is_some() {
+            return Err(fleet_only_not(
+                "alloc stop (stop the job, or drain the node)",
+            ));
+        }
+        self.jobs.stop_one(id)
+    }
+
+    fn restart_alloc(
+        &self,
+        id: &str,
+        task: Option<&str>,
+    ) -> Result<berth_api::jobs::AllocActionResponse, ApiError> {
+        self.jobs.restart_one(id, task)
+    }
+
+    fn signal_alloc(
+        &self,
+        id: &str,
+        task: Option<&str>,
+        signal: &str,
+    ) -> Result<berth_api::jobs::AllocActionResponse, ApiError> {
+        self.jobs.signal_one(id, task, signal)
+    }
+}
+
+/// What an agent in a fleet answers for a call built for the embedded control plane only.
+fn fleet_only_not(what: &str) -> ApiError {
+    ApiError::Conflict(format!(
+        "{what} is not available when the agent is part of an etcd fleet"
+    ))
 }
 
 impl berth_api::VolumeView for Agent {

@@ -1,23 +1,27 @@
 //! What the event stream says of allocs: every event an alloc runner records becomes one
 //! `Allocation` event (`Task<Kind>` for a task's, `Alloc<Kind>` for the alloc's own), and every
-//! change of client or desired status an `AllocationUpdated`. They are taken from the records
+//! change of client or desired status an `AllocationUpdated`, and every change of a task's
+//! state (pending, starting, running, dead) a `TaskStateChanged`. They are taken from the records
 //! as they are written, so the stream says exactly what the store holds.
 
 use std::{collections::HashMap, sync::Mutex};
 
-use berth_allocrunner::{AllocEvent, AllocRecord, ClientStatus, DesiredState};
+use std::collections::BTreeMap;
+
+use berth_allocrunner::{AllocEvent, AllocRecord, ClientStatus, DesiredState, TaskRunState};
 use berth_api::stream::Topic;
 use serde_json::json;
 
 use crate::events::EventBus;
 
 /// Where the stream stands for one alloc.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Seen {
     /// Events recorded so far (kept and dropped).
     total: u64,
     client: ClientStatus,
     desired: DesiredState,
+    tasks: BTreeMap<String, TaskRunState>,
 }
 
 impl Seen {
@@ -26,6 +30,11 @@ impl Seen {
             total: record.events_dropped + record.events.len() as u64,
             client: record.client_status,
             desired: record.desired,
+            tasks: record
+                .tasks
+                .iter()
+                .map(|(name, t)| (name.clone(), t.state))
+                .collect(),
         }
     }
 }
@@ -56,8 +65,22 @@ impl AllocEvents {
             .seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(record.alloc_id.clone(), now);
-        let new_events = match before {
+            .insert(record.alloc_id.clone(), now.clone());
+        for (task, state) in &now.tasks {
+            if before
+                .as_ref()
+                .is_some_and(|b| b.tasks.get(task) != Some(state))
+            {
+                bus.publish(
+                    Topic::Allocation,
+                    "TaskStateChanged",
+                    &record.alloc_id,
+                    vec![record.job_id.clone(), task.clone()],
+                    json!({ "Alloc": alloc_payload(record), "Task": task, "State": state.to_string() }),
+                );
+            }
+        }
+        let new_events = match &before {
             Some(b) => now.total.saturating_sub(b.total),
             None => now.total,
         };

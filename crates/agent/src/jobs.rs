@@ -27,6 +27,8 @@ use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
+mod ops;
+
 use crate::{
     events::EventBus,
     manager::Manager,

@@ -60,6 +60,8 @@ struct Inner {
     /// How each task runner begins; taken by `run`.
     entries: Mutex<BTreeMap<String, Entry>>,
     started: AtomicBool,
+    /// Per task: fired by [`AllocRunner::restart`].
+    restart_now: Mutex<BTreeMap<String, Arc<tokio::sync::Notify>>>,
 }
 
 impl fmt::Debug for AllocRunner {
@@ -191,6 +193,7 @@ impl AllocRunner {
                 alloc_hooks: Mutex::new(Vec::new()),
                 entries: Mutex::new(entries),
                 started: AtomicBool::new(false),
+                restart_now: Mutex::new(BTreeMap::new()),
             }),
         }
     }
@@ -453,6 +456,87 @@ impl AllocRunner {
                 .event(None, EventKind::AllocStopping, "stop requested");
         }
         inner.stop.cancel();
+    }
+
+    /// The tasks `task` names (every task when `None`), or [`AllocError::NoTask`].
+    fn tasks_named(&self, task: Option<&str>) -> Result<Vec<String>, AllocError> {
+        let group = &self.inner.spec.group;
+        match task {
+            None => Ok(group.tasks.iter().map(|t| t.name.clone()).collect()),
+            Some(t) if group.task(t).is_some() => Ok(vec![t.to_owned()]),
+            Some(t) => Err(AllocError::NoTask {
+                alloc_id: self.inner.spec.alloc_id.clone(),
+                task: t.to_owned(),
+            }),
+        }
+    }
+
+    fn restart_notify(&self, task: &str) -> Arc<tokio::sync::Notify> {
+        Arc::clone(
+            lock(&self.inner.restart_now)
+                .entry(task.to_owned())
+                .or_default(),
+        )
+    }
+
+    /// Restarts the running tasks `task` names (every running task when `None`): each is
+    /// stopped as a stop does (kill signal, `SIGKILL` after its `kill_timeout`) and started
+    /// again at once, without counting against its restart policy. Returns the tasks that
+    /// were running and will restart; a task that is not running is left alone.
+    pub fn restart(&self, task: Option<&str>) -> Result<Vec<String>, AllocError> {
+        let names = self.tasks_named(task)?;
+        let running = self.running_tasks(&names);
+        for name in &running {
+            self.restart_notify(name).notify_one();
+        }
+        Ok(running)
+    }
+
+    /// Sends `signal` to the running tasks `task` names (every running task when `None`);
+    /// returns those it was sent to.
+    pub fn signal(
+        &self,
+        task: Option<&str>,
+        signal: berth_drivers::Signal,
+    ) -> Result<Vec<String>, AllocError> {
+        let names = self.tasks_named(task)?;
+        let mut sent = Vec::new();
+        for name in self.running_tasks(&names) {
+            let Some(spec) = self.inner.spec.group.task(&name) else {
+                continue;
+            };
+            let (Some(driver), Some(id)) = (
+                self.inner.deps.drivers.driver(&spec.driver),
+                self.inner.task_ids.get(&name),
+            ) else {
+                continue;
+            };
+            // The driver reports the signal as a task event.
+            match driver.signal(id, signal) {
+                Ok(()) => sent.push(name),
+                Err(e) => self.inner.shared.event(
+                    Some(&name),
+                    EventKind::Signaled,
+                    format!("{signal} could not be sent: {e}"),
+                ),
+            }
+        }
+        Ok(sent)
+    }
+
+    /// Of `names`, those whose process runs now.
+    fn running_tasks(&self, names: &[String]) -> Vec<String> {
+        self.inner.shared.read(|rec| {
+            names
+                .iter()
+                .filter(|n| {
+                    rec.tasks
+                        .get(*n)
+                        .is_some_and(|t| t.state == crate::record::TaskRunState::Running)
+                })
+                .cloned()
+                .collect()
+        })
     }
 
     /// Runs the alloc until it is finished, and returns its final status (complete or
@@ -729,6 +813,7 @@ impl AllocRunner {
                 .unwrap_or_default(),
             servers_contacted: inner.deps.servers_contacted.clone(),
             kill_retry: inner.deps.config.kill_retry,
+            restart_now: self.restart_notify(&task.name),
         }
     }
 

@@ -55,6 +55,8 @@ enum Phase {
     /// The process ended (`None`: it never started, or how it ended is unknown); the event
     /// says how.
     Exited(Option<ExitResult>, AllocEvent),
+    /// The operator asked for a restart: stop the process, then start it again.
+    Restart,
     Kill,
     Dead {
         failed: bool,
@@ -84,6 +86,8 @@ pub(crate) struct TaskRunner {
     pub servers_contacted: watch::Receiver<bool>,
     /// Waits between `SIGKILL`s of a process that outlived its stop.
     pub kill_retry: Backoff,
+    /// Fired when the operator asks for a restart of the running task.
+    pub restart_now: Arc<tokio::sync::Notify>,
 }
 
 impl TaskRunner {
@@ -141,6 +145,7 @@ impl TaskRunner {
                 Phase::Running => self.supervise().await,
                 Phase::Lost => self.wait_for_servers().await,
                 Phase::Exited(exit, event) => self.after_exit(exit, event).await,
+                Phase::Restart => self.restart().await,
                 Phase::Kill => self.stop().await,
                 Phase::Dead { failed } => return Outcome::Dead { failed },
                 Phase::Detached => return Outcome::Detached,
@@ -447,6 +452,7 @@ impl TaskRunner {
             biased;
             () = self.detach.cancelled() => Phase::Detached,
             () = self.kill.cancelled() => Phase::Kill,
+            () = self.restart_now.notified() => Phase::Restart,
             r = driver.wait(id) => match r {
                 Ok(exit) => Phase::Exited(Some(exit), self.new_event(EventKind::Exited, exit.to_string())),
                 Err(DriverError::ShutDown { .. }) => Phase::Detached,
@@ -532,6 +538,51 @@ impl TaskRunner {
                 }
             }
         }
+    }
+
+    /// A restart the operator asked for: the process is stopped as a stop does, and started
+    /// again at once; it does not count against the restart policy.
+    async fn restart(&self) -> Phase {
+        let Some(driver) = self.driver.clone() else {
+            return Phase::Start;
+        };
+        let timeout = self.ctx.task.kill_timeout;
+        self.event(
+            EventKind::Restarting,
+            format!(
+                "restart asked for: SIGTERM, then SIGKILL after {}",
+                berth_sys::short_duration(timeout)
+            ),
+        );
+        let id = &self.ctx.task_id;
+        if let Err(e) = driver.stop(id, timeout, Signal::SIGTERM).await {
+            self.event(EventKind::StopFailed, format!("stop failed: {e}"));
+            if let Err(e) = driver.destroy(id).await {
+                // The old process may still run: go on supervising it rather than start a
+                // second one.
+                self.event(EventKind::StopFailed, format!("destroy failed: {e}"));
+                return Phase::Running;
+            }
+        }
+        let exit = driver.inspect(id).ok().and_then(|s| s.exit);
+        let message = exit.map_or_else(|| "stopped for a restart".to_owned(), |e| e.to_string());
+        self.update_task_with(self.new_event(EventKind::Exited, message), |t| {
+            t.handle = None;
+            t.state = TaskRunState::Pending;
+            t.restarts += 1;
+            if exit.is_some() {
+                t.last_exit = exit;
+            }
+        });
+        if let Some(exit) = &exit {
+            for hook in &self.hooks {
+                hook.exited(&self.ctx, exit).await;
+            }
+        }
+        if self.kill.is_cancelled() {
+            return self.dead_unstarted("stopped while restarting");
+        }
+        Phase::Start
     }
 
     /// A recovered task whose process is gone: wait for the servers-contacted gate, then let

@@ -7,7 +7,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-pub use berth_allocrunner::{AllocEvent, AllocStatus, ClientStatus, DesiredState, EventKind};
+pub use berth_allocrunner::{
+    AllocEvent, AllocStatus, ClientStatus, DesiredState, EventKind, TaskRunState,
+};
 
 use crate::volumes::SpecFormat;
 
@@ -179,4 +181,82 @@ pub struct JobSummary {
 pub struct JobList {
     /// By id.
     pub jobs: Vec<JobSummary>,
+}
+
+/// `POST /v1/jobs/plan`: what `POST /v1/jobs` would place for the same request, with nothing
+/// written or started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPlan {
+    /// The job's id.
+    pub job_id: String,
+    /// `service`, `batch` or `system`.
+    pub job_type: String,
+    /// Whether a run would place every alloc.
+    pub placeable: bool,
+    /// The allocs a run would place (empty when it would place none).
+    pub allocs: Vec<PlannedAlloc>,
+    /// Why it would not be placed: every reason.
+    #[serde(default)]
+    pub failures: Vec<String>,
+    /// Allocs of an earlier run of the job that still run (a run is refused until they stop).
+    #[serde(default)]
+    pub running: Vec<String>,
+}
+
+/// One alloc a plan would place.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlannedAlloc {
+    /// Its group.
+    pub group: String,
+    /// Its index in the group.
+    pub index: u32,
+    /// Its volumes: block name → volume id.
+    #[serde(default)]
+    pub volumes: std::collections::BTreeMap<String, String>,
+}
+
+/// `POST /v1/alloc/{id}/restart` and `/signal`: which task (all when absent), and for a
+/// signal which one (`SIGHUP`, `HUP`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllocActionRequest {
+    /// The task; every running task when absent.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// The signal to send (only for `/signal`).
+    #[serde(default)]
+    pub signal: Option<String>,
+}
+
+impl AllocActionRequest {
+    /// Checks what serde cannot: `task` is a valid path segment, `signal` a short printable
+    /// word.
+    pub fn validate(&self) -> Result<(), crate::InvalidField> {
+        if let Some(t) = &self.task {
+            crate::checks::segment("task", "task name", t)?;
+        }
+        if let Some(s) = &self.signal {
+            crate::checks::printable("signal", s, 32)?;
+        }
+        Ok(())
+    }
+}
+
+/// The answer to an alloc restart or signal: the tasks it reached.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocActionResponse {
+    /// The alloc.
+    pub alloc_id: String,
+    /// The running tasks that were restarted or signalled.
+    pub tasks: Vec<String>,
+}
+
+/// `GET /v1/job/{id}/spec`: the job as the agent keeps it (parsed, variables filled), with
+/// every mount flag shown as `[REDACTED]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpecView {
+    /// The job's id.
+    pub id: String,
+    /// The spec.
+    pub spec: serde_json::Value,
 }

@@ -39,6 +39,10 @@ fn fail(err: &anyhow::Error) -> ExitCode {
     if err.chain().any(|e| e.is::<cli::output::StdoutClosed>()) {
         return ExitCode::SUCCESS;
     }
+    if let Some(i) = err.downcast_ref::<cli::Interrupted>() {
+        let _ = writeln!(std::io::stderr(), "{i}");
+        return ExitCode::from(130);
+    }
     let text = format!("{err:#}");
     // Nothing more can be done when standard error is gone too.
     let _ = writeln!(

@@ -231,7 +231,7 @@ impl JobView for FakeAgent {
         Ok(web())
     }
 
-    async fn stop_job(&self, id: &str) -> Result<JobStatus, ApiError> {
+    async fn stop_job(&self, id: &str, _purge: bool) -> Result<JobStatus, ApiError> {
         self.record(Call::Stop(id.into()));
         match id {
             "web" => Ok(stopped_web()),
@@ -558,11 +558,15 @@ async fn status_lists_jobs_and_shows_one_job_as_tables_and_as_json() {
     assert!(o.stdout.is_empty());
     assert_eq!(
         agent.take_calls(),
+        // Each lookup by id first lists the jobs, to resolve an id prefix.
         [
             Call::Jobs,
             Call::Jobs,
+            Call::Jobs,
             Call::Job("web".into()),
+            Call::Jobs,
             Call::Job("web".into()),
+            Call::Jobs,
             Call::Job("ghost".into()),
         ]
     );
@@ -583,8 +587,11 @@ async fn stop_sends_the_id_and_prints_the_stopped_allocs() {
     assert_eq!(
         agent.take_calls(),
         [
+            Call::Jobs,
             Call::Stop("web".into()),
+            Call::Jobs,
             Call::Stop("web".into()),
+            Call::Jobs,
             Call::Stop("ghost".into()),
         ]
     );
@@ -731,7 +738,7 @@ async fn bad_command_lines_are_usage_errors_and_send_nothing() {
         vec!["job"],
         vec!["alloc", "status"],
         vec!["alloc", "status", ""],
-        vec!["alloc", "stop", "web-0"],
+        vec!["alloc", "frobnicate", "web-0"],
     ] {
         let o = agent.berth(&args).await;
         let err = failed(&o, 2);

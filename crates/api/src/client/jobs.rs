@@ -6,7 +6,10 @@
 use hyper::Method;
 
 use super::{Client, ClientError, encode, encode_segment};
-use crate::jobs::{AllocStatus, JobList, JobRunRequest, JobStatus};
+use crate::jobs::{
+    AllocActionRequest, AllocActionResponse, AllocStatus, JobList, JobPlan, JobRunRequest,
+    JobSpecView, JobStatus,
+};
 
 /// `/v1/job/{id}`.
 fn job_path(id: &str) -> String {
@@ -44,6 +47,52 @@ impl Client {
     /// the answer is the job after the stop.
     pub async fn stop_job(&self, id: &str) -> Result<JobStatus, ClientError> {
         self.call_json_within(self.change_timeout, Method::DELETE, job_path(id), None)
+            .await
+    }
+
+    /// `DELETE /v1/job/{id}?purge=true`: stops the job; the agent forgets it and its allocs
+    /// once they have finished.
+    pub async fn purge_job(&self, id: &str) -> Result<JobStatus, ClientError> {
+        let path = format!("{}?purge=true", job_path(id));
+        self.call_json_within(self.change_timeout, Method::DELETE, path, None)
+            .await
+    }
+
+    /// `POST /v1/jobs/plan`: what a run of `req` would place, with nothing written.
+    pub async fn plan_job(&self, req: &JobRunRequest) -> Result<JobPlan, ClientError> {
+        let path = "/v1/jobs/plan".to_string();
+        let body = encode(&Method::POST, &path, req)?;
+        self.call_json_within(self.change_timeout, Method::POST, path, Some(body))
+            .await
+    }
+
+    /// `GET /v1/job/{id}/spec`: the job as the agent keeps it, mount flags redacted.
+    pub async fn job_spec(&self, id: &str) -> Result<JobSpecView, ClientError> {
+        self.call_json(Method::GET, format!("{}/spec", job_path(id)), None)
+            .await
+    }
+
+    /// `POST /v1/alloc/{id}/stop`.
+    pub async fn stop_alloc(&self, id: &str) -> Result<AllocStatus, ClientError> {
+        let path = format!("{}/stop", alloc_path(id));
+        self.call_json_within(self.change_timeout, Method::POST, path, None)
+            .await
+    }
+
+    /// `POST /v1/alloc/{id}/restart` (or `/signal` when `req.signal` is set).
+    pub async fn alloc_action(
+        &self,
+        id: &str,
+        req: &AllocActionRequest,
+    ) -> Result<AllocActionResponse, ClientError> {
+        let action = if req.signal.is_some() {
+            "signal"
+        } else {
+            "restart"
+        };
+        let path = format!("{}/{action}", alloc_path(id));
+        let body = encode(&Method::POST, &path, req)?;
+        self.call_json_within(self.change_timeout, Method::POST, path, Some(body))
             .await
     }
 

@@ -56,6 +56,39 @@ fn path_error(what: &str, e: PathRejection) -> ApiError {
     }
 }
 
+/// The one id of `ids` that is `id` or starts with it (Nomad's id prefixes). Several are a 400
+/// listing them (at most 20), so the caller can pick; none leaves `id` as given, for the view
+/// to judge.
+pub(super) fn resolve_prefix(
+    what: &'static str,
+    id: &str,
+    ids: impl IntoIterator<Item = String>,
+) -> Result<String, ApiError> {
+    let mut matches: Vec<String> = Vec::new();
+    for candidate in ids {
+        if candidate == id {
+            return Ok(candidate);
+        }
+        if candidate.starts_with(id) {
+            matches.push(candidate);
+        }
+    }
+    match matches.len() {
+        1 => Ok(matches.remove(0)),
+        0 => Ok(id.to_owned()),
+        n => {
+            matches.sort_unstable();
+            let shown: Vec<&str> = matches.iter().take(20).map(String::as_str).collect();
+            Err(ApiError::BadRequest(format!(
+                "{what} id prefix {} matches {n} {what}s: {}{}",
+                berth_input::quoted(id),
+                shown.join(", "),
+                if n > shown.len() { ", …" } else { "" }
+            )))
+        }
+    }
+}
+
 /// The query parameters of a route that knows `allowed` names: each at most once. Any other
 /// name is refused without being repeated (names are the client's text, like values), and so
 /// is a query that is not UTF-8 once percent-decoded.
@@ -169,6 +202,7 @@ bodies!(
     SnapshotCreateRequest => "snapshot request",
     SnapshotDeleteRequest => "snapshot delete request",
     JobRunRequest => "job run request",
+    crate::jobs::AllocActionRequest => "alloc request",
     crate::nodes::DrainRequest => "drain request",
 );
 
@@ -202,6 +236,23 @@ fn checked<T: Body>(bytes: &[u8]) -> Result<T, Refusal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn prefixes_resolve_to_the_one_id_they_start() {
+        let ids = || ["web-a1".to_string(), "web-a2".into(), "db-1".into()];
+        assert_eq!(resolve_prefix("alloc", "db", ids()).unwrap(), "db-1");
+        assert_eq!(resolve_prefix("alloc", "web-a1", ids()).unwrap(), "web-a1");
+        assert_eq!(resolve_prefix("alloc", "zz", ids()).unwrap(), "zz");
+        let e = resolve_prefix("alloc", "web", ids())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "alloc id prefix \"web\" matches 2 allocs: web-a1, web-a2"
+        );
+        let exact = ["a".to_string(), "ab".into()];
+        assert_eq!(resolve_prefix("job", "a", exact).unwrap(), "a");
+    }
 
     #[test]
     fn query_components_decode_strictly() {

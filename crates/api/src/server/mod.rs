@@ -165,13 +165,59 @@ pub trait JobView: Send + Sync + 'static {
         let _ = req;
         async { Err(ApiError::NotFound("jobs are not served here".into())) }
     }
-    /// Stops a job: its tasks stop, then its volumes are released.
+    /// Stops a job: its tasks stop, then its volumes are released. With `purge`, the job and
+    /// its allocs are forgotten once every alloc has finished.
     fn stop_job(
         &self,
         id: &str,
+        purge: bool,
     ) -> impl Future<Output = Result<crate::jobs::JobStatus, ApiError>> + Send {
+        let _ = (id, purge);
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
+    /// Every alloc id the agent knows (for id prefixes).
+    fn alloc_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// What a run of the request would place, with nothing written.
+    fn plan_job(
+        &self,
+        req: crate::jobs::JobRunRequest,
+    ) -> impl Future<Output = Result<crate::jobs::JobPlan, ApiError>> + Send {
+        let _ = req;
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
+    /// The job as kept, mount flags redacted.
+    fn job_spec(&self, id: &str) -> Result<crate::jobs::JobSpecView, ApiError> {
+        let _ = id;
+        Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// Stops one alloc.
+    fn stop_alloc(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<crate::jobs::AllocStatus, ApiError>> + Send {
         let _ = id;
         async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
+    /// Restarts an alloc's running tasks (or one).
+    fn restart_alloc(
+        &self,
+        id: &str,
+        task: Option<&str>,
+    ) -> Result<crate::jobs::AllocActionResponse, ApiError> {
+        let _ = (id, task);
+        Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// Signals an alloc's running tasks (or one).
+    fn signal_alloc(
+        &self,
+        id: &str,
+        task: Option<&str>,
+        signal: &str,
+    ) -> Result<crate::jobs::AllocActionResponse, ApiError> {
+        let _ = (id, task, signal);
+        Err(ApiError::NotFound("jobs are not served here".into()))
     }
 }
 

@@ -51,8 +51,14 @@ pub(super) fn routes<V: VolumeView>() -> Router<Arc<V>> {
 type Id = Result<Path<String>, PathRejection>;
 
 /// The `{id}` of a volume route.
-fn volume_id(id: Id) -> Result<String, ApiError> {
-    path_id("volume id", id)
+fn volume_id<V: VolumeView>(view: &V, id: Id) -> Result<String, ApiError> {
+    let id = path_id("volume id", id)?;
+    match view.volumes() {
+        Ok(list) => {
+            super::extract::resolve_prefix("volume", &id, list.volumes.into_iter().map(|v| v.id))
+        }
+        Err(_) => Ok(id),
+    }
 }
 
 async fn list<V: VolumeView>(State(view): State<Arc<V>>) -> Result<Json<VolumeList>, ApiError> {
@@ -79,7 +85,7 @@ async fn status<V: VolumeView>(
     State(view): State<Arc<V>>,
     id: Id,
 ) -> Result<Json<VolumeStatus>, ApiError> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     view.volume(&id).await.map(Json)
 }
 
@@ -88,7 +94,7 @@ async fn deregister<V: VolumeView>(
     id: Id,
     RawQuery(params): RawQuery,
 ) -> Result<Json<DetachResponse>, ApiError> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let params = query(params.as_deref(), &["force"])?;
     let force = match params.get("force").map(String::as_str) {
         None | Some("false") => false,
@@ -103,7 +109,7 @@ async fn deregister<V: VolumeView>(
 }
 
 async fn delete<V: VolumeView>(State(view): State<Arc<V>>, id: Id) -> Result<StatusCode, ApiError> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     view.delete_volume(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -113,7 +119,7 @@ async fn detach<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<DetachResponse>, Refusal> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let req: DetachRequest = json_body_or_default(req).await?;
     Ok(Json(view.detach_volume(&id, req).await?))
 }
@@ -123,7 +129,7 @@ async fn expand<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<ExpandResponse>, Refusal> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let req: ExpandRequest = json_body(req).await?;
     Ok(Json(view.expand_volume(&id, req).await?))
 }
@@ -133,7 +139,7 @@ async fn claim<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<ClaimResponse>, Refusal> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let req: ClaimRequest = json_body(req).await?;
     Ok(Json(view.claim_volume(&id, req).await?))
 }
@@ -143,7 +149,7 @@ async fn release<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<ReleaseResponse>, Refusal> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let req: ReleaseRequest = json_body(req).await?;
     Ok(Json(view.release_volume(&id, req).await?))
 }
@@ -153,7 +159,7 @@ async fn create_snapshot<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<SnapshotView>, Refusal> {
-    let id = volume_id(id)?;
+    let id = volume_id(&*view, id)?;
     let req: SnapshotCreateRequest = json_body(req).await?;
     Ok(Json(view.create_snapshot(&id, req).await?))
 }

@@ -183,7 +183,7 @@ impl berth_api::JobView for FakeAgent {
     async fn run_job(&self, _req: JobRunRequest) -> Result<JobStatus, ApiError> {
         Err(self.record("run_job".into()))
     }
-    async fn stop_job(&self, id: &str) -> Result<JobStatus, ApiError> {
+    async fn stop_job(&self, id: &str, _purge: bool) -> Result<JobStatus, ApiError> {
         Err(self.record(format!("stop_job {id}")))
     }
 }

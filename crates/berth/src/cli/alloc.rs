@@ -2,7 +2,7 @@
 
 use std::time::SystemTime;
 
-use berth_api::jobs::AllocStatus;
+use berth_api::jobs::{AllocActionRequest, AllocStatus};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
@@ -32,6 +32,44 @@ enum AllocCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Stop one alloc: its tasks stop, then its volumes are released; follows until it has
+    /// stopped.
+    Stop {
+        /// The alloc id (or a unique prefix).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// Return at once.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Restart an alloc's running tasks (or one) in place; not counted against their restart
+    /// policy.
+    Restart {
+        /// The alloc id (or a unique prefix).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// The task (default: every running task).
+        #[arg(value_parser = parse_id)]
+        task: Option<String>,
+        /// The task, as Nomad's `-task` gives it.
+        #[arg(long = "task", value_parser = parse_id, conflicts_with = "task")]
+        task_flag: Option<String>,
+    },
+    /// Send a signal to an alloc's running tasks (or one).
+    Signal {
+        /// The alloc id (or a unique prefix).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// The task (default: every running task).
+        #[arg(value_parser = parse_id)]
+        task: Option<String>,
+        /// The signal: SIGHUP, HUP or a number (default SIGKILL, as Nomad's).
+        #[arg(short = 's', long, default_value = "SIGKILL")]
+        signal: String,
+        /// The task, as Nomad's `-task` gives it.
+        #[arg(long = "task", value_parser = parse_id, conflicts_with = "task")]
+        task_flag: Option<String>,
+    },
 }
 
 /// Runs `berth alloc …` against the agent at `address`.
@@ -45,6 +83,48 @@ pub async fn run(address: &api_client::AgentAddress, args: AllocArgs) -> anyhow:
             } else {
                 print_alloc(&alloc)
             }
+        }
+        AllocCommand::Stop { id, detach } => {
+            let alloc = client.stop_alloc(&id).await?;
+            say!("Alloc {} is stopping", alloc.alloc_id)?;
+            if detach {
+                return Ok(());
+            }
+            super::watch::follow_alloc_stop(&client, alloc).await
+        }
+        AllocCommand::Restart {
+            id,
+            task,
+            task_flag,
+        } => {
+            let req = AllocActionRequest {
+                task: task.or(task_flag),
+                signal: None,
+            };
+            let done = client.alloc_action(&id, &req).await?;
+            say!(
+                "Alloc {}: restarting {}",
+                done.alloc_id,
+                output::escape(&done.tasks.join(", "))
+            )
+        }
+        AllocCommand::Signal {
+            id,
+            task,
+            signal,
+            task_flag,
+        } => {
+            let req = AllocActionRequest {
+                task: task.or(task_flag),
+                signal: Some(signal.clone()),
+            };
+            let done = client.alloc_action(&id, &req).await?;
+            say!(
+                "Alloc {}: {} sent to {}",
+                done.alloc_id,
+                output::escape(&signal),
+                output::escape(&done.tasks.join(", "))
+            )
         }
     }
 }

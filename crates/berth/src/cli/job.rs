@@ -11,6 +11,7 @@ use super::{
     api_client::{self, yes_no},
     input::{self, FormatArg},
     output::{self, quoted},
+    watch,
 };
 
 /// Jobs on this node.
@@ -39,16 +40,66 @@ enum JobCommand {
         /// in .json; Nomad's `-var-file` works too); may be repeated, later files win.
         #[arg(long = "var-file", value_name = "FILE")]
         var_files: Vec<String>,
+        /// Print the API's JSON document instead (and do not follow the job).
+        #[arg(long)]
+        json: bool,
+        /// Return once the job is placed, without following its allocs.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Check a spec file without an agent: syntax, every field, variables; prints what it
+    /// would run.
+    Validate {
+        /// The spec file; `-` reads standard input.
+        file: String,
+        /// The spec's language (default: json for a file ending in .json, else hcl).
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
+        /// Sets an HCL2 variable of the spec: `name=value`; may be repeated.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+        vars: Vec<(String, String)>,
+        /// A file of variable values; may be repeated, later files win.
+        #[arg(long = "var-file", value_name = "FILE")]
+        var_files: Vec<String>,
+    },
+    /// What `job run` would place on this node, and every reason it would not; nothing is
+    /// changed. Exits 0 when every alloc can be placed, 1 when not.
+    Plan {
+        /// The spec file; `-` reads standard input.
+        file: String,
+        /// The spec's language (default: json for a file ending in .json, else hcl).
+        #[arg(long, value_enum)]
+        format: Option<FormatArg>,
+        /// Sets an HCL2 variable of the spec: `name=value`; may be repeated.
+        #[arg(long = "var", value_name = "NAME=VALUE", value_parser = parse_var)]
+        vars: Vec<(String, String)>,
+        /// A file of variable values; may be repeated, later files win.
+        #[arg(long = "var-file", value_name = "FILE")]
+        var_files: Vec<String>,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
     },
-    /// Stop a job: its tasks stop, then its volumes are released.
-    Stop {
-        /// The job id.
+    /// The job as the agent keeps it (parsed, variables filled; mount flags redacted), as
+    /// JSON.
+    Inspect {
+        /// The job id (or a unique prefix).
         #[arg(value_parser = parse_id)]
         id: String,
-        /// Print the API's JSON document instead.
+    },
+    /// Stop a job: its tasks stop, then its volumes are released; follows until its allocs
+    /// have stopped.
+    Stop {
+        /// The job id (or a unique prefix).
+        #[arg(value_parser = parse_id)]
+        id: String,
+        /// Also forget the job and its allocs once they have stopped.
+        #[arg(long)]
+        purge: bool,
+        /// Return at once, without following the stop.
+        #[arg(long)]
+        detach: bool,
+        /// Print the API's JSON document instead (and do not follow).
         #[arg(long)]
         json: bool,
     },
@@ -91,9 +142,15 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
             vars,
             var_files,
             json,
+            detach,
         } => {
             let req = run_request(&file, format, vars, &var_files)?;
-            let job = client.run_job(&req).await?;
+            let job = watch::slow_call(
+                "placing the job",
+                "see `berth job status`",
+                client.run_job(&req),
+            )
+            .await?;
             if json {
                 return output::json(&job);
             }
@@ -107,19 +164,77 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
                 return Ok(());
             }
             say!()?;
-            print_allocs(&job)
+            print_allocs(&job)?;
+            if detach || job.event_index.is_none() {
+                return Ok(());
+            }
+            say!()?;
+            say!("==> Following the job's allocs (Ctrl-C stops following; the job goes on)")?;
+            watch::follow_job(&client, &job, watch::Until::Placed).await
         }
-        JobCommand::Stop { id, json } => {
-            let job = client.stop_job(&id).await?;
+        JobCommand::Validate {
+            file,
+            format,
+            vars,
+            var_files,
+        } => {
+            let req = run_request(&file, format, vars, &var_files)?;
+            validate(&req)
+        }
+        JobCommand::Plan {
+            file,
+            format,
+            vars,
+            var_files,
+            json,
+        } => {
+            let req = run_request(&file, format, vars, &var_files)?;
+            let plan = client.plan_job(&req).await?;
+            if json {
+                output::json(&plan)?;
+            } else {
+                print_plan(&plan)?;
+            }
+            if plan.placeable {
+                Ok(())
+            } else {
+                Err(NotPlaceable(plan.job_id).into())
+            }
+        }
+        JobCommand::Inspect { id } => output::json(&client.job_spec(&id).await?),
+        JobCommand::Stop {
+            id,
+            purge,
+            detach,
+            json,
+        } => {
+            let job = if purge {
+                client.purge_job(&id).await?
+            } else {
+                client.stop_job(&id).await?
+            };
             if json {
                 return output::json(&job);
             }
-            say!("Job {} stopped", quoted(&job.id))?;
+            say!(
+                "Job {} stopped{}",
+                quoted(&job.id),
+                if purge {
+                    "; it is purged once its allocs have stopped"
+                } else {
+                    ""
+                }
+            )?;
             if job.allocs.is_empty() {
                 return Ok(());
             }
             say!()?;
-            print_allocs(&job)
+            print_allocs(&job)?;
+            if detach || job.event_index.is_none() {
+                return Ok(());
+            }
+            say!()?;
+            watch::follow_job(&client, &job, watch::Until::Stopped).await
         }
         JobCommand::Status { id: None, json } => {
             let jobs = client.jobs().await?;
@@ -170,6 +285,92 @@ fn run_request(
             .collect(),
         var_files,
     })
+}
+
+/// `job plan` found the job cannot be placed (the reasons were printed): exit code 1.
+#[derive(Debug, thiserror::Error)]
+#[error("job {0:?} cannot be placed (see the reasons above)")]
+pub struct NotPlaceable(pub String);
+
+/// `berth job validate`: parses the spec here, as the agent would (without checking it
+/// against a node), and prints what it would run.
+fn validate(req: &JobRunRequest) -> anyhow::Result<()> {
+    let file = std::path::PathBuf::from(req.file.clone().unwrap_or_else(|| "-".into()));
+    let opts = berth_job::ParseOptions {
+        vars: req
+            .vars
+            .iter()
+            .map(|v| (v.name.clone(), v.value.clone()))
+            .collect(),
+        var_files: req
+            .var_files
+            .iter()
+            .map(|f| berth_job::VarFile {
+                name: std::path::PathBuf::from(&f.name),
+                text: f.text.clone(),
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let syntax = match req.format {
+        berth_api::volumes::SpecFormat::Hcl => berth_input::Syntax::Hcl,
+        berth_api::volumes::SpecFormat::Json => berth_input::Syntax::Json,
+    };
+    let spec = berth_job::JobSpec::parse_with(&file, &req.spec, syntax, &opts)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    say!(
+        "Job {} is valid: {} job, {} group(s)",
+        quoted(&spec.id),
+        spec.job_type.as_str(),
+        spec.groups.len()
+    )?;
+    for g in &spec.groups {
+        let tasks: Vec<String> = g
+            .tasks
+            .iter()
+            .map(|t| format!("{} ({})", t.name, t.driver))
+            .collect();
+        say!(
+            "  group {}: count {}, tasks {}, volumes {}",
+            quoted(&g.name),
+            g.count,
+            output::escape(&tasks.join(", ")),
+            g.volumes.len()
+        )?;
+    }
+    Ok(())
+}
+
+fn print_plan(plan: &berth_api::jobs::JobPlan) -> anyhow::Result<()> {
+    if plan.placeable {
+        say!(
+            "Job {} ({}) can be placed: {} alloc(s)",
+            quoted(&plan.job_id),
+            plan.job_type,
+            plan.allocs.len()
+        )?;
+        let rows: Vec<Vec<String>> = plan
+            .allocs
+            .iter()
+            .map(|a| {
+                vec![
+                    a.group.clone(),
+                    a.index.to_string(),
+                    api_client::list(a.volumes.values().cloned().collect()),
+                ]
+            })
+            .collect();
+        if !rows.is_empty() {
+            say!()?;
+            output::table(&["GROUP", "INDEX", "VOLUMES"], &rows)?;
+        }
+        return Ok(());
+    }
+    say!("Job {} cannot be placed:", quoted(&plan.job_id))?;
+    for f in &plan.failures {
+        say!("  - {}", output::escape(f))?;
+    }
+    Ok(())
 }
 
 /// The statuses `berth job status` counts allocs in, in its columns' order.

@@ -11,6 +11,7 @@ mod node;
 pub mod output;
 mod plugin;
 mod volume;
+mod watch;
 
 use clap::{
     Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand, ValueEnum,
@@ -18,6 +19,7 @@ use clap::{
 };
 
 use api_client::{AddressSource, AgentAddress};
+pub use watch::Interrupted;
 
 /// A usage mistake found after parsing (exit code 2).
 #[derive(Debug, thiserror::Error)]
