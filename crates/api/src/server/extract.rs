@@ -138,6 +138,7 @@ bodies!(
     SnapshotDeleteRequest => "snapshot delete request",
     JobRunRequest => "job run request",
     crate::nodes::DrainRequest => "drain request",
+    crate::acl::TokenCreateRequest => "token create request",
 );
 
 /// The request's JSON body as a `T` that passed [`Body::check`]. 413 when it is too large, 408

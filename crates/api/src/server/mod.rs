@@ -8,6 +8,7 @@
 //! its type's `validate`. No error it writes quotes a value of the body, and it quotes an id
 //! only escaped and cut.
 
+mod acl;
 mod body;
 mod extract;
 mod job_routes;
@@ -15,6 +16,7 @@ mod json;
 mod listen;
 mod routes;
 mod slots;
+mod tls;
 mod volume_routes;
 
 use std::future::Future;
@@ -27,8 +29,12 @@ use axum::{
 
 use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, RegisterRequest};
 
+pub use acl::{AclStore, Caller, required_access};
 pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
-pub use listen::{DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, Listeners, MAX_CONNECTIONS, ServeError, serve};
+pub use listen::{
+    DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, ListenOptions, Listeners, MAX_CONNECTIONS, ServeError, serve,
+};
+pub use tls::{ServerTls, TlsError};
 pub use routes::router;
 pub use volume_routes::SpecOp;
 
@@ -216,6 +222,12 @@ pub trait AgentView: VolumeView + JobView {
     /// The JWK set that verifies the workload identities the agent signs, as
     /// `/.well-known/jwks.json` serves it; `None` when it signs none.
     fn jwks(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// The ACL tokens when ACLs are on: then every request but the public ones needs a token
+    /// (see [`required_access`]). `None` (the default): ACLs are off, and every request is
+    /// answered without one.
+    fn acl(&self) -> Option<std::sync::Arc<dyn AclStore>> {
         None
     }
     /// Registers one plugin instance. Only called with a request that passed

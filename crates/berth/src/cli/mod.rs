@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch. Exit codes: 0 ok, 1 error, 2 usage.
 
+mod acl;
 mod agent;
 mod alloc;
 mod api_client;
@@ -29,9 +30,12 @@ pub struct UsageError(pub String);
 pub struct Cli {
     #[command(flatten)]
     pub log: LogArgs,
-    /// The agent's API: unix:///path/berth.sock, /path/berth.sock or http://127.0.0.1:PORT.
+    /// The agent's API: unix:///path/berth.sock, /path/berth.sock, http://127.0.0.1:PORT or
+    /// https://HOST:PORT.
     #[arg(long, global = true, env = "BERTH_ADDR", default_value = berth_api::DEFAULT_ADDRESS)]
     pub address: String,
+    #[command(flatten)]
+    pub auth: api_client::AuthArgs,
     /// Where `address` came from (set by [`parse`]).
     #[arg(skip)]
     address_source: AddressSource,
@@ -45,7 +49,8 @@ pub fn parse() -> Cli {
 }
 
 /// Nomad's single-dash long flags that its users type (`berth job run -var k=v -var-file
-/// f.hcl`), rewritten to the double-dash form clap reads; nothing after `--` is touched.
+/// f.hcl`, and after `acl`: `berth acl token create -name n -policy read`), rewritten to the
+/// double-dash form clap reads; nothing after `--` is touched.
 fn nomad_style_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Vec<std::ffi::OsString> {
@@ -65,7 +70,13 @@ fn nomad_style_flags(
             out.push(arg);
             continue;
         }
-        let rewritten = ["-var", "-var-file"].iter().find_map(|flag| {
+        let acl = out.iter().any(|a| a == "acl");
+        let flags: &[&str] = if acl {
+            &["-var", "-var-file", "-name", "-policy"]
+        } else {
+            &["-var", "-var-file"]
+        };
+        let rewritten = flags.iter().find_map(|flag| {
             if s == *flag {
                 Some(format!("-{s}"))
             } else {
@@ -176,6 +187,8 @@ enum Command {
     Job(job::JobArgs),
     /// Allocs: status with tasks, volumes and events.
     Alloc(alloc::AllocArgs),
+    /// ACL tokens: bootstrap, create, list, delete.
+    Acl(acl::AclArgs),
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -253,6 +266,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
     let address = AgentAddress {
         value: cli.address,
         source: cli.address_source,
+        auth: cli.auth,
     };
     match cli.command {
         Command::Agent(args) => agent::run(args, prepared.agent_config.unwrap_or_default()).await,
@@ -262,6 +276,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Volume(args) => volume::run(&address, args).await,
         Command::Job(args) => job::run(&address, args).await,
         Command::Alloc(args) => alloc::run(&address, args).await,
+        Command::Acl(args) => acl::run(&address, args).await,
     }
 }
 

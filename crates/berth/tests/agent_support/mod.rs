@@ -186,12 +186,12 @@ impl AgentProcess {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// Waits until the API answers (bounded).
+    /// Waits until the API answers (bounded); with ACLs on, a refusal is an answer.
     pub async fn wait_ready(&mut self) {
         let client = self.client();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            if client.plugins().await.is_ok() {
+            if let Ok(_) | Err(berth_api::ClientError::Api { .. }) = client.plugins().await {
                 return;
             }
             if let Some(status) = self
