@@ -76,7 +76,9 @@ impl AclTokens {
                 Some(hash) => {
                     by_hash.insert(hash, record.token);
                 }
-                None => tracing::warn!(%key, "an ACL token record has no valid hash; it is ignored"),
+                None => {
+                    tracing::warn!(%key, "an ACL token record has no valid hash; it is ignored")
+                }
             }
         }
         tracing::info!(tokens = by_hash.len(), "ACLs enabled");

@@ -154,7 +154,9 @@ pub enum AgentError {
     #[error("api.tls.{}", .0)]
     ApiTls(#[from] berth_api::server::TlsError),
     /// A TCP address beyond loopback without ACLs (the config refuses it too).
-    #[error("api.address: {0} is not a loopback address: serving the API beyond this host needs ACLs on")]
+    #[error(
+        "api.address: {0} is not a loopback address: serving the API beyond this host needs ACLs on"
+    )]
     OpenWithoutAcl(SocketAddr),
     /// A blocking task failed.
     #[error("internal task failed: {0}")]

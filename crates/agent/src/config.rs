@@ -334,10 +334,12 @@ impl Config {
             }
         }
         api::api_block(&mut cfg, raw.api, raw.acl).map_err(|(field, m)| {
-            let block = if field.starts_with("acl") { "acl" } else { "api" };
-            let line = (!json)
-                .then(|| unlabeled_block_line(text, block))
-                .flatten();
+            let block = if field.starts_with("acl") {
+                "acl"
+            } else {
+                "api"
+            };
+            let line = (!json).then(|| unlabeled_block_line(text, block)).flatten();
             err(line, &field, m)
         })?;
         if let Some(s) = raw.registry_rescan_interval {

@@ -18,9 +18,7 @@ pub const TOKEN_HEADER: &str = "X-Berth-Token";
 pub const MAX_TOKEN_NAME: usize = 128;
 
 /// A built-in policy. Each one includes `read`; `management` includes everything.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     /// Every `GET` and `HEAD`.
@@ -227,7 +225,10 @@ mod tests {
     fn policies_grant_their_own_writes_and_every_read() {
         use Access::*;
         for p in Policy::ALL {
-            assert!(p.grants(Read) && p.grants(AnyToken) && p.grants(Public), "{p}");
+            assert!(
+                p.grants(Read) && p.grants(AnyToken) && p.grants(Public),
+                "{p}"
+            );
             assert_eq!(p.grants(Management), p == Policy::Management, "{p}");
         }
         assert!(Policy::JobOperator.grants(JobWrite));
@@ -242,10 +243,16 @@ mod tests {
     fn names_round_trip_and_unknown_ones_are_refused_without_an_echo() {
         for p in Policy::ALL {
             assert_eq!(p.name().parse::<Policy>(), Ok(p));
-            assert_eq!(serde_json::to_string(&p).unwrap(), format!("\"{}\"", p.name()));
+            assert_eq!(
+                serde_json::to_string(&p).unwrap(),
+                format!("\"{}\"", p.name())
+            );
         }
         let err = "root-canary".parse::<Policy>().unwrap_err();
-        assert!(!err.contains("root-canary") && err.contains("job-operator"), "{err}");
+        assert!(
+            !err.contains("root-canary") && err.contains("job-operator"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -200,15 +200,24 @@ mod tests {
         assert_eq!(tls.cert_file, Path::new("/etc/berth/api.crt"));
         assert_eq!(tls.key_file, Path::new("/etc/berth/api.key"));
         // Loopback needs neither, and may have TLS.
-        let cfg = parse(&format!("api {{\n  address = \"127.0.0.1:4646\"\n{TLS}}}\n")).unwrap();
+        let cfg = parse(&format!(
+            "api {{\n  address = \"127.0.0.1:4646\"\n{TLS}}}\n"
+        ))
+        .unwrap();
         assert!(cfg.api_tls.is_some() && !cfg.acl_enabled);
     }
 
     #[test]
     fn tls_files_are_required_absolute_and_go_with_an_address() {
         for (tls, field) in [
-            ("  tls {\n    cert_file = \"/a.crt\"\n  }\n", "api.tls.key_file"),
-            ("  tls {\n    key_file = \"/a.key\"\n  }\n", "api.tls.cert_file"),
+            (
+                "  tls {\n    cert_file = \"/a.crt\"\n  }\n",
+                "api.tls.key_file",
+            ),
+            (
+                "  tls {\n    key_file = \"/a.key\"\n  }\n",
+                "api.tls.cert_file",
+            ),
             (
                 "  tls {\n    cert_file = \"a.crt\"\n    key_file = \"/a.key\"\n  }\n",
                 "api.tls.cert_file",
@@ -218,7 +227,8 @@ mod tests {
                 "api.tls.key_file",
             ),
         ] {
-            let err = parse(&format!("api {{\n  address = \"127.0.0.1:1\"\n{tls}}}\n")).unwrap_err();
+            let err =
+                parse(&format!("api {{\n  address = \"127.0.0.1:1\"\n{tls}}}\n")).unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
         let err = parse(&format!("api {{\n{TLS}}}\n")).unwrap_err();

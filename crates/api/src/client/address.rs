@@ -122,7 +122,9 @@ fn https(rest: &str) -> Result<Address, String> {
         None => {
             let (host, port) = authority.rsplit_once(':').ok_or_else(no_port)?;
             if host.contains(':') {
-                return Err(format!("{host:?}: an IPv6 address goes in brackets ([::1])"));
+                return Err(format!(
+                    "{host:?}: an IPv6 address goes in brackets ([::1])"
+                ));
             }
             (host, port)
         }

@@ -272,12 +272,10 @@ impl fmt::Display for ConnectFailure {
         match self {
             Self::NoSocket => f.write_str("socket does not exist (is `berth agent` running?)"),
             Self::Refused => f.write_str("connection refused (is `berth agent` running?)"),
-            Self::PermissionDenied => {
-                f.write_str(
-                    "permission denied (the API socket is open to the agent's user, and to \
+            Self::PermissionDenied => f.write_str(
+                "permission denied (the API socket is open to the agent's user, and to \
                      the members of api.socket_group when the agent sets one)",
-                )
-            }
+            ),
             Self::Other(e) => f.write_str(e),
         }
     }
@@ -556,13 +554,13 @@ impl Client {
                     .await
                     .map_err(connect_error)?;
                 let _ = stream.set_nodelay(true);
-                let stream = tls
-                    .connect(host, stream)
-                    .await
-                    .map_err(|source| ClientError::Tls {
-                        address: self.name.clone(),
-                        source,
-                    })?;
+                let stream =
+                    tls.connect(host, stream)
+                        .await
+                        .map_err(|source| ClientError::Tls {
+                            address: self.name.clone(),
+                            source,
+                        })?;
                 let (sender, conn) = self.handshake(stream, &method, path).await?;
                 let authority = self.name.strip_prefix("https://").unwrap_or(&self.name);
                 (sender, conn, authority.to_string())

@@ -51,9 +51,9 @@ impl ClientTls {
         }
         let mut roots = RootCertStore::empty();
         for cert in certs {
-            roots.add(cert).map_err(|e| {
-                TrustError(format!("CA certificate file {shown}: {e}"))
-            })?;
+            roots
+                .add(cert)
+                .map_err(|e| TrustError(format!("CA certificate file {shown}: {e}")))?;
         }
         Self::with_roots(roots)
     }

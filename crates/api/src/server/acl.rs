@@ -138,9 +138,7 @@ fn token_of(headers: &HeaderMap) -> Result<SecretId, Response> {
         ));
     };
     if values.next().is_some() {
-        return Err(forbidden(format!(
-            "more than one {TOKEN_HEADER} header"
-        )));
+        return Err(forbidden(format!("more than one {TOKEN_HEADER} header")));
     }
     match value.to_str() {
         Ok(text) if is_uuid(text) => Ok(SecretId::new(text)),
@@ -175,7 +173,9 @@ pub(super) fn routes<V: AgentView>() -> Router<Arc<V>> {
 /// The agent's token store; 400 when ACLs are off.
 fn store<V: AgentView>(view: &V) -> Result<Arc<dyn AclStore>, ApiError> {
     view.acl().ok_or_else(|| {
-        ApiError::BadRequest("ACLs are disabled on this agent (agent config: acl { enabled = true })".into())
+        ApiError::BadRequest(
+            "ACLs are disabled on this agent (agent config: acl { enabled = true })".into(),
+        )
     })
 }
 
@@ -275,7 +275,10 @@ mod tests {
         for (m, p) in [
             ("GET", "/v1/acl/tokens"),
             ("POST", "/v1/acl/tokens"),
-            ("DELETE", "/v1/acl/token/0b8f3c1e-8d44-4d3c-9c9e-3c2b7c0a5f11"),
+            (
+                "DELETE",
+                "/v1/acl/token/0b8f3c1e-8d44-4d3c-9c9e-3c2b7c0a5f11",
+            ),
             ("DELETE", "/v1/acl/token/self"),
             ("GET", "/v1/acl/policies"),
         ] {

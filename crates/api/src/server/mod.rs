@@ -34,8 +34,8 @@ pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
 pub use listen::{
     DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, ListenOptions, Listeners, MAX_CONNECTIONS, ServeError, serve,
 };
-pub use tls::{ServerTls, TlsError};
 pub use routes::router;
+pub use tls::{ServerTls, TlsError};
 pub use volume_routes::SpecOp;
 
 use crate::volumes::{

@@ -142,7 +142,10 @@ mod tests {
             .unwrap()
             .self_signed(&key)
             .unwrap();
-        let (c, k) = (dir.join(format!("{name}.crt")), dir.join(format!("{name}.key")));
+        let (c, k) = (
+            dir.join(format!("{name}.crt")),
+            dir.join(format!("{name}.key")),
+        );
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key.serialize_pem()).unwrap();
         (c, k)
