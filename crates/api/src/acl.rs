@@ -54,13 +54,13 @@ impl Policy {
 
     /// Whether a holder of this policy may do what `access` needs.
     pub fn grants(self, access: Access) -> bool {
-        match (self, access) {
-            (_, Access::Public | Access::AnyToken | Access::Read) => true,
-            (Self::Management, _) => true,
-            (Self::JobOperator, Access::JobWrite) => true,
-            (Self::VolumeOperator, Access::VolumeWrite) => true,
-            _ => false,
-        }
+        matches!(
+            (self, access),
+            (_, Access::Public | Access::AnyToken | Access::Read)
+                | (Self::Management, _)
+                | (Self::JobOperator, Access::JobWrite)
+                | (Self::VolumeOperator, Access::VolumeWrite)
+        )
     }
 }
 

@@ -107,7 +107,7 @@ pub(super) async fn guard<V: AgentView>(
     }
     let secret = match token_of(req.headers()) {
         Ok(secret) => secret,
-        Err(refusal) => return refusal,
+        Err((status, message)) => return error_response(status, message),
     };
     req.headers_mut().remove(TOKEN_HEADER);
     let Some(token) = acl.resolve(secret.expose()) else {
@@ -125,11 +125,12 @@ pub(super) async fn guard<V: AgentView>(
     next.run(req).await
 }
 
-/// The request's secret id, checked for shape (a UUID): 401 when absent, 403 when malformed.
-fn token_of(headers: &HeaderMap) -> Result<SecretId, Response> {
+/// The request's secret id, checked for shape (a UUID): 401 when absent, 403 when malformed
+/// (the status and the message to answer).
+fn token_of(headers: &HeaderMap) -> Result<SecretId, (StatusCode, String)> {
     let mut values = headers.get_all(TOKEN_HEADER).iter();
     let Some(value) = values.next() else {
-        return Err(error_response(
+        return Err((
             StatusCode::UNAUTHORIZED,
             format!(
                 "ACLs are enabled: send a token's secret id in the {TOKEN_HEADER} header \
@@ -138,11 +139,15 @@ fn token_of(headers: &HeaderMap) -> Result<SecretId, Response> {
         ));
     };
     if values.next().is_some() {
-        return Err(forbidden(format!("more than one {TOKEN_HEADER} header")));
+        return Err((
+            StatusCode::FORBIDDEN,
+            format!("more than one {TOKEN_HEADER} header"),
+        ));
     }
     match value.to_str() {
         Ok(text) if is_uuid(text) => Ok(SecretId::new(text)),
-        _ => Err(forbidden(
+        _ => Err((
+            StatusCode::FORBIDDEN,
             "malformed ACL token: a secret id is a UUID".into(),
         )),
     }

@@ -165,7 +165,7 @@ pub enum ServeError {
 #[derive(Debug, Clone, Default)]
 pub struct ListenOptions {
     /// TLS on the TCP listener (the unix socket stays plain). Required for a TCP address that
-    /// is not loopback.
+    /// is not loopback (whose router should then require tokens: see [`super::AgentView::acl`]).
     pub tls: Option<ServerTls>,
     /// The group (gid) that may use the unix socket: it gets mode 0660 and this group instead
     /// of 0600. Its members must also be able to traverse the socket's directories.

@@ -1,5 +1,7 @@
 //! The server side: [`router`] answers the routes over any [`AgentView`]; [`Listeners`] binds
-//! the unix socket (and optionally a loopback TCP port) and serves a router until shut down.
+//! the unix socket (and optionally a TCP port: loopback, or any address with TLS) and serves a
+//! router until shut down. With ACLs on ([`AgentView::acl`]), a layer around the whole router
+//! admits a request only with a token that grants what [`required_access`] says it needs.
 //!
 //! What the router guarantees before it calls the agent: every id (in the path, the query or
 //! the body) passed the same check ([`berth_sys::validate_path_segment`] for ids that name
