@@ -12,7 +12,7 @@ use std::{
 use berth_allocrunner::NodeVars;
 use berth_api::{
     Instance, NodePlugin, NodeStatus, PluginStatus, RegisterRequest, Source,
-    server::{AgentView, ApiError, Listeners},
+    server::{AgentView, ApiError},
     stream::Topic,
 };
 use berth_regdir::{DiscoveredPlugin, RegistrationDir};
@@ -43,8 +43,14 @@ pub struct AgentOptions {
     pub data_dir: PathBuf,
     /// API socket; default `<data_dir>/berth.sock`.
     pub api_socket: Option<PathBuf>,
-    /// Extra loopback TCP listener.
+    /// Extra TCP listener (loopback, or any address with `api_tls` and `acl`).
     pub api_address: Option<SocketAddr>,
+    /// HTTPS on the TCP listener.
+    pub api_tls: Option<crate::config::ApiTls>,
+    /// The group that may open the API socket (mode 0660).
+    pub api_socket_group: Option<crate::config::SocketGroup>,
+    /// Whether API requests need an ACL token.
+    pub acl: bool,
     /// Registration dir; default `<data_dir>/plugins_registry`.
     pub registry_dir: Option<PathBuf>,
     /// Registration dir rescan interval.
@@ -82,6 +88,9 @@ impl AgentOptions {
             data_dir,
             api_socket: config.api_socket,
             api_address: config.api_address,
+            api_tls: config.api_tls,
+            api_socket_group: config.api_socket_group,
+            acl: config.acl_enabled,
             registry_dir: config.registry_dir,
             rescan_interval: config.rescan_interval.unwrap_or(DEFAULT_RESCAN_INTERVAL),
             health: config.health,
@@ -148,6 +157,14 @@ pub enum AgentError {
     /// The API cannot listen.
     #[error(transparent)]
     Listen(#[from] berth_api::server::ServeError),
+    /// The API's TLS files cannot be used.
+    #[error("api.tls.{}", .0)]
+    ApiTls(#[from] berth_api::server::TlsError),
+    /// A TCP address beyond loopback without ACLs (the config refuses it too).
+    #[error(
+        "api.address: {0} is not a loopback address: serving the API beyond this host needs ACLs on"
+    )]
+    OpenWithoutAcl(SocketAddr),
     /// A blocking task failed.
     #[error("internal task failed: {0}")]
     Task(String),
@@ -216,6 +233,8 @@ pub struct Agent {
     election: Option<Arc<berth_fleet::Election>>,
     /// Signs workload identities; its public keys are the API's JWKS.
     signer: berth_identity::Signer,
+    /// The API's ACL tokens, when ACLs are on.
+    acl: Option<Arc<crate::acl::AclTokens>>,
 }
 
 /// A started agent: its shared state, and the handle that runs it to the end.
@@ -322,7 +341,7 @@ impl Agent {
         tracing::info!(plugins = registry.list().len(), data_dir = %data_dir.display(), "registry loaded");
 
         let api_socket = opts.api_socket();
-        let listeners = Listeners::bind(&api_socket, opts.api_address)?;
+        let (listeners, acl) = crate::acl::listen(&opts, &api_socket, &store)?;
 
         let manager = Arc::new(Manager::new(
             Arc::clone(&registry),
@@ -445,6 +464,7 @@ impl Agent {
             fleet_jobs,
             election,
             signer,
+            acl,
         });
         tasks.spawn(event_writer.run(shutdown.clone()));
         agent.events.publish(
@@ -1147,6 +1167,12 @@ impl AgentView for Agent {
 
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<berth_api::Event> {
         self.events.subscribe()
+    }
+
+    fn acl(&self) -> Option<Arc<dyn berth_api::server::AclStore>> {
+        self.acl
+            .clone()
+            .map(|a| a as Arc<dyn berth_api::server::AclStore>)
     }
 
     fn jwks(&self) -> Option<serde_json::Value> {

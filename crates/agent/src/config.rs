@@ -16,10 +16,12 @@ use berth_api::PluginType;
 use berth_input::{Quoted, Shown, Syntax, serde_message};
 use serde::Deserialize;
 
+mod api;
 mod control_plane;
 mod devices;
 mod docker;
 
+pub use api::{ApiTls, SocketGroup};
 pub use control_plane::check as check_etcd;
 pub use devices::{DEFAULT_KUBELET_DIR, DEFAULT_STATS_INTERVAL, DevicesConfig, NomadPluginDecl};
 
@@ -104,8 +106,15 @@ pub struct Config {
     pub log_format: Option<String>,
     /// `api { socket = … }`: the API socket; default `<data_dir>/berth.sock`.
     pub api_socket: Option<PathBuf>,
-    /// `api { address = "127.0.0.1:PORT" }`: an extra loopback TCP listener.
+    /// `api { address = "127.0.0.1:PORT" }`: an extra TCP listener; loopback, unless `api_tls`
+    /// is set and ACLs are on.
     pub api_address: Option<SocketAddr>,
+    /// `api { tls { cert_file, key_file } }`: the TCP listener serves HTTPS.
+    pub api_tls: Option<ApiTls>,
+    /// `api { socket_group = "name" }`: the socket is mode 0660, owned by this group.
+    pub api_socket_group: Option<SocketGroup>,
+    /// `acl { enabled = true }`: every API request but the public ones needs a token.
+    pub acl_enabled: bool,
     /// `plugins_registry_dir`: default `<data_dir>/plugins_registry`.
     pub registry_dir: Option<PathBuf>,
     /// `registry_rescan_interval`.
@@ -184,7 +193,8 @@ struct Raw {
     data_dir: Option<PathBuf>,
     log_level: Option<String>,
     log_format: Option<String>,
-    api: Option<RawApi>,
+    api: Option<api::RawApi>,
+    acl: Option<api::RawAcl>,
     plugins_registry_dir: Option<PathBuf>,
     registry_rescan_interval: Option<String>,
     health: Option<RawHealth>,
@@ -214,13 +224,6 @@ struct RawClient {
     chroot_env: Option<BTreeMap<PathBuf, PathBuf>>,
     cpu_total_compute: Option<u64>,
     memory_total_mb: Option<u64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawApi {
-    socket: Option<PathBuf>,
-    address: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -343,35 +346,15 @@ impl Config {
                 ));
             }
         }
-        if let Some(api) = raw.api {
-            if let Some(s) = api.socket {
-                if !s.is_absolute() {
-                    return Err(err(
-                        None,
-                        "api.socket",
-                        format!("{} must be an absolute path", Shown(&s.to_string_lossy())),
-                    ));
-                }
-                cfg.api_socket = Some(s);
-            }
-            if let Some(a) = api.address {
-                let addr: SocketAddr = a.parse().map_err(|_| {
-                    err(
-                        None,
-                        "api.address",
-                        format!("{} is not an address like 127.0.0.1:4747", Quoted(&a)),
-                    )
-                })?;
-                if !addr.ip().is_loopback() {
-                    return Err(err(
-                        None,
-                        "api.address",
-                        format!("{addr} is not a loopback address"),
-                    ));
-                }
-                cfg.api_address = Some(addr);
-            }
-        }
+        api::api_block(&mut cfg, raw.api, raw.acl).map_err(|(field, m)| {
+            let block = if field.starts_with("acl") {
+                "acl"
+            } else {
+                "api"
+            };
+            let line = (!json).then(|| unlabeled_block_line(text, block)).flatten();
+            err(line, &field, m)
+        })?;
         if let Some(w) = raw.events.and_then(|e| e.window) {
             let n = usize::try_from(w)
                 .ok()

@@ -3,6 +3,7 @@
 //! and the device manager; jobs; workload identities and the Consul tokens derived from them;
 //! and the view the HTTP API serves.
 
+pub mod acl;
 pub mod agent;
 pub mod alloc_events;
 pub mod config;

@@ -32,6 +32,15 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//! | `POST /v1/acl/bootstrap` | the first management token, with its secret ([`acl::NewToken`]); 409 once done |
+//! | `GET /v1/acl/tokens` | [`acl::AclTokenList`] (no secrets) |
+//! | `POST /v1/acl/tokens` | body [`acl::TokenCreateRequest`] → [`acl::NewToken`] |
+//! | `DELETE /v1/acl/token/{accessor}` | 204 |
+//! | `GET /v1/acl/token/self` | the caller's [`acl::AclToken`] |
+//!
+//! With ACLs on, every request but `POST /v1/acl/bootstrap`, `GET /ui…` and the JWK set sends
+//! a token's secret id in [`acl::TOKEN_HEADER`]: 401 without one, 403 with one that is unknown
+//! or lacks the policy the route needs ([`server::required_access`]).
 //!
 //! Every id in a path, a query or a body is checked before the agent is called (see
 //! [`server`]); bodies are at most [`server::MAX_BODY_BYTES`] (413 beyond) and must arrive
@@ -43,6 +52,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod acl;
 mod checks;
 pub mod client;
 pub mod jobs;

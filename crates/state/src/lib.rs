@@ -57,6 +57,9 @@ impl Table {
     pub const IDENTITY: Table = Table("identity");
     /// Consul ACL tokens an alloc holds, keyed by alloc id (one record per alloc).
     pub const CONSUL_TOKENS: Table = Table("consul_tokens");
+    /// The API's ACL tokens, keyed `token/<accessor id>` (a secret's SHA-256, never the
+    /// secret), and the `bootstrap` record once the first token was made.
+    pub const ACL: Table = Table("acl");
 
     fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)

@@ -1,4 +1,5 @@
-//! Where the agent's API is: a unix socket or a loopback-style `http://IP:PORT`.
+//! Where the agent's API is: a unix socket, a loopback-style `http://IP:PORT`, or
+//! `https://HOST:PORT`.
 
 use std::{
     fmt,
@@ -15,8 +16,16 @@ use berth_csi::MAX_SOCKET_PATH;
 pub enum Address {
     /// An absolute unix socket path that fits in [`MAX_SOCKET_PATH`] bytes.
     Unix(PathBuf),
-    /// A TCP address (`http://` only).
+    /// A TCP address, plain HTTP.
     Tcp(SocketAddr),
+    /// HTTPS: a host name or IP literal (without brackets) and a port; the agent's
+    /// certificate must be valid for the host.
+    Https {
+        /// The host, as the certificate must name it.
+        host: String,
+        /// The port.
+        port: u16,
+    },
 }
 
 /// An address that cannot be parsed; says which forms are accepted.
@@ -30,12 +39,12 @@ pub struct InvalidAddress {
 }
 
 const FORMS: &str = "expected unix:///path/to/berth.sock, /path/to/berth.sock, \
-                     http://127.0.0.1:PORT or http://[::1]:PORT";
+                     http://127.0.0.1:PORT, http://[::1]:PORT or https://HOST:PORT";
 
 impl Address {
-    /// Parses `unix:///abs/path.sock`, `/abs/path.sock`, or `http://IP:PORT` (an IP literal,
-    /// IPv6 in brackets, or `localhost` for 127.0.0.1; a trailing `/` is allowed, a path is
-    /// not).
+    /// Parses `unix:///abs/path.sock`, `/abs/path.sock`, `http://IP:PORT` (an IP literal,
+    /// IPv6 in brackets, or `localhost` for 127.0.0.1), or `https://HOST:PORT` (a DNS name or an
+    /// IP literal, IPv6 in brackets). A trailing `/` is allowed, a path is not.
     pub fn parse(address: &str) -> Result<Self, InvalidAddress> {
         let invalid = |reason: String| InvalidAddress {
             address: address.to_string(),
@@ -71,10 +80,8 @@ impl Address {
                 .map(Self::Tcp)
                 .map_err(|_| invalid(format!("{authority:?} is not IP:PORT; {FORMS}")));
         }
-        if address.starts_with("https://") {
-            return Err(invalid(
-                "https is not supported; the agent serves plain HTTP on loopback only".into(),
-            ));
+        if let Some(rest) = address.strip_prefix("https://") {
+            return https(rest).map_err(invalid);
         }
         if address.is_empty() {
             return Err(invalid(format!("it is empty; {FORMS}")));
@@ -98,6 +105,49 @@ fn unix_path(path: &str) -> Result<Address, String> {
     Ok(Address::Unix(path))
 }
 
+/// `HOST:PORT` of an https address, with an optional trailing `/`.
+fn https(rest: &str) -> Result<Address, String> {
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.contains('/') {
+        return Err("an https address must not have a path (https://HOST:PORT)".into());
+    }
+    let no_port = || format!("{authority:?} is not HOST:PORT; {FORMS}");
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let (ip, port) = v6.split_once("]:").ok_or_else(no_port)?;
+            ip.parse::<std::net::Ipv6Addr>()
+                .map_err(|_| format!("{ip:?} is not an IPv6 address"))?;
+            (ip, port)
+        }
+        None => {
+            let (host, port) = authority.rsplit_once(':').ok_or_else(no_port)?;
+            if host.contains(':') {
+                return Err(format!(
+                    "{host:?}: an IPv6 address goes in brackets ([::1])"
+                ));
+            }
+            (host, port)
+        }
+    };
+    let port = port
+        .parse::<u16>()
+        .ok()
+        .filter(|p| *p != 0)
+        .ok_or_else(|| format!("invalid port {port:?}"))?;
+    let name_ok = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':'));
+    if !name_ok {
+        return Err(format!("{host:?} is not a host name or IP address"));
+    }
+    Ok(Address::Https {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
 impl FromStr for Address {
     type Err = InvalidAddress;
     fn from_str(s: &str) -> Result<Self, InvalidAddress> {
@@ -105,12 +155,17 @@ impl FromStr for Address {
     }
 }
 
-/// `unix:///path` or `http://IP:PORT`: a form [`Address::parse`] reads back.
+/// `unix:///path`, `http://IP:PORT` or `https://HOST:PORT`: a form [`Address::parse`] reads
+/// back.
 impl fmt::Display for Address {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Unix(path) => write!(f, "unix://{}", path.display()),
             Self::Tcp(addr) => write!(f, "http://{addr}"),
+            Self::Https { host, port } if host.contains(':') => {
+                write!(f, "https://[{host}]:{port}")
+            }
+            Self::Https { host, port } => write!(f, "https://{host}:{port}"),
         }
     }
 }
@@ -136,6 +191,23 @@ mod tests {
         let v6 = Address::Tcp("[::1]:4646".parse().unwrap());
         assert_eq!(Address::parse("http://[::1]:4646"), Ok(v6.clone()));
         assert_eq!(Address::parse(&v6.to_string()), Ok(v6));
+        for (text, host) in [
+            ("https://agent-1.example.com:4646", "agent-1.example.com"),
+            ("https://Agent.Example.com:4646/", "agent.example.com"),
+            ("https://10.0.0.7:4646", "10.0.0.7"),
+            ("https://[fd00::7]:4646", "fd00::7"),
+        ] {
+            let a = Address::parse(text).unwrap();
+            assert_eq!(
+                a,
+                Address::Https {
+                    host: host.into(),
+                    port: 4646
+                },
+                "{text}"
+            );
+            assert_eq!(Address::parse(&a.to_string()), Ok(a), "{text}");
+        }
     }
 
     #[test]
@@ -147,7 +219,12 @@ mod tests {
             ("http://127.0.0.1", "not IP:PORT"),
             ("http://127.0.0.1:80/v1", "path"),
             ("http://localhost:x", "invalid port"),
-            ("https://127.0.0.1:1", "https is not supported"),
+            ("https://127.0.0.1", "not HOST:PORT"),
+            ("https://host:0", "invalid port"),
+            ("https://host:1/v1", "path"),
+            ("https://ho st:1", "not a host name"),
+            ("https://[x]:1", "not an IPv6 address"),
+            ("https://fd00::7:1", "in brackets"),
             ("tcp://127.0.0.1:1", "expected unix:///"),
         ] {
             let err = Address::parse(address).unwrap_err();

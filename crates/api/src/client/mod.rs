@@ -1,9 +1,13 @@
-//! A client for the agent's API (HTTP/1.1 over the unix socket or loopback TCP), one connection
-//! per call. Errors name the agent's address.
+//! A client for the agent's API (HTTP/1.1 over the unix socket, loopback TCP or HTTPS), one
+//! connection per call. Errors name the agent's address. With a token
+//! ([`Client::with_token`]) every request, event streams included, carries it in
+//! [`crate::acl::TOKEN_HEADER`]; no `Debug` output or error shows it.
 
+mod acl;
 mod address;
 mod events;
 mod jobs;
+mod tls;
 mod volumes;
 
 use std::{fmt, io, time::Duration};
@@ -27,8 +31,12 @@ use tokio::{
 
 pub use address::{Address, InvalidAddress};
 pub use events::{EventStream, LineStream, MAX_EVENT_LINE, StreamReader};
+pub use tls::TrustError;
 
-use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequest};
+use crate::{
+    acl::SecretId,
+    types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequest},
+};
 
 /// How long a call may take, connecting included, unless set with [`Client::with_timeout`].
 /// For [`Client::events`] it bounds the wait for the response head only.
@@ -189,6 +197,19 @@ pub enum ClientError {
         #[source]
         source: hyper::http::Error,
     },
+    /// The CA file (or the system's roots) cannot be used.
+    #[error(transparent)]
+    Trust(#[from] TrustError),
+    /// The TLS handshake with the agent failed (e.g. its certificate is not trusted or not
+    /// valid for the host).
+    #[error("TLS with the agent at {address} failed: {source}")]
+    Tls {
+        /// The agent's address.
+        address: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// The event stream broke its line format.
     #[error("the event stream from the agent at {address} is broken: {reason}")]
     EventStream {
@@ -251,21 +272,25 @@ impl fmt::Display for ConnectFailure {
         match self {
             Self::NoSocket => f.write_str("socket does not exist (is `berth agent` running?)"),
             Self::Refused => f.write_str("connection refused (is `berth agent` running?)"),
-            Self::PermissionDenied => {
-                f.write_str("permission denied (the API socket is open to the agent's user only)")
-            }
+            Self::PermissionDenied => f.write_str(
+                "permission denied (the API socket is open to the agent's user, and to \
+                     the members of api.socket_group when the agent sets one)",
+            ),
             Self::Other(e) => f.write_str(e),
         }
     }
 }
 
-/// A client of one agent. Cheap to clone; holds no connection between calls.
+/// A client of one agent. Cheap to clone; holds no connection between calls. Its `Debug`
+/// hides the token.
 #[derive(Debug, Clone)]
 pub struct Client {
     address: Address,
     name: String,
     timeout: Duration,
     change_timeout: Duration,
+    token: Option<SecretId>,
+    tls: Option<tls::ClientTls>,
 }
 
 /// The task driving one client connection; aborted when dropped, so nothing outlives a call.
@@ -292,7 +317,22 @@ impl Client {
             address,
             timeout: REQUEST_TIMEOUT,
             change_timeout: CHANGE_TIMEOUT,
+            token: None,
+            tls: None,
         }
+    }
+
+    /// Sends `token` (an ACL token's secret id) with every request.
+    pub fn with_token(mut self, token: SecretId) -> Self {
+        self.token = Some(token);
+        self
+    }
+
+    /// Trusts the CA certificates of the PEM file `ca_file` (and no other) for an `https://`
+    /// address; without it, the system's roots are trusted.
+    pub fn with_ca_cert(mut self, ca_file: &std::path::Path) -> Result<Self, ClientError> {
+        self.tls = Some(tls::ClientTls::with_ca_file(ca_file)?);
+        Ok(self)
     }
 
     /// Sets the timeout of reads and plugin registration calls (default [`REQUEST_TIMEOUT`]).
@@ -550,6 +590,26 @@ impl Client {
                 let (sender, conn) = self.handshake(stream, &method, path).await?;
                 (sender, conn, addr.to_string())
             }
+            Address::Https { host, port } => {
+                let tls = match &self.tls {
+                    Some(tls) => tls.clone(),
+                    None => tls::ClientTls::system()?,
+                };
+                let stream = TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .map_err(connect_error)?;
+                let _ = stream.set_nodelay(true);
+                let stream =
+                    tls.connect(host, stream)
+                        .await
+                        .map_err(|source| ClientError::Tls {
+                            address: self.name.clone(),
+                            source,
+                        })?;
+                let (sender, conn) = self.handshake(stream, &method, path).await?;
+                let authority = self.name.strip_prefix("https://").unwrap_or(&self.name);
+                (sender, conn, authority.to_string())
+            }
         };
         let mut request = Request::builder()
             .method(method.clone())
@@ -561,6 +621,17 @@ impl Client {
             );
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(token) = &self.token {
+            let mut value = header::HeaderValue::from_str(token.expose()).map_err(|e| {
+                ClientError::BuildRequest {
+                    method: method.clone(),
+                    path: path.to_string(),
+                    source: e.into(),
+                }
+            })?;
+            value.set_sensitive(true);
+            request = request.header(crate::acl::TOKEN_HEADER, value);
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))

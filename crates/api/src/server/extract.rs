@@ -204,6 +204,7 @@ bodies!(
     JobRunRequest => "job run request",
     crate::jobs::AllocActionRequest => "alloc request",
     crate::nodes::DrainRequest => "drain request",
+    crate::acl::TokenCreateRequest => "token create request",
 );
 
 /// The request's JSON body as a `T` that passed [`Body::check`]. 413 when it is too large, 408

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use super::{
     routes::Draining,
     slots::{Slot, Slots},
+    tls::ServerTls,
 };
 
 /// How long [`Listeners::serve`] waits, once shut down, for requests in flight to finish before
@@ -116,19 +117,34 @@ pub enum ServeError {
         #[source]
         source: io::Error,
     },
-    /// The socket's mode cannot be set to 0600 (the socket is removed again).
-    #[error("cannot restrict the API socket {} to mode 0600", path.display())]
+    /// The socket's mode cannot be set to 0600 (0660 with a group; the socket is removed
+    /// again).
+    #[error("cannot restrict the API socket {} to mode {mode:04o}", path.display())]
     Chmod {
         /// The socket path.
         path: PathBuf,
+        /// The mode it was to get.
+        mode: u32,
         /// Why.
         #[source]
         source: io::Error,
     },
-    /// The TCP address is not a loopback address; nothing was bound.
+    /// The socket cannot be given to its group (the socket is removed again).
+    #[error("cannot give the API socket {} to group {gid}", path.display())]
+    Chown {
+        /// The socket path.
+        path: PathBuf,
+        /// The group.
+        gid: u32,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// The TCP address is not a loopback address and the listener has no TLS; nothing was
+    /// bound.
     #[error(
         "refusing to serve the API on {addr}: only a loopback address (127.0.0.0/8 or ::1) is \
-         allowed, the API has no authentication"
+         allowed without TLS (api {{ tls {{ … }} }} with acl {{ enabled = true }})"
     )]
     NotLoopback {
         /// The refused address.
@@ -145,14 +161,27 @@ pub enum ServeError {
     },
 }
 
-/// The API's bound listeners: a unix socket (mode 0600) and optionally a loopback TCP port.
-/// Clients can connect as soon as [`Listeners::bind`] returns; their requests are answered
-/// once [`Listeners::serve`] runs. Dropping it (served or not) removes the socket file, unless
-/// something else has replaced it since.
+/// How [`Listeners::bind_with`] binds, beyond the addresses.
+#[derive(Debug, Clone, Default)]
+pub struct ListenOptions {
+    /// TLS on the TCP listener (the unix socket stays plain). Required for a TCP address that
+    /// is not loopback (whose router should then require tokens: see [`super::AgentView::acl`]).
+    pub tls: Option<ServerTls>,
+    /// The group (gid) that may use the unix socket: it gets mode 0660 and this group instead
+    /// of 0600. Its members must also be able to traverse the socket's directories.
+    pub socket_group: Option<u32>,
+}
+
+/// The API's bound listeners: a unix socket (mode 0600, or 0660 for its group) and optionally
+/// a TCP port (loopback, or any address with TLS). Clients can connect as soon as
+/// [`Listeners::bind`] returns; their requests are answered once [`Listeners::serve`] runs.
+/// Dropping it (served or not) removes the socket file, unless something else has replaced it
+/// since.
 #[derive(Debug)]
 pub struct Listeners {
     unix: UnixListener,
     tcp: Option<TcpListener>,
+    tls: Option<ServerTls>,
     socket: SocketFile,
     drain_timeout: Duration,
     max_connections: usize,
@@ -170,12 +199,23 @@ impl Listeners {
     ///
     /// Must be called inside a Tokio runtime.
     pub fn bind(unix: &Path, tcp: Option<SocketAddr>) -> Result<Self, ServeError> {
+        Self::bind_with(unix, tcp, ListenOptions::default())
+    }
+
+    /// [`Self::bind`] with TLS on the TCP listener (which may then listen on any address) and
+    /// the socket's group, as `options` say.
+    pub fn bind_with(
+        unix: &Path,
+        tcp: Option<SocketAddr>,
+        options: ListenOptions,
+    ) -> Result<Self, ServeError> {
         if let Some(addr) = tcp
             && !addr.ip().is_loopback()
+            && options.tls.is_none()
         {
             return Err(ServeError::NotLoopback { addr });
         }
-        let (unix, socket) = bind_unix(unix)?;
+        let (unix, socket) = bind_unix(unix, options.socket_group)?;
         let tcp = match tcp {
             None => None,
             Some(addr) => Some(bind_tcp(addr)?),
@@ -183,6 +223,7 @@ impl Listeners {
         Ok(Self {
             unix,
             tcp,
+            tls: options.tls,
             socket,
             drain_timeout: DRAIN_TIMEOUT,
             max_connections: MAX_CONNECTIONS,
@@ -231,6 +272,7 @@ impl Listeners {
         let Self {
             unix,
             tcp,
+            tls,
             socket,
             drain_timeout,
             max_connections,
@@ -284,7 +326,10 @@ impl Listeners {
             };
             match accepted {
                 Accepted::Unix(stream) => conns.spawn(serve_connection(stream, config, slot)),
-                Accepted::Tcp(stream) => conns.spawn(serve_connection(stream, config, slot)),
+                Accepted::Tcp(stream) => match &tls {
+                    None => conns.spawn(serve_connection(stream, config, slot)),
+                    Some(tls) => conns.spawn(serve_tls(stream, tls.clone(), config, slot)),
+                },
             };
         }
         drop(unix);
@@ -355,7 +400,7 @@ impl Drop for SocketFile {
     }
 }
 
-fn bind_unix(path: &Path) -> Result<(UnixListener, SocketFile), ServeError> {
+fn bind_unix(path: &Path, group: Option<u32>) -> Result<(UnixListener, SocketFile), ServeError> {
     let len = path.as_os_str().len();
     if len > MAX_SOCKET_PATH {
         return Err(ServeError::SocketPathTooLong {
@@ -388,13 +433,46 @@ fn bind_unix(path: &Path) -> Result<(UnixListener, SocketFile), ServeError> {
         dev: meta.dev(),
         ino: meta.ino(),
     };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|source| {
+    // The group first, then the mode that opens the socket to it.
+    if let Some(gid) = group {
+        std::os::unix::fs::chown(path, None, Some(gid)).map_err(|source| ServeError::Chown {
+            path: path.to_path_buf(),
+            gid,
+            source,
+        })?;
+    }
+    let mode = if group.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
         ServeError::Chmod {
             path: path.to_path_buf(),
+            mode,
             source,
         }
     })?;
+    if let Some(gid) = group {
+        warn_untraversable(path, gid);
+    }
     Ok((listener, file))
+}
+
+/// Warns about each directory above the socket that members of `gid` cannot traverse (no
+/// search permission for others, nor for the group when it is the directory's): they could not
+/// reach the socket.
+fn warn_untraversable(socket: &Path, gid: u32) {
+    for dir in socket.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(dir) else {
+            continue;
+        };
+        let mode = meta.mode();
+        let searchable = mode & 0o001 != 0 || (meta.gid() == gid && mode & 0o010 != 0);
+        if !searchable {
+            tracing::warn!(
+                dir = %dir.display(),
+                gid,
+                "members of the API socket's group cannot traverse this directory, so they cannot reach the socket; give it the group with mode 0710, or o+x"
+            );
+        }
+    }
 }
 
 /// Removes a socket at `path` that nobody answers on; leaves anything else and says why.
@@ -451,6 +529,30 @@ fn log_join(joined: Result<(), tokio::task::JoinError>) {
 async fn accept_failed(listener: &str, error: io::Error) {
     tracing::warn!(%listener, %error, "API accept failed");
     tokio::time::sleep(ACCEPT_BACKOFF).await;
+}
+
+/// Serves one TLS connection: the handshake must end within the head read timeout (and the
+/// connection may be evicted to make room meanwhile, as one that has sent no head), then the
+/// request is served as on a plain connection.
+async fn serve_tls(stream: tokio::net::TcpStream, tls: ServerTls, config: ConnConfig, slot: Slot) {
+    slot.wait_for_head();
+    let handshake = tokio::time::timeout(config.head_read_timeout, tls.acceptor.accept(stream));
+    let stream = tokio::select! {
+        done = handshake => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "API TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("API TLS handshake timed out");
+                return;
+            }
+        },
+        () = slot.evicted() => return,
+        () = config.shutdown.cancelled() => return,
+    };
+    serve_connection(stream, config, slot).await;
 }
 
 /// Serves one connection (one request) until it is answered, the client closes it, it misses

@@ -1,5 +1,7 @@
 //! The server side: [`router`] answers the routes over any [`AgentView`]; [`Listeners`] binds
-//! the unix socket (and optionally a loopback TCP port) and serves a router until shut down.
+//! the unix socket (and optionally a TCP port: loopback, or any address with TLS) and serves a
+//! router until shut down. With ACLs on ([`AgentView::acl`]), a layer around the whole router
+//! admits a request only with a token that grants what [`required_access`] says it needs.
 //!
 //! What the router guarantees before it calls the agent: every id (in the path, the query or
 //! the body) passed the same check ([`berth_sys::validate_path_segment`] for ids that name
@@ -8,6 +10,7 @@
 //! its type's `validate`. No error it writes quotes a value of the body, and it quotes an id
 //! only escaped and cut.
 
+mod acl;
 mod body;
 mod extract;
 mod job_routes;
@@ -16,6 +19,7 @@ mod listen;
 mod routes;
 mod slots;
 mod stream_route;
+mod tls;
 mod volume_routes;
 
 use std::future::Future;
@@ -28,9 +32,13 @@ use axum::{
 
 use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, RegisterRequest};
 
+pub use acl::{AclStore, Caller, required_access};
 pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
-pub use listen::{DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, Listeners, MAX_CONNECTIONS, ServeError, serve};
+pub use listen::{
+    DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, ListenOptions, Listeners, MAX_CONNECTIONS, ServeError, serve,
+};
 pub use routes::router;
+pub use tls::{ServerTls, TlsError};
 pub use volume_routes::SpecOp;
 
 use crate::volumes::{
@@ -268,6 +276,12 @@ pub trait AgentView: VolumeView + JobView {
     /// The JWK set that verifies the workload identities the agent signs, as
     /// `/.well-known/jwks.json` serves it; `None` when it signs none.
     fn jwks(&self) -> Option<serde_json::Value> {
+        None
+    }
+    /// The ACL tokens when ACLs are on: then every request but the public ones needs a token
+    /// (see [`required_access`]). `None` (the default): ACLs are off, and every request is
+    /// answered without one.
+    fn acl(&self) -> Option<std::sync::Arc<dyn AclStore>> {
         None
     }
     /// Registers one plugin instance. Only called with a request that passed

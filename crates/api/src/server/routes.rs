@@ -56,11 +56,17 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route(crate::JWKS_PATH, get(jwks::<V>))
         .merge(super::volume_routes::routes::<V>())
         .merge(super::job_routes::routes::<V>())
+        .merge(super::acl::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `super::body`, which applies the same limit; this covers any
         // other extractor.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        // Outermost: with ACLs on, no route (nor the fallbacks) runs without a token.
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&view),
+            super::acl::guard::<V>,
+        ))
         .with_state(view)
 }
 

@@ -1,8 +1,11 @@
 //! Reaching the agent's API from the CLI, and the words and times its answers are shown in.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
-use berth_api::{Client, ClientError};
+use berth_api::{Client, ClientError, acl::SecretId};
 
 use super::UsageError;
 
@@ -29,6 +32,26 @@ impl AddressSource {
     }
 }
 
+/// How the CLI proves itself to the agent: an ACL token, and the CA that signed an `https://`
+/// agent's certificate. `Debug` never shows the token.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct AuthArgs {
+    /// The secret id of an ACL token, sent with every request (when the agent has
+    /// acl { enabled = true }).
+    #[arg(long, global = true, env = "BERTH_TOKEN", hide_env_values = true, value_parser = token_arg)]
+    pub token: Option<SecretId>,
+    /// A PEM file of the CA that signed the agent's certificate (https:// addresses); without
+    /// it, the system's roots are trusted.
+    #[arg(long, global = true, env = "BERTH_CACERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+}
+
+/// Takes any text: a token is checked by [`connect`], whose error does not repeat it (clap's
+/// would).
+fn token_arg(s: &str) -> Result<SecretId, std::convert::Infallible> {
+    Ok(SecretId::new(s))
+}
+
 /// The agent's API address as given, and where it came from.
 #[derive(Debug, Clone)]
 pub struct AgentAddress {
@@ -36,17 +59,40 @@ pub struct AgentAddress {
     pub value: String,
     /// Where it came from.
     pub source: AddressSource,
+    /// The token and CA to use.
+    pub auth: AuthArgs,
 }
 
-/// A client for the agent's address; an address that does not parse is a usage error (exit
-/// 2) that names where it came from (`--address` or `BERTH_ADDR`).
+/// A client for the agent's address, with the token and CA of `--token` and `--ca-cert`; an
+/// address that does not parse, a token that is not one, or a CA file that cannot be used is
+/// a usage error (exit 2) that names where it came from.
 pub fn connect(address: &AgentAddress) -> anyhow::Result<Client> {
-    Client::new(&address.value).map_err(|e| match e {
+    let mut client = Client::new(&address.value).map_err(|e| match e {
         ClientError::InvalidAddress(e) => {
-            UsageError(format!("{}: {e}", address.source.name())).into()
+            anyhow::Error::from(UsageError(format!("{}: {e}", address.source.name())))
         }
         e => e.into(),
-    })
+    })?;
+    if let Some(token) = &address.auth.token {
+        let shown = token.expose();
+        if !shown.is_empty() {
+            if shown.parse::<SecretId>().is_err() {
+                return Err(UsageError(
+                    "--token (or BERTH_TOKEN): a token's secret id is printable ASCII without \
+                     spaces"
+                        .into(),
+                )
+                .into());
+            }
+            client = client.with_token(token.clone());
+        }
+    }
+    if let Some(ca) = &address.auth.ca_cert {
+        client = client
+            .with_ca_cert(ca)
+            .map_err(|e| UsageError(format!("--ca-cert (or BERTH_CACERT): {e}")))?;
+    }
+    Ok(client)
 }
 
 /// `healthy` or `unhealthy`.
@@ -112,6 +158,7 @@ mod tests {
             let err = connect(&AgentAddress {
                 value: "ftp://x".into(),
                 source,
+                auth: AuthArgs::default(),
             })
             .expect_err("refused");
             assert!(err.is::<UsageError>());

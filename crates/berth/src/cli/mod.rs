@@ -1,5 +1,6 @@
 //! Command-line parsing and dispatch. Exit codes: 0 ok, 1 error, 2 usage.
 
+mod acl;
 mod agent;
 mod alloc;
 mod api_client;
@@ -32,9 +33,12 @@ pub struct UsageError(pub String);
 pub struct Cli {
     #[command(flatten)]
     pub log: LogArgs,
-    /// The agent's API: unix:///path/berth.sock, /path/berth.sock or http://127.0.0.1:PORT.
+    /// The agent's API: unix:///path/berth.sock, /path/berth.sock, http://127.0.0.1:PORT or
+    /// https://HOST:PORT.
     #[arg(long, global = true, env = "BERTH_ADDR", default_value = berth_api::DEFAULT_ADDRESS)]
     pub address: String,
+    #[command(flatten)]
+    pub auth: api_client::AuthArgs,
     /// Where `address` came from (set by [`parse`]).
     #[arg(skip)]
     address_source: AddressSource,
@@ -213,6 +217,8 @@ enum Command {
     Alloc(alloc::AllocArgs),
     /// The agent's event stream: what happened to nodes, plugins, volumes, jobs and allocs.
     Events(events::EventsArgs),
+    /// ACL tokens: bootstrap, create, list, delete.
+    Acl(acl::AclArgs),
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -290,6 +296,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
     let address = AgentAddress {
         value: cli.address,
         source: cli.address_source,
+        auth: cli.auth,
     };
     match cli.command {
         Command::Agent(args) => agent::run(args, prepared.agent_config.unwrap_or_default()).await,
@@ -300,6 +307,7 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Job(args) => job::run(&address, args).await,
         Command::Alloc(args) => alloc::run(&address, args).await,
         Command::Events(args) => events::run(&address, args).await,
+        Command::Acl(args) => acl::run(&address, args).await,
     }
 }
 

@@ -26,6 +26,8 @@ pub struct AgentProcess {
     /// When set, the agent runs in this namespace, which outlives it: a kill -9 and a respawn
     /// see the same mounts.
     ns: Option<berth_testkit::MountNamespace>,
+    /// The ACL token [`client`](Self::client) sends, when set.
+    token: Option<berth_api::acl::SecretId>,
 }
 
 impl AgentProcess {
@@ -99,6 +101,7 @@ impl AgentProcess {
             extra: extra.iter().map(|s| s.to_string()).collect(),
             env: Vec::new(),
             ns,
+            token: None,
         };
         a.spawn();
         a
@@ -176,9 +179,18 @@ impl AgentProcess {
         self.data_dir.join("berth.sock")
     }
 
-    /// A client of its API.
+    /// A client of its API, with the token of [`set_token`](Self::set_token) if any.
     pub fn client(&self) -> Client {
-        Client::new(&format!("unix://{}", self.socket().display())).expect("client")
+        let client = Client::new(&format!("unix://{}", self.socket().display())).expect("client");
+        match &self.token {
+            Some(token) => client.with_token(token.clone()),
+            None => client,
+        }
+    }
+
+    /// The ACL token [`client`](Self::client) sends from now on (`None`: none).
+    pub fn set_token(&mut self, token: Option<berth_api::acl::SecretId>) {
+        self.token = token;
     }
 
     /// What it logged so far.
@@ -186,12 +198,12 @@ impl AgentProcess {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// Waits until the API answers (bounded).
+    /// Waits until the API answers (bounded); with ACLs on, a refusal is an answer.
     pub async fn wait_ready(&mut self) {
         let client = self.client();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         loop {
-            if client.plugins().await.is_ok() {
+            if let Ok(_) | Err(berth_api::ClientError::Api { .. }) = client.plugins().await {
                 return;
             }
             if let Some(status) = self
