@@ -331,3 +331,61 @@ async fn prefixes_single_dash_flags_and_alloc_stop_restart_signal() {
         tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_volume_create_shows_progress_and_ctrl_c_leaves_it_to_the_agent() {
+    use tokio::io::AsyncBufReadExt as _;
+    let agent =
+        AgentProcess::start_with_hostpath(PLUGIN, &["--fault", "CreateVolume:delay=4s"]).await;
+    let spec = write(
+        &agent,
+        "slow.hcl",
+        &format!(
+            "id = \"slow\"\nname = \"slow\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\n\
+             capacity_min = \"10MiB\"\n\
+             capability {{\n  access_mode = \"single-node-writer\"\n  attachment_mode = \"file-system\"\n}}\n"
+        ),
+    );
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+        .args(["--address", &format!("unix://{}", agent.socket().display())])
+        .args(["volume", "create", &spec])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("berth");
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("progress within 20 s")
+        .expect("read")
+        .expect("a line");
+    assert!(
+        first.contains("creating the volume: still waiting"),
+        "{first}"
+    );
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().expect("pid")).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
+    assert_eq!(status.code(), Some(130));
+    let mut rest = String::new();
+    while let Ok(Some(l)) = lines.next_line().await {
+        rest.push_str(&l);
+        rest.push('\n');
+    }
+    assert!(rest.contains("interrupted; the agent goes on"), "{rest}");
+    // The agent finished the create on its own.
+    let client = agent.client();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while client.volume("slow").await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the volume was not created"
+        );
+        tokio::time::sleep(berth_testkit::POLL_INTERVAL).await;
+    }
+}

@@ -284,14 +284,22 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
             Ok(())
         }
         VolumeCommand::Delete { id } => {
-            client.delete_volume(&id).await?;
+            super::watch::slow_call(
+                "deleting the volume",
+                "see `berth volume status`",
+                client.delete_volume(&id),
+            )
+            .await?;
             say!("Volume {} deleted", quoted(&id))?;
             Ok(())
         }
         VolumeCommand::Detach { id, node, json } => {
-            let answer = client
-                .detach_volume(&id, &DetachRequest { node_id: node })
-                .await?;
+            let answer = super::watch::slow_call(
+                "releasing the claims",
+                "see `berth volume status`",
+                client.detach_volume(&id, &DetachRequest { node_id: node }),
+            )
+            .await?;
             if json {
                 output::json(&answer)?;
             } else if answer.releases.is_empty() {
@@ -312,15 +320,18 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
                     UsageError("--capacity-max is smaller than --capacity-min".into()).into(),
                 );
             }
-            let answer = client
-                .expand_volume(
+            let answer = super::watch::slow_call(
+                "expanding the volume",
+                "see `berth volume status`",
+                client.expand_volume(
                     &id,
                     &ExpandRequest {
                         capacity_min,
                         capacity_max,
                     },
-                )
-                .await?;
+                ),
+            )
+            .await?;
             if json {
                 return output::json(&answer);
             }
@@ -379,10 +390,16 @@ async fn put(client: &Client, args: SpecArgs, done: &str) -> anyhow::Result<()> 
         format,
         file: Some(file),
     };
+    let after = "see `berth volume status`";
     let mut volume = if done == "created" {
-        client.create_volume(&req).await?
+        super::watch::slow_call("creating the volume", after, client.create_volume(&req)).await?
     } else {
-        client.register_volume(&req).await?
+        super::watch::slow_call(
+            "registering the volume",
+            after,
+            client.register_volume(&req),
+        )
+        .await?
     };
     // On stderr, so `--json` output stays one document.
     for w in &volume.warnings {
