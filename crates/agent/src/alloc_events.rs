@@ -61,11 +61,16 @@ impl AllocEvents {
     /// Publishes what `record` adds to the one written before it.
     pub fn written(&self, bus: &EventBus, record: &AllocRecord) {
         let now = Seen::of(record);
-        let before = self
-            .seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(record.alloc_id.clone(), now.clone());
+        // Held while publishing, so two writers of one alloc publish in the order of their
+        // records; a record older than one already seen (fewer events) adds nothing.
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen
+            .get(&record.alloc_id)
+            .is_some_and(|b| b.total > now.total)
+        {
+            return;
+        }
+        let before = seen.insert(record.alloc_id.clone(), now.clone());
         for (task, state) in &now.tasks {
             if before
                 .as_ref()
