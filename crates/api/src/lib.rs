@@ -32,6 +32,7 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//! | `GET /ui/`, `/ui/{file}` | the web UI (HTML, CSS, JS embedded in the binary); `/` and `/ui` redirect there |
 //!
 //! Every id in a path, a query or a body is checked before the agent is called (see
 //! [`server`]); bodies are at most [`server::MAX_BODY_BYTES`] (413 beyond) and must arrive

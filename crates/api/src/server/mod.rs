@@ -16,6 +16,7 @@ mod listen;
 mod routes;
 mod slots;
 mod stream_route;
+mod ui;
 mod volume_routes;
 
 use std::future::Future;
@@ -31,6 +32,7 @@ use crate::types::{ErrorBody, Event, InvalidField, NodeStatus, PluginStatus, Reg
 pub use body::{BODY_READ_TIMEOUT, MAX_BODY_BYTES};
 pub use listen::{DRAIN_TIMEOUT, HEAD_READ_TIMEOUT, Listeners, MAX_CONNECTIONS, ServeError, serve};
 pub use routes::router;
+pub use ui::{CONTENT_SECURITY_POLICY, UI_PATH};
 pub use volume_routes::SpecOp;
 
 use crate::volumes::{
