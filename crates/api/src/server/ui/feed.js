@@ -28,6 +28,8 @@ export class EventFeed {
     this.index = null;
     this.stopped = false;
     this.controller = null;
+    this.skipWait = false;
+    this.wake = null;
   }
 
   start() {
@@ -39,10 +41,11 @@ export class EventFeed {
     if (this.controller) this.controller.abort();
   }
 
-  /** Reconnects now (after the token changed). */
+  /** Reconnects now (after the token changed), without waiting out a backoff. */
   restart() {
-    if (this.controller) this.controller.abort();
     this.skipWait = true;
+    if (this.wake) this.wake();
+    else if (this.controller) this.controller.abort();
   }
 
   async run() {
@@ -83,13 +86,19 @@ export class EventFeed {
         reason = e && e.message ? e.message : String(e);
       }
       if (this.stopped) return;
+      if (!this.skipWait) {
+        this.h.onState('reconnecting', reason);
+        await new Promise((resolve) => {
+          this.wake = resolve;
+          setTimeout(resolve, delay);
+        });
+        this.wake = null;
+        delay = Math.min(delay * 2, MAX_DELAY_MS);
+      }
       if (this.skipWait) {
         this.skipWait = false;
-        continue;
+        delay = MIN_DELAY_MS;
       }
-      this.h.onState('reconnecting', reason);
-      await new Promise((resolve) => setTimeout(resolve, delay));
-      delay = Math.min(delay * 2, MAX_DELAY_MS);
     }
   }
 
