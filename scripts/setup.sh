@@ -4,7 +4,8 @@
 # berth-hostpath's image backing; curl for the README's API examples; protoc
 # (protobuf-compiler), which the etcd client crate needs to build; etcd (etcd-server), which
 # the fleet's tests and the README's fleet example run; podman and runc (the docker driver's
-# container engine and OCI runtime) and busybox-static (what the docker tests' images hold).
+# container engine and OCI runtime) and busybox-static (what the docker tests' images hold);
+# chromium and chromium-driver (chromedriver), the headless browser the web UI's tests drive.
 
 if [ "$(id -u)" != 0 ]; then
   echo "berth makes real mounts: run this as root" >&2
@@ -28,6 +29,8 @@ berth_install_missing() {
   berth_need runc || [ -x /usr/sbin/runc ] || missing+=(runc)
   [ -x /bin/busybox ] || missing+=(busybox-static)
   berth_need tar || missing+=(tar)
+  berth_need chromium || missing+=(chromium)
+  berth_need chromedriver || missing+=(chromium-driver)
   if [ "${#missing[@]}" -gt 0 ]; then
     mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
     echo "installing: ${missing[*]}" >&2

@@ -32,6 +32,7 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//! | `GET /ui/`, `/ui/{file}` | the web UI (HTML, CSS, JS embedded in the binary); `/` and `/ui` redirect there |
 //! | `POST /v1/acl/bootstrap` | the first management token, with its secret ([`acl::NewToken`]); 409 once done |
 //! | `GET /v1/acl/tokens` | [`acl::AclTokenList`] (no secrets) |
 //! | `POST /v1/acl/tokens` | body [`acl::TokenCreateRequest`] → [`acl::NewToken`] |

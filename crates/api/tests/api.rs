@@ -408,3 +408,24 @@ async fn a_bad_tcp_bind_leaves_no_socket_behind() {
     assert!(matches!(err, ServeError::BindTcp { .. }), "{err:?}");
     assert!(!socket.exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_from_another_sites_page_is_refused_before_anything_runs() {
+    use axum::body::Body;
+    use tower::ServiceExt as _;
+    let view = std::sync::Arc::new(fake::FakeAgent::new(16));
+    let router = berth_api::router(std::sync::Arc::clone(&view));
+    let send = |origin: Option<&str>| {
+        let mut req = axum::http::Request::post("/v1/jobs").header("host", "127.0.0.1:4646");
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        router.clone().oneshot(req.body(Body::from("{}")).unwrap())
+    };
+    let refused = send(Some("http://evil.example")).await.unwrap();
+    assert_eq!(refused.status(), 403);
+    let same = send(Some("http://127.0.0.1:4646")).await.unwrap();
+    assert_ne!(same.status(), 403);
+    let cli = send(None).await.unwrap();
+    assert_ne!(cli.status(), 403);
+}

@@ -8,12 +8,14 @@
 //! Real etcd clusters on 127.0.0.1 (Debian's `etcd-server`, etcd 3.4): [`EtcdCluster`].
 //! Container images built offline into a podman storage of a test's own: [`TestPodman`].
 //! A fake Consul agent's ACL API (login with a JWT, token/self, logout): [`FakeConsul`].
+//! A headless Chromium over WebDriver, for the web UI's tests: [`Browser`].
 //!
 //! Needs Linux, root, and util-linux's `unshare`, `nsenter` and `setpriv` on `PATH`.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod browser;
 mod consul;
 mod devnode;
 mod etcd;
@@ -28,6 +30,7 @@ use std::{
     time::Duration,
 };
 
+pub use browser::{BROWSER_SETUP_HINT, Browser, BrowserError, SeenRequest};
 pub use consul::{
     CONSUL_AUDIENCE, CONSUL_AUTH_METHOD, FakeConsul, FakeConsulConfig, IssuedToken, JwksSource,
     LoginOutcome, LoginRecord, LogoutRecord,

@@ -78,6 +78,8 @@ pub fn required_access(method: &Method, path: &str) -> Access {
     match segments.as_slice() {
         ["v1", "acl", "bootstrap"] if *method == Method::POST => Access::Public,
         ["ui", ..] if read && plain => Access::Public,
+        // `/` only redirects to `/ui/`.
+        [""] if read => Access::Public,
         [".well-known", "jwks.json"] if read => Access::Public,
         ["v1", "acl", "token", "self"] if read => Access::AnyToken,
         ["v1", "acl", ..] => Access::Management,

@@ -20,6 +20,7 @@ mod routes;
 mod slots;
 mod stream_route;
 mod tls;
+mod ui;
 mod volume_routes;
 
 use std::future::Future;
@@ -39,6 +40,7 @@ pub use listen::{
 };
 pub use routes::router;
 pub use tls::{ServerTls, TlsError};
+pub use ui::{CONTENT_SECURITY_POLICY, UI_PATH};
 pub use volume_routes::SpecOp;
 
 use crate::volumes::{

@@ -57,16 +57,19 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .merge(super::volume_routes::routes::<V>())
         .merge(super::job_routes::routes::<V>())
         .merge(super::acl::routes::<V>())
+        .merge(super::ui::routes())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `super::body`, which applies the same limit; this covers any
         // other extractor.
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        // Outermost: with ACLs on, no route (nor the fallbacks) runs without a token.
+        // With ACLs on, no route (nor the fallbacks) runs without a token.
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&view),
             super::acl::guard::<V>,
         ))
+        // Outermost: a browser's request from another site is refused before anything else.
+        .layer(axum::middleware::from_fn(same_origin))
         .with_state(view)
 }
 
@@ -239,4 +242,26 @@ async fn method_not_allowed(method: Method, uri: Uri) -> Response {
             berth_input::Shown(uri.path())
         ),
     )
+}
+
+/// Refuses (403) a request whose `Origin` is not the site it is sent to: a page of another
+/// site in a browser on the agent's machine cannot make the browser call the API (with ACLs
+/// off, that would run jobs). Requests without `Origin` (the CLI, curl) pass.
+async fn same_origin(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let headers = req.headers();
+    if let Some(origin) = headers.get(header::ORIGIN) {
+        let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+        let origin_host = origin.to_str().ok().and_then(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+        });
+        if host.is_none() || origin_host != host {
+            return error_response(
+                StatusCode::FORBIDDEN,
+                "a request from another site's page is refused (its Origin is not this agent)"
+                    .into(),
+            );
+        }
+    }
+    next.run(req).await
 }
