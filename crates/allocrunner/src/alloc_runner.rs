@@ -729,6 +729,7 @@ impl AllocRunner {
                 .unwrap_or_default(),
             servers_contacted: inner.deps.servers_contacted.clone(),
             kill_retry: inner.deps.config.kill_retry,
+            log_collector: inner.deps.log_collector.clone(),
         }
     }
 

@@ -31,6 +31,8 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//! | `GET /v1/client/fs/logs/{alloc_id}?task=&type=stdout\|stderr&origin=start\|end&offset=&follow=&lines=` | a task's log, raw bytes ([`LOGS_CONTENT_TYPE`]; see [`allocs::LogsRequest`]) |
+//! | `POST /v1/client/allocation/{alloc_id}/exec?task=&command=<JSON array>&tty=&cols=&rows=` | `101` upgrade to [`allocs::EXEC_PROTOCOL`] frames (see [`allocs`]) |
 //!
 //! Every id in a path, a query or a body is checked before the agent is called (see
 //! [`server`]); bodies are at most [`server::MAX_BODY_BYTES`] (413 beyond) and must arrive
@@ -42,6 +44,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod allocs;
 mod checks;
 pub mod client;
 pub mod jobs;
@@ -68,6 +71,9 @@ pub const DEFAULT_ADDRESS: &str = "unix:///var/lib/berth/berth.sock";
 
 /// `Content-Type` of `GET /v1/metrics` (Prometheus text exposition format).
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `Content-Type` of `GET /v1/client/fs/logs/{alloc_id}`: the task's own bytes.
+pub const LOGS_CONTENT_TYPE: &str = "application/octet-stream";
 
 /// `Content-Type` of `GET /v1/events`.
 pub const EVENTS_CONTENT_TYPE: &str = "application/x-ndjson";
