@@ -137,9 +137,7 @@ impl LogsRequest {
             None | Some("stdout") => LogType::Stdout,
             Some("stderr") => LogType::Stderr,
             Some(_) => {
-                return Err(bad(
-                    "query parameter `type` must be stdout or stderr".into(),
-                ));
+                return Err(bad("query parameter `type` must be stdout or stderr".into()));
             }
         };
         let origin = match q.get("origin").map(String::as_str) {
@@ -242,9 +240,8 @@ impl ExecRequest {
                     .into(),
             ));
         };
-        let command: Vec<String> = serde_json::from_str(text).map_err(|_| {
-            bad("query parameter `command` must be a JSON array of strings".into())
-        })?;
+        let command: Vec<String> = serde_json::from_str(text)
+            .map_err(|_| bad("query parameter `command` must be a JSON array of strings".into()))?;
         check_command(&command).map_err(|m| bad(format!("query parameter `command`: {m}")))?;
         let size = |name: &str| -> Result<Option<u16>, ApiError> {
             q.get(name)
@@ -474,7 +471,10 @@ mod tests {
         let frames = [
             Frame::Stdin(b"abc".to_vec()),
             Frame::CloseStdin,
-            Frame::Resize { cols: 120, rows: 40 },
+            Frame::Resize {
+                cols: 120,
+                rows: 40,
+            },
             Frame::Stdout(vec![0, 255, 10]),
             Frame::Stderr(Vec::new()),
             Frame::Exit(-3),
@@ -491,10 +491,22 @@ mod tests {
             let mut r = &bytes[..];
             Frame::read(&mut r).await.unwrap_err().kind()
         };
-        assert_eq!(refused(vec![0x7f, 0, 0, 0, 0]).await, io::ErrorKind::InvalidData);
-        assert_eq!(refused(vec![STDOUT, 0, 0, 0, 5, 1]).await, io::ErrorKind::InvalidData);
-        assert_eq!(refused(vec![STDOUT, 0, 0]).await, io::ErrorKind::InvalidData);
-        assert_eq!(refused(vec![EXIT, 0, 0, 0, 1, 1]).await, io::ErrorKind::InvalidData);
+        assert_eq!(
+            refused(vec![0x7f, 0, 0, 0, 0]).await,
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(
+            refused(vec![STDOUT, 0, 0, 0, 5, 1]).await,
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(
+            refused(vec![STDOUT, 0, 0]).await,
+            io::ErrorKind::InvalidData
+        );
+        assert_eq!(
+            refused(vec![EXIT, 0, 0, 0, 1, 1]).await,
+            io::ErrorKind::InvalidData
+        );
         assert_eq!(
             refused(vec![STDIN, 0, 2, 0, 1]).await,
             io::ErrorKind::InvalidData,
@@ -512,7 +524,12 @@ mod tests {
     fn log_queries_are_checked_by_parameter() {
         let ok = LogsRequest::from_query(
             "a".into(),
-            &q(&[("task", "web"), ("type", "stderr"), ("follow", "true"), ("lines", "5")]),
+            &q(&[
+                ("task", "web"),
+                ("type", "stderr"),
+                ("follow", "true"),
+                ("lines", "5"),
+            ]),
         )
         .unwrap();
         assert_eq!(ok.task.as_deref(), Some("web"));
@@ -549,7 +566,11 @@ mod tests {
     fn exec_queries_are_checked_by_parameter() {
         let ok = ExecRequest::from_query(
             "a".into(),
-            &q(&[("command", r#"["sh","-c","exit 3"]"#), ("tty", "true"), ("cols", "100")]),
+            &q(&[
+                ("command", r#"["sh","-c","exit 3"]"#),
+                ("tty", "true"),
+                ("cols", "100"),
+            ]),
         )
         .unwrap();
         assert_eq!(ok.command, ["sh", "-c", "exit 3"]);

@@ -2,6 +2,7 @@
 //! per call. Errors name the agent's address.
 
 mod address;
+mod allocs;
 mod events;
 mod jobs;
 mod volumes;
@@ -26,6 +27,8 @@ use tokio::{
 };
 
 pub use address::{Address, InvalidAddress};
+pub(crate) use allocs::encode_component;
+pub use allocs::{ExecFrames, ExecInput, ExecStream, LogBytes};
 pub use events::{EventStream, MAX_EVENT_LINE};
 
 use crate::types::{ErrorBody, NodeStatus, PluginList, PluginStatus, RegisterRequest};
@@ -188,6 +191,17 @@ pub enum ClientError {
         /// Why.
         #[source]
         source: hyper::http::Error,
+    },
+    /// A log or exec stream broke (or the exec route did not switch protocols).
+    #[error("the stream of {path} from the agent at {address} broke")]
+    Stream {
+        /// The agent's address.
+        address: String,
+        /// The request path.
+        path: String,
+        /// Why.
+        #[source]
+        source: io::Error,
     },
     /// The event stream broke its line format.
     #[error("the event stream from the agent at {address} is broken: {reason}")]

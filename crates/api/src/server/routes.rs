@@ -52,6 +52,7 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .route(crate::JWKS_PATH, get(jwks::<V>))
         .merge(super::volume_routes::routes::<V>())
         .merge(super::job_routes::routes::<V>())
+        .merge(super::alloc_routes::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `super::body`, which applies the same limit; this covers any
