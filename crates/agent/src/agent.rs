@@ -807,6 +807,20 @@ impl berth_api::JobView for Agent {
             .detached(move |_| async move { jobs.stop(&id).await })
             .await
     }
+
+    async fn alloc_logs(
+        &self,
+        req: berth_api::allocs::LogsRequest,
+    ) -> Result<berth_api::allocs::LogStream, ApiError> {
+        self.jobs.logs(req).await
+    }
+
+    async fn alloc_exec(
+        &self,
+        req: berth_api::allocs::ExecRequest,
+    ) -> Result<berth_api::allocs::ExecSession, ApiError> {
+        self.jobs.exec(req).await
+    }
 }
 
 impl berth_api::VolumeView for Agent {

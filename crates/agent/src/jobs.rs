@@ -27,6 +27,9 @@ use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
+mod alloc_exec;
+mod alloc_logs;
+
 use crate::{
     events::EventBus,
     manager::Manager,
@@ -249,6 +252,7 @@ impl Jobs {
             data_dir.join("allocs"),
         );
         deps.devices = Arc::new(crate::devices::AgentDeviceHost::new(Arc::clone(&devices)));
+        deps.log_collector = Some(berth_drivers::LogCollector::berth_subcommand());
         if let Some(f) = fleet {
             deps.servers_contacted = f.servers_contacted;
             deps.upstream = f.upstream;

@@ -2,6 +2,8 @@
 
 mod agent;
 mod alloc;
+mod alloc_exec;
+mod alloc_logs;
 mod api_client;
 mod csi;
 mod input;
@@ -16,6 +18,7 @@ use clap::{
     parser::ValueSource,
 };
 
+pub use alloc_exec::RemoteExit;
 use api_client::{AddressSource, AgentAddress};
 
 /// A usage mistake found after parsing (exit code 2).
@@ -45,12 +48,26 @@ pub fn parse() -> Cli {
 }
 
 /// Nomad's single-dash long flags that its users type (`berth job run -var k=v -var-file
-/// f.hcl`), rewritten to the double-dash form clap reads; nothing after `--` is touched.
+/// f.hcl`, `berth alloc logs -stderr -tail -task web ALLOC`), rewritten to the double-dash
+/// form clap reads. Nothing after `--` is touched, nor the command of `alloc exec` (what
+/// follows its ALLOC).
 fn nomad_style_flags(
     args: impl IntoIterator<Item = std::ffi::OsString>,
 ) -> Vec<std::ffi::OsString> {
+    // Flags that take their value as the next word (`alloc exec` must skip it to find ALLOC).
+    const WITH_VALUE: [&str; 5] = [
+        "-task",
+        "--task",
+        "--address",
+        "--log-level",
+        "--log-format",
+    ];
     let mut out = Vec::new();
     let mut rest = false;
+    let mut previous: Option<String> = None;
+    // After `alloc exec`: whether the next word is a flag's value.
+    let mut in_exec = false;
+    let mut value_next = false;
     for arg in args {
         if rest {
             out.push(arg);
@@ -65,14 +82,33 @@ fn nomad_style_flags(
             out.push(arg);
             continue;
         }
-        let rewritten = ["-var", "-var-file"].iter().find_map(|flag| {
-            if s == *flag {
-                Some(format!("-{s}"))
+        if in_exec && !s.starts_with('-') {
+            if value_next {
+                value_next = false;
             } else {
-                s.strip_prefix(&format!("{flag}="))
-                    .map(|v| format!("-{flag}={v}"))
+                // ALLOC: the command follows, as it is.
+                rest = true;
             }
-        });
+            out.push(arg);
+            continue;
+        }
+        if in_exec {
+            value_next = WITH_VALUE.contains(&s);
+        }
+        if s == "exec" && previous.as_deref() == Some("alloc") {
+            in_exec = true;
+        }
+        previous = Some(s.to_owned());
+        let rewritten = ["-var", "-var-file", "-stderr", "-tail", "-task"]
+            .iter()
+            .find_map(|flag| {
+                if s == *flag {
+                    Some(format!("-{s}"))
+                } else {
+                    s.strip_prefix(&format!("{flag}="))
+                        .map(|v| format!("-{flag}={v}"))
+                }
+            });
         out.push(rewritten.map_or(arg, Into::into));
     }
     out
@@ -174,8 +210,32 @@ enum Command {
     Volume(volume::VolumeArgs),
     /// Jobs: run, stop, status.
     Job(job::JobArgs),
-    /// Allocs: status with tasks, volumes and events.
+    /// Allocs: status with tasks, volumes and events; task logs; exec.
     Alloc(alloc::AllocArgs),
+    /// The log collector of a task's output stream, as the agent starts it (not for people).
+    #[command(hide = true)]
+    Logmon(LogmonArgs),
+}
+
+/// `berth logmon …`: its arguments go to the collector as they are.
+#[derive(Debug, Args)]
+pub struct LogmonArgs {
+    #[arg(
+        num_args = 0..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(std::ffi::OsString)
+    )]
+    args: Vec<std::ffi::OsString>,
+}
+
+/// The collector's arguments when the command is `berth logmon`: it runs without the async
+/// runtime, logging or the agent's config.
+pub fn logmon_args(cli: &Cli) -> Option<Vec<std::ffi::OsString>> {
+    match &cli.command {
+        Command::Logmon(a) => Some(a.args.clone()),
+        _ => None,
+    }
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -262,6 +322,13 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Volume(args) => volume::run(&address, args).await,
         Command::Job(args) => job::run(&address, args).await,
         Command::Alloc(args) => alloc::run(&address, args).await,
+        Command::Logmon(args) => {
+            // Normally taken before the runtime starts (see `logmon_args`).
+            match berth_drivers::logs::collector_main(args.args) {
+                code if code == std::process::ExitCode::SUCCESS => Ok(()),
+                _ => Err(anyhow::anyhow!("the log collector failed")),
+            }
+        }
     }
 }
 
