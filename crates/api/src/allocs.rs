@@ -8,7 +8,7 @@
 //! | kind | direction | payload |
 //! |---|---|---|
 //! | `0x00` stdin | client → agent | bytes for the command's input |
-//! | `0x01` stdin closed | client → agent | none: the input ends (`^D` on a terminal) |
+//! | `0x01` stdin closed | client → agent | none: the input ends (ignored with a terminal, which stays open) |
 //! | `0x02` resize | client → agent | columns, rows (two u16, big-endian) |
 //! | `0x10` stdout | agent → client | bytes of its output (a terminal's, with `tty`) |
 //! | `0x11` stderr | agent → client | bytes of its error output |

@@ -101,8 +101,8 @@ pub type ExecInput = Box<dyn AsyncWrite + Send + Unpin>;
 /// A command running inside a task: its input and outputs, and the process itself. Dropping
 /// it kills what the command left running.
 pub struct ExecSession {
-    /// Its standard input. Shutting it down closes it (on a terminal: sends end-of-file,
-    /// `^D`).
+    /// Its standard input. Shutting it down closes it (a terminal's stays open: it also
+    /// carries the output).
     pub stdin: ExecInput,
     /// Its standard output (on a terminal: the terminal's output).
     pub stdout: ExecOutput,
@@ -396,9 +396,10 @@ impl AsyncWrite for PtyInput {
         Pin::new(&mut self.0).poll_flush(cx)
     }
 
-    /// A terminal's input ends with `^D` (end of file for a reader in canonical mode).
+    /// A terminal's input is not closed (its master carries the output too): the end of the
+    /// client's input sends nothing, as with `docker exec -t`. A `^D` would reach a program
+    /// that set the terminal raw as a byte (podman does).
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(Pin::new(&mut self.0).poll_write(cx, &[0x04]))?;
         Pin::new(&mut self.0).poll_flush(cx)
     }
 }
