@@ -371,20 +371,54 @@ job "box" {{
         "the container's stderr"
     );
     let out = agent_support::berth(&agent, &["alloc", "logs", &alloc]).await;
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let all: String = (1..=12_000u32).map(|i| format!("line {i:094}\n")).collect();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), all, "both files, in order");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        all,
+        "both files, in order"
+    );
     assert!(logs.join("main.stdout.1").exists(), "rotated at 1 MiB");
 
     // `podman exec`: the container's root and environment, its exit code.
-    let out = agent_support::berth(&agent, &["alloc", "exec", &alloc, "sh", "-c", "ls /; exit 3"]).await;
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = agent_support::berth(
+        &agent,
+        &["alloc", "exec", &alloc, "sh", "-c", "ls /; exit 3"],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let listing = String::from_utf8_lossy(&out.stdout).into_owned();
     for want in ["alloc", "local", "secrets", "bin"] {
         assert!(listing.lines().any(|l| l == want), "{want} in {listing}");
     }
-    let out = agent_support::berth(&agent, &["alloc", "exec", "-t", &alloc, "sh", "-c", "test -t 1 && echo tty"]).await;
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "tty\r\n", "{}", String::from_utf8_lossy(&out.stderr));
+    let out = agent_support::berth(
+        &agent,
+        &[
+            "alloc",
+            "exec",
+            "-t",
+            &alloc,
+            "sh",
+            "-c",
+            "test -t 1 && echo tty",
+        ],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "tty\r\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     stop_and_wait(&agent, "box").await;
     assert!(podman.containers_in(agent.namespace()).is_empty());

@@ -335,6 +335,24 @@ async fn exec_runs_in_an_exec_tasks_root_with_its_exit_code_and_input() {
     assert_eq!(String::from_utf8_lossy(&out).trim(), "11 77");
     assert_eq!(code, 0);
 
+    // A resize reaches the command's terminal.
+    let mut resized = request(&["sh", "-c", "read line; stty size"]);
+    resized.tty = Some(TerminalSize { cols: 80, rows: 24 });
+    let mut session = driver.exec(&config.id, resized).await.unwrap();
+    session
+        .process
+        .resize(TerminalSize {
+            cols: 132,
+            rows: 50,
+        })
+        .unwrap();
+    let (out, _, code) = run(session, b"go\n").await;
+    assert!(
+        String::from_utf8_lossy(&out).ends_with("50 132\r\n"),
+        "{out:?}"
+    );
+    assert_eq!(code, 0);
+
     // A program the task does not have.
     let (_, err, code) = run(
         driver

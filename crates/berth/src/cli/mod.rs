@@ -399,6 +399,85 @@ mod tests {
     }
 
     #[test]
+    fn nomads_single_dash_flags_are_rewritten_but_never_an_exec_command() {
+        let rewrite = |args: &[&str]| -> Vec<String> {
+            nomad_style_flags(args.iter().map(std::ffi::OsString::from))
+                .into_iter()
+                .map(|a| a.into_string().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            rewrite(&[
+                "berth",
+                "alloc",
+                "logs",
+                "-stderr",
+                "-tail",
+                "-n",
+                "5",
+                "-task=web",
+                "a1"
+            ]),
+            [
+                "berth",
+                "alloc",
+                "logs",
+                "--stderr",
+                "--tail",
+                "-n",
+                "5",
+                "--task=web",
+                "a1"
+            ]
+        );
+        assert_eq!(
+            rewrite(&[
+                "berth", "alloc", "exec", "-task", "web", "a1", "grep", "-task", "-tail"
+            ]),
+            [
+                "berth", "alloc", "exec", "--task", "web", "a1", "grep", "-task", "-tail"
+            ]
+        );
+        assert_eq!(
+            rewrite(&[
+                "berth",
+                "--address",
+                "/s",
+                "alloc",
+                "exec",
+                "-t",
+                "a1",
+                "sh",
+                "-var",
+                "x"
+            ]),
+            [
+                "berth",
+                "--address",
+                "/s",
+                "alloc",
+                "exec",
+                "-t",
+                "a1",
+                "sh",
+                "-var",
+                "x"
+            ]
+        );
+        assert_eq!(
+            rewrite(&["berth", "job", "run", "-var", "a=b", "--", "-tail"]),
+            ["berth", "job", "run", "--var", "a=b", "--", "-tail"]
+        );
+        let cli = try_parse_from(rewrite(&[
+            "berth", "alloc", "exec", "-task", "web", "a1", "ls", "-la", "--task",
+        ]))
+        .expect("parses");
+        let Command::Alloc(_) = cli.command else {
+            panic!("an alloc command");
+        };
+    }
+
+    #[test]
     fn address_flag_is_refused_by_commands_that_do_not_reach_the_agent() {
         for args in [
             &["agent", "--address", "unix:///x.sock"][..],
