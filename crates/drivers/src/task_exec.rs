@@ -156,6 +156,11 @@ impl ExecProcess {
 
     /// `SIGKILL` to the command and everything in its process group.
     pub fn kill(&mut self) {
+        if self.pgid == 0 {
+            // Never group 0 (ours): a child without a pid was reaped already.
+            let _ = self.child.start_kill();
+            return;
+        }
         if self.reaped {
             self.kill_left();
         } else {
@@ -167,6 +172,9 @@ impl ExecProcess {
 
     /// Kills the group's members one by one (the leader is reaped: its id may be reused).
     fn kill_left(&self) {
+        if self.pgid == 0 {
+            return;
+        }
         for pid in procfs::group_members(self.pgid).unwrap_or_default() {
             let _ = kill(Pid::from_raw(pid as i32), Signal::SIGKILL);
         }

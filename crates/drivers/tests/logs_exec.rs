@@ -338,7 +338,7 @@ async fn exec_runs_in_an_exec_tasks_root_with_its_exit_code_and_input() {
     // A resize reaches the command's terminal.
     let mut resized = request(&["sh", "-c", "read line; stty size"]);
     resized.tty = Some(TerminalSize { cols: 80, rows: 24 });
-    let mut session = driver.exec(&config.id, resized).await.unwrap();
+    let session = driver.exec(&config.id, resized).await.unwrap();
     session
         .process
         .resize(TerminalSize {
