@@ -15,7 +15,7 @@ job "writer" {
 
       config {
         command = "/bin/sh"
-        # Its output goes to <data_dir>/allocs/<alloc>/logs/write.stdout (and .stderr).
+        # Its output: berth alloc logs <alloc> (files <data_dir>/allocs/<alloc>/logs/write.stdout.0…).
         args = ["-c", "echo hello > /data/hello.txt && echo wrote /data/hello.txt"]
       }
 

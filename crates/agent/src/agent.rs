@@ -912,6 +912,20 @@ impl berth_api::JobView for Agent {
     ) -> Result<berth_api::jobs::AllocActionResponse, ApiError> {
         self.jobs.signal_one(id, task, signal)
     }
+
+    async fn alloc_logs(
+        &self,
+        req: berth_api::allocs::LogsRequest,
+    ) -> Result<berth_api::allocs::LogStream, ApiError> {
+        self.jobs.logs(req).await
+    }
+
+    async fn alloc_exec(
+        &self,
+        req: berth_api::allocs::ExecRequest,
+    ) -> Result<berth_api::allocs::ExecSession, ApiError> {
+        self.jobs.exec(req).await
+    }
 }
 
 /// What an agent in a fleet answers for a call built for the embedded control plane only.

@@ -27,6 +27,8 @@ use berth_state::{Store, Table};
 use serde::{Deserialize, Serialize};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
+mod alloc_exec;
+mod alloc_logs;
 mod ops;
 
 use crate::{
@@ -270,6 +272,7 @@ impl Jobs {
             data_dir.join("allocs"),
         );
         deps.devices = Arc::new(crate::devices::AgentDeviceHost::new(Arc::clone(&devices)));
+        deps.log_collector = Some(berth_drivers::LogCollector::berth_subcommand());
         if let Some(f) = fleet {
             deps.servers_contacted = f.servers_contacted;
             deps.upstream = f.upstream;

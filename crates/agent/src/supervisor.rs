@@ -13,11 +13,18 @@ use nix::{sys::signal::Signal, unistd::Pid};
 use tokio::{process::Command, time::Instant};
 use tokio_util::sync::CancellationToken;
 
-use berth_sys::slot::{PluginSlot, open_private_append};
+use berth_drivers::{LogCollector, LogRotation, logs::CollectedLog};
+use berth_sys::slot::PluginSlot;
 
 use crate::{events::EventBus, volumes::CRASH_ENV};
 
 pub use berth_sys::slot::RestartPolicy;
+
+/// How a plugin's log is rotated: Nomad's defaults for a task, 10 files of 10 MiB.
+pub const PLUGIN_LOG_ROTATION: LogRotation = LogRotation {
+    max_files: 10,
+    max_file_size_mb: 10,
+};
 
 /// One plugin process under supervision.
 #[derive(Debug)]
@@ -32,8 +39,9 @@ pub struct Supervisor {
     pub env: BTreeMap<String, String>,
     /// The socket it must listen on (given as `CSI_ENDPOINT`).
     pub socket: PathBuf,
-    /// Where its stdout and stderr go (appended; mode 0600). Its pid file and lock file sit
-    /// beside it.
+    /// The base of its log: its stdout and stderr go, together, through a log collector into
+    /// `<log>.0`, `<log>.1`… (mode 0600, [`PLUGIN_LOG_ROTATION`]). Its pid file and lock file
+    /// sit beside it.
     pub log: PathBuf,
     /// Backoff and grace.
     pub policy: RestartPolicy,
@@ -127,6 +135,7 @@ impl Supervisor {
         crash.at(CLAIMED);
         let child = self
             .spawn(slot)
+            .await
             .map_err(|e| format!("cannot start {}: {e}", self.command.display()))?;
         // tokio forgets the pid only once it has reaped the child, which it has not yet.
         let pid = child
@@ -141,7 +150,7 @@ impl Supervisor {
         Ok((child, pid))
     }
 
-    fn spawn(&self, slot: &PluginSlot) -> std::io::Result<tokio::process::Child> {
+    async fn spawn(&self, slot: &PluginSlot) -> std::io::Result<tokio::process::Child> {
         if let Some(dir) = self.socket.parent() {
             berth_sys::create_private_dir(dir)?;
         }
@@ -151,7 +160,16 @@ impl Supervisor {
         {
             std::fs::remove_file(&self.socket)?;
         }
-        let log = open_private_append(&self.log)?;
+        // A collector of its own session writes the log: it outlives the agent, so a copy
+        // left running by a killed agent never writes into a FIFO without a reader.
+        let log = CollectedLog::start(
+            &LogCollector::berth_subcommand(),
+            PLUGIN_LOG_ROTATION,
+            &self.log,
+        )
+        .await
+        .map_err(std::io::Error::other)?
+        .file;
         Command::new(&self.command)
             .args(&self.args)
             .envs(&self.env)

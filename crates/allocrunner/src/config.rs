@@ -2,6 +2,7 @@
 
 use std::{fmt, path::PathBuf, sync::Arc, time::Duration};
 
+use berth_drivers::LogCollector;
 use rand::Rng as _;
 use tokio::sync::watch;
 
@@ -99,6 +100,11 @@ pub struct AllocDeps {
     pub servers_contacted: watch::Receiver<bool>,
     /// Options.
     pub config: RunnerConfig,
+    /// With it, a task's stdout and stderr go through log collectors that rotate them as its
+    /// `logs` block says (`logs/<task>.stdout.0`…); without it, they are appended to
+    /// `logs/<task>.stdout` and `.stderr`. Either way `logs { disabled = true }` throws them
+    /// away.
+    pub log_collector: Option<LogCollector>,
 }
 
 impl fmt::Debug for AllocDeps {
@@ -112,13 +118,14 @@ impl fmt::Debug for AllocDeps {
             .field("allocs_dir", &self.allocs_dir)
             .field("servers_contacted", &*self.servers_contacted.borrow())
             .field("config", &self.config)
+            .field("log_collector", &self.log_collector)
             .finish()
     }
 }
 
 impl AllocDeps {
-    /// Dependencies with no devices, no upstream allocs, the servers-contacted gate open, and
-    /// default options.
+    /// Dependencies with no devices, no upstream allocs, the servers-contacted gate open, no
+    /// log collector, and default options.
     pub fn new(
         drivers: Arc<dyn TaskDrivers>,
         volumes: Arc<dyn VolumeHost>,
@@ -135,6 +142,7 @@ impl AllocDeps {
             allocs_dir: allocs_dir.into(),
             servers_contacted,
             config: RunnerConfig::default(),
+            log_collector: None,
         }
     }
 }

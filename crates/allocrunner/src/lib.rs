@@ -11,7 +11,8 @@
 //!    jittered backoff; a failure fails the alloc), then the [`AllocHook`]s added for the
 //!    alloc (a failure fails the alloc);
 //! 2. a task runner per task: prestart hooks (`task_dir`: `<alloc dir>/<task>/` and
-//!    `<alloc dir>/logs/<task>.stdout|stderr`; `volume_mounts`: each `volume_mount` as a bind
+//!    `<alloc dir>/logs/<task>.stdout|stderr` (with a log collector
+//!    ([`AllocDeps::log_collector`]), the base of the rotated `<task>.stdout.0`…); `volume_mounts`: each `volume_mount` as a bind
 //!    mount of the volume's target, read-only when the mount or the volume is; `devices`: the
 //!    devices the task was assigned at placement, reserved through the [`DeviceHost`] at its
 //!    first start — the answer persisted before the start and reused for every later one —

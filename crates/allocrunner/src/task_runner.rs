@@ -8,8 +8,8 @@ use std::{
 };
 
 use berth_drivers::{
-    BindMount, Driver, DriverError, ExitResult, FsIsolation, PidMode, Propagation, Resources,
-    Signal, TaskConfig, TaskDirs, TaskEvent, TaskEventKind,
+    BindMount, Driver, DriverError, ExitResult, FsIsolation, LogCollector, LogRotation, PidMode,
+    Propagation, Resources, Signal, TaskConfig, TaskDirs, TaskEvent, TaskEventKind, TaskLogs,
 };
 use berth_job::{PropagationMode, RestartPolicy};
 use tokio::sync::{mpsc, watch};
@@ -88,6 +88,8 @@ pub(crate) struct TaskRunner {
     pub kill_retry: Backoff,
     /// Fired when the operator asks for a restart of the running task.
     pub restart_now: Arc<tokio::sync::Notify>,
+    /// The node's log collector (see [`crate::AllocDeps::log_collector`]).
+    pub log_collector: Option<LogCollector>,
 }
 
 impl TaskRunner {
@@ -309,6 +311,7 @@ impl TaskRunner {
             task_dir: ctx.task_dir.clone(),
             alloc_dir: shared_dir,
         });
+        config.logs = task_logs(&spec.logs, self.log_collector.as_ref());
         config.user = spec.user.clone();
         config.pid_mode = match spec.pid_mode {
             Some(berth_job::PidMode::Host) => PidMode::Host,
@@ -817,7 +820,26 @@ pub(crate) async fn forward_driver_events(
     }
 }
 
-/// `<alloc dir>/logs/<task>.stdout` and `.stderr`.
+/// Where a task's output goes: thrown away when its `logs` block disables it, rotated by the
+/// node's collector when there is one, else appended to its two files.
+fn task_logs(logs: &berth_job::LogConfig, collector: Option<&LogCollector>) -> TaskLogs {
+    if logs.disabled {
+        return TaskLogs::Discarded;
+    }
+    match collector {
+        Some(c) => TaskLogs::Rotated {
+            collector: c.clone(),
+            rotation: LogRotation {
+                max_files: logs.max_files,
+                max_file_size_mb: logs.max_file_size_mb,
+            },
+        },
+        None => TaskLogs::Files,
+    }
+}
+
+/// `<alloc dir>/logs/<task>.stdout` and `.stderr`: the files, or with a collector the base of
+/// the numbered files (`<task>.stdout.0`…).
 pub(crate) fn log_paths(alloc_dir: &Path, task: &str) -> (PathBuf, PathBuf) {
     let logs = alloc_dir.join("logs");
     (

@@ -32,6 +32,8 @@
 //! | `DELETE /v1/job/{id}` | stop → [`jobs::JobStatus`] |
 //! | `GET /v1/alloc/{id}` | [`jobs::AllocStatus`] |
 //! | `POST /v1/volume/csi/{id}/snapshot` | body [`volumes::SnapshotCreateRequest`] → [`volumes::SnapshotView`] |
+//! | `GET /v1/client/fs/logs/{alloc_id}?task=&type=stdout\|stderr&origin=start\|end&offset=&follow=&lines=` | a task's log, raw bytes ([`LOGS_CONTENT_TYPE`]; see [`allocs::LogsRequest`]) |
+//! | `POST /v1/client/allocation/{alloc_id}/exec?task=&command=<JSON array>&tty=&cols=&rows=` | `101` upgrade to [`allocs::EXEC_PROTOCOL`] frames (see [`allocs`]) |
 //! | `GET /ui/`, `/ui/{file}` | the web UI (HTML, CSS, JS embedded in the binary); `/` and `/ui` redirect there |
 //! | `POST /v1/acl/bootstrap` | the first management token, with its secret ([`acl::NewToken`]); 409 once done |
 //! | `GET /v1/acl/tokens` | [`acl::AclTokenList`] (no secrets) |
@@ -54,6 +56,7 @@
 #![warn(missing_docs)]
 
 pub mod acl;
+pub mod allocs;
 mod checks;
 pub mod client;
 pub mod jobs;
@@ -81,6 +84,9 @@ pub const DEFAULT_ADDRESS: &str = "unix:///var/lib/berth/berth.sock";
 
 /// `Content-Type` of `GET /v1/metrics` (Prometheus text exposition format).
 pub const METRICS_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// `Content-Type` of `GET /v1/client/fs/logs/{alloc_id}`: the task's own bytes.
+pub const LOGS_CONTENT_TYPE: &str = "application/octet-stream";
 
 /// `Content-Type` of `GET /v1/events`.
 pub const EVENTS_CONTENT_TYPE: &str = "application/x-ndjson";

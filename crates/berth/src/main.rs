@@ -6,6 +6,9 @@ use std::{io::Write as _, process::ExitCode};
 
 fn main() -> ExitCode {
     let args = cli::parse();
+    if let Some(collector) = cli::logmon_args(&args) {
+        return berth_drivers::logs::collector_main(collector);
+    }
     let prepared =
         match cli::prepare(&args).and_then(|p| cli::init_logging(&args.log, &p).map(|()| p)) {
             Ok(p) => p,
@@ -42,6 +45,10 @@ fn fail(err: &anyhow::Error) -> ExitCode {
     if let Some(i) = err.downcast_ref::<cli::Interrupted>() {
         let _ = writeln!(std::io::stderr(), "{i}");
         return ExitCode::from(130);
+    }
+    // `alloc exec`: the command's own exit code, which says all.
+    if let Some(cli::RemoteExit(code)) = err.downcast_ref::<cli::RemoteExit>() {
+        return ExitCode::from(*code);
     }
     let text = format!("{err:#}");
     // Nothing more can be done when standard error is gone too.

@@ -169,6 +169,16 @@ fn every_route(node: &str, instance: &str, accessor: &str) -> Vec<(&'static str,
             r#"{"signal":"SIGKILL"}"#.into(),
         ),
         ("GET", "/v1/event/stream?index=0".into(), none()),
+        (
+            "GET",
+            format!("/v1/client/fs/logs/{ALLOC}?task=t&type=stdout"),
+            none(),
+        ),
+        (
+            "POST",
+            format!("/v1/client/allocation/{ALLOC}/exec?task=t&command=%5B%22ls%22%5D"),
+            none(),
+        ),
         ("GET", "/v1/acl/tokens".into(), none()),
         (
             "POST",
@@ -180,7 +190,9 @@ fn every_route(node: &str, instance: &str, accessor: &str) -> Vec<(&'static str,
         ("GET", "/v1/no-such-route".into(), none()),
         ("POST", "/v1/no-such-route".into(), "{}".into()),
         ("PUT", "/v1/plugins".into(), "{}".into()),
-        ("GET", "/".into(), none()),
+        // `/` (a redirect to the UI) and `/ui/…` (static files) are public; a write to `/`
+        // is not.
+        ("POST", "/".into(), "{}".into()),
     ]
 }
 
@@ -316,6 +328,7 @@ async fn every_route_refuses_without_a_valid_token_and_the_refusal_changes_nothi
     for (method, path, body) in routes.iter().filter(|(m, _, _)| *m == "GET") {
         if path == "/v1/events"
             || path.starts_with("/v1/event/stream")
+            || path.starts_with("/v1/client/fs/logs")
             || path.starts_with("/v1/acl/tokens")
         {
             continue;

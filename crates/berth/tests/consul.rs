@@ -200,7 +200,7 @@ async fn a_sidecar_gets_its_service_token_keeps_it_across_a_kill_9_and_it_is_rev
     assert_eq!(std::fs::read_to_string(&file).unwrap(), secret);
     let mode = std::fs::metadata(&file).unwrap().permissions().mode();
     assert_eq!(mode & 0o7777, 0o440);
-    let stdout = dir.join("logs/proxy.stdout");
+    let stdout = dir.join("logs/proxy.stdout.0");
     berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
         std::fs::read_to_string(&stdout).is_ok_and(|o| o == format!("440\n{secret}\n"))
     });

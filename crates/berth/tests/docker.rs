@@ -330,3 +330,96 @@ async fn bad_docker_input_is_refused_and_starts_nothing() {
     );
     assert!(podman.containers_in(agent.namespace()).is_empty());
 }
+
+#[tokio::test]
+async fn a_containers_output_is_rotated_and_exec_runs_inside_it() {
+    let podman = images();
+    let agent = AgentProcess::start_in_namespace(&config(&podman, false)).await;
+    // 12,000 lines of 100 bytes (1.1 MiB) through podman's passthrough into the collector's
+    // FIFO; then it waits.
+    let job = format!(
+        r#"
+job "box" {{
+  group "g" {{
+    task "main" {{
+      driver = "docker"
+      config {{
+        image        = "{BUSYBOX_IMAGE}"
+        command      = "sh"
+        args         = ["-c", "i=1; while [ $i -le 12000 ]; do printf 'line %094d\\n' $i; i=$((i+1)); done; echo done >&2; exec sleep 600"]
+        network_mode = "none"
+        init         = true
+      }}
+      logs {{
+        max_files     = 2
+        max_file_size = 1
+      }}
+      kill_timeout = "2s"
+    }}
+  }}
+}}
+"#
+    );
+    run_job(&agent.client(), job).await.expect("job");
+    let alloc = wait_running(&agent, "box").await.alloc_id;
+    let logs = agent.data_dir.join("allocs").join(&alloc).join("logs");
+    berth_testkit::assert_eventually!(
+        Duration::from_secs(30),
+        || async {
+            std::fs::read_to_string(logs.join("main.stderr.0")).unwrap_or_default() == "done\n"
+        },
+        "the container's stderr"
+    );
+    let out = agent_support::berth(&agent, &["alloc", "logs", &alloc]).await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let all: String = (1..=12_000u32).map(|i| format!("line {i:094}\n")).collect();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        all,
+        "both files, in order"
+    );
+    assert!(logs.join("main.stdout.1").exists(), "rotated at 1 MiB");
+
+    // `podman exec`: the container's root and environment, its exit code.
+    let out = agent_support::berth(
+        &agent,
+        &["alloc", "exec", &alloc, "sh", "-c", "ls /; exit 3"],
+    )
+    .await;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    for want in ["alloc", "local", "secrets", "bin"] {
+        assert!(listing.lines().any(|l| l == want), "{want} in {listing}");
+    }
+    let out = agent_support::berth(
+        &agent,
+        &[
+            "alloc",
+            "exec",
+            "-t",
+            &alloc,
+            "sh",
+            "-c",
+            "test -t 1 && echo tty",
+        ],
+    )
+    .await;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "tty\r\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    stop_and_wait(&agent, "box").await;
+    assert!(podman.containers_in(agent.namespace()).is_empty());
+}

@@ -64,7 +64,8 @@ fn logs(agent: &AgentProcess) -> PathBuf {
 fn private_files(agent: &AgentProcess) -> Vec<PathBuf> {
     vec![
         agent.data_dir.join("state.redb"),
-        logs(agent).join(format!("plugin-{PLUGIN}.log")),
+        logs(agent).join(format!("plugin-{PLUGIN}.log.0")),
+        logs(agent).join(format!(".plugin-{PLUGIN}.log.lock")),
         logs(agent).join(format!("plugin-{PLUGIN}.pid")),
         logs(agent).join(format!("plugin-{PLUGIN}.lock")),
     ]
@@ -120,7 +121,7 @@ async fn wider_modes_found_at_start_are_narrowed() {
     wide(&agent.data_dir, 0o755);
     wide(&logs(&agent), 0o755);
     wide(&agent.data_dir.join("state.redb"), 0o644);
-    wide(&logs(&agent).join(format!("plugin-{PLUGIN}.log")), 0o644);
+    wide(&logs(&agent).join(format!("plugin-{PLUGIN}.log.0")), 0o644);
     wide(&logs(&agent).join(format!("plugin-{PLUGIN}.lock")), 0o666);
     // A pid file left by an agent that died, with a wide mode.
     std::fs::write(

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     error::DriverError,
     task::{ExitResult, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
+    task_exec::{ExecRequest, ExecSession},
 };
 
 /// The future returned by the async methods of [`Driver`]: boxed so that the trait stays
@@ -33,8 +34,7 @@ pub struct Capabilities {
     pub fs_isolation: FsIsolation,
     /// Whether [`Driver::signal`] works.
     pub send_signals: bool,
-    /// Whether a command can be run inside a running task (`alloc exec`); neither built-in
-    /// driver can yet.
+    /// Whether [`Driver::exec`] runs a command inside a running task (`alloc exec`).
     pub exec: bool,
     /// Whether [`TaskConfig::mounts`] is honoured.
     pub bind_mounts: bool,
@@ -153,6 +153,26 @@ pub trait Driver: Send + Sync + fmt::Debug {
     /// The recovered process is not the agent's child: its exit is seen but its exit status
     /// is not ([`ExitResult::UNKNOWN`]).
     fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>>;
+
+    /// Runs a command inside the running task (`alloc exec`): as the task's user, with its
+    /// environment, in what it sees of the machine (its root, namespaces and cgroup, as far
+    /// as the driver isolates it). Refused with `NotRunning` once the task has exited; the
+    /// default refuses with `Unsupported`. The command is not part of the task: nothing of
+    /// it is recovered by a later agent, and dropping the session kills it.
+    fn exec<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        request: ExecRequest,
+    ) -> DriverFuture<'a, Result<ExecSession, DriverError>> {
+        let _ = request;
+        Box::pin(async move {
+            Err(DriverError::Unsupported {
+                task_id: task_id.clone(),
+                driver: self.name().to_owned(),
+                what: "running a command inside a task (exec)",
+            })
+        })
+    }
 
     /// Stops supervising: background waiters end, pending `wait`s fail with `ShutDown`.
     /// Tasks keep running (they are recovered by the next agent). Call before dropping.

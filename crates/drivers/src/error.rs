@@ -79,6 +79,16 @@ pub enum DriverError {
         #[source]
         source: io::Error,
     },
+    /// The task's output could not be made ready (a log collector that would not start).
+    #[error("task {task_id}: output {}: {message}", path.display())]
+    Logs {
+        /// The task.
+        task_id: TaskId,
+        /// The stream's base path.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// The process could not be spawned.
     #[error("task {task_id}: spawning {program}")]
     Spawn {

@@ -20,12 +20,14 @@ use crate::{
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::EventSink,
+    logs::prepare_outputs,
     procfs,
-    supervisor::{Isolation, ProcessConfig, Supervisor, prepare_files, task_env},
+    supervisor::{Isolation, ProcessConfig, Supervisor, task_env},
     task::{
         ExitResult, PidMode, Propagation, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus,
         normalized,
     },
+    task_exec::{ExecRequest, ExecSession},
 };
 
 /// The driver's name.
@@ -505,7 +507,9 @@ impl ExecDriver {
             });
         }
         let reservation = self.sup.reserve(&config.id)?;
-        prepare_files(&config, false)?;
+        // Held until the set-up has opened the output paths itself (a FIFO's collector then
+        // sees the stream end only once the task's own ends close).
+        let outputs = prepare_outputs(&config, false).await?;
 
         // Kills and removes what is made from here on if the start does not complete.
         let mut abandon = Abandon {
@@ -623,8 +627,8 @@ impl ExecDriver {
         cmd.arg("--")
             .arg(&host.sh)
             .args(["-c", SETUP_SCRIPT, "berth-exec"])
-            .arg(&config.stdout_path)
-            .arg(&config.stderr_path)
+            .arg(&outputs.stdout.path)
+            .arg(&outputs.stderr.path)
             .arg(
                 abandon
                     .isolation
@@ -751,7 +755,9 @@ impl ExecDriver {
         }
         let isolation = abandon.disarm();
         let notes = notes.into_iter().map(|(_, note)| note).collect();
-        reservation.commit_child(child, isolation, notes).await
+        reservation
+            .commit_child(child, isolation, notes, outputs.rotated)
+            .await
     }
 }
 
@@ -912,7 +918,7 @@ impl Driver for ExecDriver {
         Capabilities {
             fs_isolation: FsIsolation::Chroot,
             send_signals: true,
-            exec: false,
+            exec: true,
             bind_mounts: true,
             resource_limits: true,
             device_nodes: true,
@@ -972,12 +978,124 @@ impl Driver for ExecDriver {
                 },
                 Err(_) => None,
             };
-            self.sup.recover(handle, devices)
+            let logs = handle.logs.clone();
+            let id = handle.task_id.clone();
+            self.sup.recover(handle, devices)?;
+            self.sup.ensure_collectors(&id, logs.as_ref()).await;
+            Ok(())
         })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        request: ExecRequest,
+    ) -> DriverFuture<'a, Result<ExecSession, DriverError>> {
+        Box::pin(self.exec_in(task_id, request))
     }
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {
         Box::pin(self.sup.shutdown())
+    }
+}
+
+/// Runs on the host as `sh -c EXEC_SCRIPT berth-exec <cgroup.procs or ""> <devices
+/// cgroup.procs or ""> <nsenter> <args>…`: joins the task's cgroups, then becomes `nsenter`,
+/// which enters the task's namespaces and root.
+const EXEC_SCRIPT: &str = r#"
+for procs in "$1" "$2"; do
+  if [ -n "$procs" ]; then
+    printf '%s
+' "$$" >"$procs" || { printf 'berth exec: cannot join %s
+' "$procs" >&2; exit 126; }
+  fi
+done
+shift 2
+exec "$@"
+"#;
+
+impl ExecDriver {
+    /// `alloc exec` into a task: as its user, with its environment, in its working directory,
+    /// through `nsenter` into the mount, PID, IPC, UTS and network namespaces and the root of
+    /// its oldest process that runs in its root, after joining its cgroups.
+    async fn exec_in(&self, id: &TaskId, request: ExecRequest) -> Result<ExecSession, DriverError> {
+        request
+            .validate()
+            .map_err(|reason| DriverError::InvalidConfig {
+                task_id: id.clone(),
+                field: "exec".into(),
+                reason,
+            })?;
+        let host = self
+            .host()
+            .await
+            .map_err(|reason| DriverError::DriverUnhealthy {
+                task_id: id.clone(),
+                driver: EXEC.into(),
+                reason,
+            })?;
+        let target = self.sup.exec_target(id)?;
+        let ours = std::fs::read_link("/proc/self/root").unwrap_or_else(|_| "/".into());
+        // The command's process (or one it started): its root is the task's. The set-up
+        // shell around it stays in the host's root.
+        let inside = target
+            .pids
+            .iter()
+            .filter_map(|&pid| {
+                let view = crate::task_exec::ProcessView::read(pid).ok()?;
+                let start = procfs::read_stat(pid).ok()??.start_ticks;
+                (view.root != ours).then_some((start, pid, view))
+            })
+            .min_by_key(|(start, pid, _)| (*start, *pid));
+        let Some((_, pid, view)) = inside else {
+            return Err(DriverError::NotRunning {
+                task_id: id.clone(),
+                pid: target.pid,
+            });
+        };
+        let nsenter = procfs::find_program("nsenter").ok_or_else(|| DriverError::Setup {
+            task_id: id.clone(),
+            message: "exec needs util-linux's nsenter, which is not in PATH".into(),
+        })?;
+        let procs = |i: usize| -> std::ffi::OsString {
+            target
+                .cgroup_procs
+                .get(i)
+                .map(|p| p.clone().into_os_string())
+                .unwrap_or_default()
+        };
+        let mut args: Vec<std::ffi::OsString> =
+            vec!["-c".into(), EXEC_SCRIPT.into(), "berth-exec".into()];
+        args.push(procs(0));
+        args.push(procs(1));
+        args.push(nsenter.into_os_string());
+        for a in [
+            "--target".to_owned(),
+            pid.to_string(),
+            "--mount".into(),
+            "--uts".into(),
+            "--ipc".into(),
+            "--net".into(),
+            "--pid".into(),
+            "--root".into(),
+            "--wd".into(),
+            "--setuid".into(),
+            view.uid.to_string(),
+            "--setgid".into(),
+            view.gid.to_string(),
+            "--".into(),
+        ] {
+            args.push(a.into());
+        }
+        args.extend(request.command.iter().map(Into::into));
+        let cmd = crate::task_exec::ExecCommand {
+            program: host.sh.clone(),
+            args,
+            env: view.env,
+            cwd: "/".into(),
+            user: None,
+        };
+        crate::task_exec::spawn_exec(id, cmd, request.tty)
     }
 }
 

@@ -18,6 +18,14 @@
 //! `bind_mounts` or `device_nodes` refuses a task that asks for them (`raw_exec` runs a plain
 //! host process, with neither).
 //!
+//! [`Driver::exec`] runs a command inside a running task ([`ExecRequest`], [`ExecSession`]):
+//! `exec` enters its namespaces, root and cgroup, `docker` runs `podman exec`, `raw_exec` runs
+//! a plain process in the task's working directory, each as the task's user with its
+//! environment.
+//!
+//! A task's output goes where its [`TaskLogs`] say: two files, nowhere, or through log
+//! collectors ([`logs`]) that rotate it into numbered files and outlive the agent.
+//!
 //! Tasks survive the agent: a [`TaskHandle`] (pid, process start time, boot id) is what the
 //! agent persists, and [`Driver::recover`] re-attaches a new driver instance to the running
 //! process. A recovered process is not the agent's child, so its exit is seen (through a
@@ -33,6 +41,7 @@ mod driver;
 mod error;
 mod event;
 mod exec;
+pub mod logs;
 mod manager;
 mod procfs;
 mod raw_exec;
@@ -40,6 +49,7 @@ mod root;
 mod router;
 mod supervisor;
 mod task;
+mod task_exec;
 
 pub use cgroup::CgroupSetting;
 pub use devices::DevicesCgroupSetting;
@@ -50,6 +60,7 @@ pub use driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, H
 pub use error::DriverError;
 pub use event::{EventSink, TaskEvent, TaskEventKind};
 pub use exec::{DEFAULT_CHROOT_ENV, EXEC, ExecConfig, ExecDriver};
+pub use logs::{LogCollector, LogRotation, RotatedOutput, TaskLogs};
 pub use manager::{DriverManager, DriverManagerBuilder, DuplicateDriver, ManagerConfig};
 /// Signals, as taken by [`Driver::stop`] and [`Driver::signal`].
 pub use nix::sys::signal::Signal;
@@ -58,4 +69,8 @@ pub use supervisor::ProcessConfig;
 pub use task::{
     BindMount, ExitResult, HANDLE_VERSION, PidMode, Propagation, Resources, TaskConfig, TaskDevice,
     TaskDirs, TaskHandle, TaskId, TaskState, TaskStats, TaskStatus,
+};
+pub use task_exec::{
+    ExecInput, ExecOutput, ExecProcess, ExecRequest, ExecSession, MAX_EXEC_ARG_BYTES,
+    MAX_EXEC_ARGS, Resizer, TerminalSize,
 };

@@ -2,15 +2,20 @@
 
 use std::{process::Stdio, time::Duration};
 
-use nix::sys::signal::Signal;
+use nix::{
+    sys::signal::Signal,
+    unistd::{getegid, geteuid},
+};
 use tokio::process::Command;
 
 use crate::{
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::EventSink,
-    supervisor::{Isolation, ProcessConfig, Supervisor, prepare_files, task_env},
+    logs::prepare_outputs,
+    supervisor::{Isolation, ProcessConfig, Supervisor, task_env},
     task::{ExitResult, TaskConfig, TaskHandle, TaskId, TaskStats, TaskStatus},
+    task_exec::{ExecCommand, ExecRequest, ExecSession, ProcessView, spawn_exec},
 };
 
 /// The driver's name.
@@ -18,7 +23,8 @@ pub const RAW_EXEC: &str = "raw_exec";
 
 /// Runs a task as a plain process of the host, as the agent's user, in its own process group
 /// (so signals to the agent's group never reach it, and stop reaches all of the task's
-/// processes), with stdin from `/dev/null` and stdout/stderr appended to the task's log files.
+/// processes), with stdin from `/dev/null` and stdout/stderr going where its
+/// [`TaskLogs`](crate::TaskLogs) say.
 ///
 /// The environment is exactly the task's `env` plus the agent's `PATH` if `env` has none:
 /// unlike Nomad, the agent's own environment (which may hold credentials) is not passed on.
@@ -70,7 +76,7 @@ impl RawExecDriver {
                 None => None,
             };
         let reservation = self.sup.reserve(&config.id)?;
-        let (stdout, stderr) = prepare_files(&config, true)?;
+        let outputs = prepare_outputs(&config, true).await?;
         let mut cmd = Command::new(&config.command);
         if let Some(who) = who {
             cmd.uid(who.uid).gid(who.gid);
@@ -80,8 +86,8 @@ impl RawExecDriver {
             .envs(task_env(&config, self.sup.process_config()))
             .current_dir(&config.dir)
             .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
+            .stdout(outputs.stdout.file)
+            .stderr(outputs.stderr.file)
             .process_group(0)
             .kill_on_drop(false);
         let child = cmd.spawn().map_err(|source| DriverError::Spawn {
@@ -90,7 +96,7 @@ impl RawExecDriver {
             source,
         })?;
         reservation
-            .commit_child(child, Isolation::default(), Vec::new())
+            .commit_child(child, Isolation::default(), Vec::new(), outputs.rotated)
             .await
     }
 }
@@ -104,7 +110,7 @@ impl Driver for RawExecDriver {
         Capabilities {
             fs_isolation: FsIsolation::None,
             send_signals: true,
-            exec: false,
+            exec: true,
             bind_mounts: false,
             resource_limits: false,
             device_nodes: false,
@@ -160,7 +166,47 @@ impl Driver for RawExecDriver {
     }
 
     fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>> {
-        Box::pin(async move { self.sup.recover(handle, None) })
+        Box::pin(async move {
+            let logs = handle.logs.clone();
+            let id = handle.task_id.clone();
+            self.sup.recover(handle, None)?;
+            self.sup.ensure_collectors(&id, logs.as_ref()).await;
+            Ok(())
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        request: ExecRequest,
+    ) -> DriverFuture<'a, Result<ExecSession, DriverError>> {
+        Box::pin(async move {
+            request
+                .validate()
+                .map_err(|reason| DriverError::InvalidConfig {
+                    task_id: task_id.clone(),
+                    field: "exec".into(),
+                    reason,
+                })?;
+            let target = self.sup.exec_target(task_id)?;
+            let view = ProcessView::read(target.pid).map_err(|source| DriverError::Proc {
+                task_id: task_id.clone(),
+                pid: target.pid,
+                source,
+            })?;
+            let (uid, gid) = (geteuid().as_raw(), getegid().as_raw());
+            let user = (view.uid != uid || view.gid != gid).then_some((view.uid, view.gid));
+            let mut command = request.command.into_iter();
+            let program = command.next().unwrap_or_default();
+            let cmd = ExecCommand {
+                program: program.into(),
+                args: command.map(Into::into).collect(),
+                env: view.env,
+                cwd: view.cwd,
+                user,
+            };
+            spawn_exec(task_id, cmd, request.tty)
+        })
     }
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {

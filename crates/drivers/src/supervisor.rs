@@ -3,13 +3,8 @@
 
 use std::{
     collections::{BTreeMap, HashMap},
-    fs::{self, File, OpenOptions},
     io,
-    os::{
-        fd::OwnedFd,
-        unix::{fs::OpenOptionsExt as _, process::ExitStatusExt as _},
-    },
-    path::Path,
+    os::{fd::OwnedFd, unix::process::ExitStatusExt as _},
     sync::{Arc, Mutex, MutexGuard},
     time::{Duration, SystemTime},
 };
@@ -27,6 +22,7 @@ use crate::{
     cgroup::{CgroupKind, TaskCgroup, empty_within},
     error::DriverError,
     event::{EventSink, TaskEvent, TaskEventKind},
+    logs::RotatedOutput,
     procfs,
     task::{
         ExitResult, HANDLE_VERSION, TaskConfig, TaskHandle, TaskId, TaskState, TaskStats,
@@ -108,6 +104,17 @@ impl TaskEntry {
     }
 }
 
+/// A running task, as an exec into it needs it.
+#[derive(Debug, Clone)]
+pub(crate) struct ExecTarget {
+    /// Its main process.
+    pub pid: u32,
+    /// Its processes.
+    pub pids: Vec<u32>,
+    /// The `cgroup.procs` files of its cgroups (to join).
+    pub cgroup_procs: Vec<std::path::PathBuf>,
+}
+
 /// The cgroups a task was put in; the supervisor kills through them and removes them when the
 /// task is destroyed.
 #[derive(Debug, Default)]
@@ -159,12 +166,16 @@ impl Reservation<'_> {
         mut child: Child,
         isolation: Isolation,
         notes: Vec<String>,
+        logs: Option<RotatedOutput>,
     ) -> Result<TaskHandle, DriverError> {
         let sup = self.sup;
         let id = self.id.clone();
         let described = describe_child(sup.driver, &id, &child, isolation.cgroup.as_ref());
         let (handle, pidfd) = match described {
-            Ok(v) => v,
+            Ok((mut handle, pidfd)) => {
+                handle.logs = logs;
+                (handle, pidfd)
+            }
             Err(e) => {
                 if let Some(pid) = child.id() {
                     let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
@@ -253,6 +264,7 @@ fn describe_child(
             started_at: SystemTime::now(),
             cgroup: cgroup.map(|c| c.dir.clone()),
             container_id: None,
+            logs: None,
         },
         pidfd,
     ))
@@ -598,6 +610,38 @@ impl Supervisor {
         Ok(stats)
     }
 
+    /// What an exec into task `id` needs: its handle, the pids of its processes (its cgroup's,
+    /// or its process group's), and the `cgroup.procs` files of its cgroups. Refused with
+    /// `NotRunning` once its main process has exited.
+    pub fn exec_target(&self, id: &TaskId) -> Result<ExecTarget, DriverError> {
+        let entry = self.get(id)?;
+        let not_running = || DriverError::NotRunning {
+            task_id: id.clone(),
+            pid: entry.pid(),
+        };
+        if entry.exit().is_some() || !entry.identity_holds() {
+            return Err(not_running());
+        }
+        let proc_err = |source| DriverError::Proc {
+            task_id: id.clone(),
+            pid: entry.pid(),
+            source,
+        };
+        let pids = match &entry.isolation.cgroup {
+            Some(cg) => cg.pids().map_err(proc_err)?,
+            None => procfs::group_members(entry.pid()).map_err(proc_err)?,
+        };
+        Ok(ExecTarget {
+            pid: entry.pid(),
+            pids,
+            cgroup_procs: entry
+                .isolation
+                .cgroups()
+                .map(TaskCgroup::procs_file)
+                .collect(),
+        })
+    }
+
     /// Re-attaches to the process of `handle` (see `Driver::recover`); `devices` is the task's
     /// devices cgroup, when it has one (it is not in the handle: the driver derives it from the
     /// task id).
@@ -701,6 +745,18 @@ impl Supervisor {
         Ok(())
     }
 
+    /// For a task just recovered: restarts the log collectors of its rotated output that are
+    /// gone; what could not be done is a `Note` event (the task runs on).
+    pub async fn ensure_collectors(&self, id: &TaskId, logs: Option<&RotatedOutput>) {
+        let Some(logs) = logs else {
+            return;
+        };
+        for problem in crate::logs::ensure_collectors(logs).await {
+            tracing::warn!(task_id = %id, "{problem}");
+            self.emit(id, TaskEventKind::Note, problem);
+        }
+    }
+
     /// Ends the background watchers and waits for them. Tasks keep running.
     pub async fn shutdown(&self) {
         self.cancel.cancel();
@@ -749,38 +805,4 @@ pub(crate) fn task_env(config: &TaskConfig, process: &ProcessConfig) -> BTreeMap
         env.insert("PATH".into(), path);
     }
     env
-}
-
-/// Creates the working directory (with `make_dir`: it is a host path) and the log files
-/// (appended to; mode 0640 when created).
-pub(crate) fn prepare_files(
-    config: &TaskConfig,
-    make_dir: bool,
-) -> Result<(File, File), DriverError> {
-    let io_err = |what, path: &Path| {
-        let path = path.to_path_buf();
-        let task_id = config.id.clone();
-        move |source| DriverError::Io {
-            task_id,
-            what,
-            path,
-            source,
-        }
-    };
-    if make_dir {
-        fs::create_dir_all(&config.dir)
-            .map_err(io_err("creating the working directory", &config.dir))?;
-    }
-    let open = |path: &Path| -> Result<File, DriverError> {
-        if let Some(parent) = path.parent() {
-            fs::create_dir_all(parent).map_err(io_err("creating the log directory", parent))?;
-        }
-        OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(0o640)
-            .open(path)
-            .map_err(io_err("opening the log file", path))
-    };
-    Ok((open(&config.stdout_path)?, open(&config.stderr_path)?))
 }

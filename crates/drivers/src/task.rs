@@ -11,7 +11,10 @@ use std::{
 use berth_sys::{InvalidId, validate_path_segment};
 use serde::{Deserialize, Serialize};
 
-use crate::error::DriverError;
+use crate::{
+    error::DriverError,
+    logs::{RotatedOutput, TaskLogs},
+};
 
 /// The version of [`TaskHandle`] records written by this build.
 pub const HANDLE_VERSION: u32 = 1;
@@ -210,6 +213,10 @@ pub struct TaskConfig {
     /// image's `PATH` stays unless `env` sets one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<crate::docker::ContainerConfig>,
+    /// Where its output goes: with [`TaskLogs::Rotated`], `stdout_path` and `stderr_path` are
+    /// the base paths of the numbered files.
+    #[serde(default)]
+    pub logs: TaskLogs,
 }
 
 /// Where a task's directories are on the host.
@@ -257,6 +264,7 @@ impl TaskConfig {
             pid_mode: PidMode::default(),
             privileged: false,
             container: None,
+            logs: TaskLogs::Files,
         }
     }
 
@@ -322,6 +330,17 @@ impl TaskConfig {
         }
         self.validate_devices()
             .map_err(|(field, reason)| bad(field, reason))?;
+        if let TaskLogs::Rotated { rotation, .. } = &self.logs {
+            if rotation.max_files == 0 {
+                return Err(bad("logs.max_files".into(), "must be at least 1".into()));
+            }
+            if rotation.max_file_size_mb == 0 {
+                return Err(bad(
+                    "logs.max_file_size".into(),
+                    "must be at least 1 (MiB)".into(),
+                ));
+            }
+        }
         if self.resources.memory_max_bytes == Some(0) {
             return Err(bad(
                 "resources.memory_max_bytes".into(),
@@ -446,6 +465,9 @@ pub struct TaskHandle {
     /// The container's id (`docker` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_id: Option<String>,
+    /// Its rotated output, when it has some: what a recovery needs to restart a collector.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logs: Option<RotatedOutput>,
 }
 
 /// How a task's main process ended.

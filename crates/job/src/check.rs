@@ -939,6 +939,36 @@ fn restart(cx: &Cx<'_>, base: RestartPolicy, mut r: Fields) -> Res<RestartPolicy
     Ok(p)
 }
 
+/// A task's `logs` block, as Nomad reads it: `max_files` and `max_file_size` (MiB) at least 1,
+/// `disabled`, or Nomad's older `enabled` (its opposite; both given must agree).
+fn logs(cx: &Cx<'_>, mut l: Fields) -> Res<LogConfig> {
+    l.deny_unknown(cx, &["max_files", "max_file_size", "disabled", "enabled"])?;
+    let mut c = LogConfig::default();
+    if let Some(n) = l.number(cx, "max_files", 1, u32::MAX)? {
+        c.max_files = n;
+    }
+    // A file's size is kept in bytes as a u64 by the collector: any u32 of MiB fits.
+    if let Some(n) = l.number(cx, "max_file_size", 1, u32::MAX)? {
+        c.max_file_size_mb = n;
+    }
+    let disabled = l.bool(cx, "disabled")?;
+    let line = l.line_of("enabled");
+    let enabled = l.bool(cx, "enabled")?;
+    c.disabled = match (disabled, enabled) {
+        (Some(d), Some(e)) if d == e => {
+            return Err(cx.err(
+                &l.path.key("enabled"),
+                line,
+                format!("enabled = {e} contradicts disabled = {d}: give only disabled"),
+            ));
+        }
+        (Some(d), _) => d,
+        (None, Some(e)) => !e,
+        (None, None) => false,
+    };
+    Ok(c)
+}
+
 fn task(
     cx: &Cx<'_>,
     volumes: &BTreeMap<String, VolumeRequest>,
@@ -984,6 +1014,7 @@ fn task(
             "meta",
             "kind",
             "identity",
+            "logs",
         ],
     )?;
     let meta = meta(cx, &mut t, group_meta)?;
@@ -1156,6 +1187,10 @@ fn task(
         Some(r) => restart(cx, group_restart, r)?,
         None => group_restart,
     };
+    let logs = match t.block(cx, "logs")? {
+        Some(l) => logs(cx, l)?,
+        None => LogConfig::default(),
+    };
     let csi_plugin = t
         .block(cx, "csi_plugin")?
         .map(|c| plugin(cx, c))
@@ -1181,6 +1216,7 @@ fn task(
         kind,
         identities,
         docker: docker_task,
+        logs,
     };
     references(cx, &p, &spec);
     Ok(spec)

@@ -51,7 +51,9 @@
 //!   }`; `task "<name>"` blocks;
 //! - in a task: `driver`, `config { command, args }` (more for `docker`, below), `env`, `volume_mount { volume,
 //!   destination, read_only }` blocks, `resources { cpu, memory }` (MHz and MB, default 100
-//!   and 300), `kill_timeout` (default 5s), `restart` and `csi_plugin { id, type, mount_dir,
+//!   and 300), `kill_timeout` (default 5s), `restart`, `logs { max_files, max_file_size,
+//!   disabled }` ([`LogConfig`]: 10 files of 10 MiB per stream by default; Nomad's older
+//!   `enabled` is read too) and `csi_plugin { id, type, mount_dir,
 //!   stage_publish_base_dir, health_timeout }` (defaults `/csi`, `/local/csi`, 30s), `kind`
 //!   ([`TaskKind`]: `connect-proxy:<service>`, `connect-native:<service>`,
 //!   `connect-ingress:<service>`, `connect-terminating:<service>` or
@@ -244,10 +246,11 @@ pub use docker::{
 pub use duration::{DurationError, GoDuration, format_duration, parse_duration};
 pub use spec::{
     COUNT_RANGE, CsiPluginSpec, CsiPluginType, DEFAULT_CPU_MHZ, DEFAULT_KILL_TIMEOUT,
-    DEFAULT_MEMORY_MB, DEFAULT_PLUGIN_HEALTH_TIMEOUT, DEFAULT_PLUGIN_MOUNT_DIR,
-    DEFAULT_STAGE_PUBLISH_BASE_DIR, GroupSpec, JobSpec, JobType, MAX_REPORTED, MIN_CPU_MHZ,
-    MIN_MEMORY_MB, NodeKeys, ParseOptions, PidMode, PropagationMode, Resources, RestartMode,
-    RestartPolicy, SpecErrors, TaskSpec, VolumeMount, VolumeRequest,
+    DEFAULT_LOG_MAX_FILE_SIZE_MB, DEFAULT_LOG_MAX_FILES, DEFAULT_MEMORY_MB,
+    DEFAULT_PLUGIN_HEALTH_TIMEOUT, DEFAULT_PLUGIN_MOUNT_DIR, DEFAULT_STAGE_PUBLISH_BASE_DIR,
+    GroupSpec, JobSpec, JobType, LogConfig, MAX_REPORTED, MIN_CPU_MHZ, MIN_MEMORY_MB, NodeKeys,
+    ParseOptions, PidMode, PropagationMode, Resources, RestartMode, RestartPolicy, SpecErrors,
+    TaskSpec, VolumeMount, VolumeRequest,
 };
 pub use template::{NODE_VARIABLES, Part, RUNTIME_VARIABLES, Template};
 pub use vars::VarFile;

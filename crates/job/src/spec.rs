@@ -392,6 +392,38 @@ pub struct TaskSpec {
     /// The rest of `config` of a docker task: `Some` exactly when `driver` is `docker`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub docker: Option<DockerTask>,
+    /// `logs`: how much of the task's output is kept (Nomad's defaults when not given, and in
+    /// specs stored before it was read).
+    #[serde(default)]
+    pub logs: LogConfig,
+}
+
+/// A task's `logs` block: its stdout and stderr are each kept in at most `max_files` files of
+/// `max_file_size` MiB, the oldest deleted; or not kept at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogConfig {
+    /// `max_files`: files kept per stream, at least 1 (default 10).
+    pub max_files: u32,
+    /// `max_file_size`: size of one file in MiB, at least 1 (default 10).
+    pub max_file_size_mb: u32,
+    /// `disabled` (or `enabled = false`, Nomad's older form): the output is thrown away.
+    pub disabled: bool,
+}
+
+/// Nomad's default `logs.max_files`.
+pub const DEFAULT_LOG_MAX_FILES: u32 = 10;
+
+/// Nomad's default `logs.max_file_size`, in MiB.
+pub const DEFAULT_LOG_MAX_FILE_SIZE_MB: u32 = 10;
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            max_files: DEFAULT_LOG_MAX_FILES,
+            max_file_size_mb: DEFAULT_LOG_MAX_FILE_SIZE_MB,
+            disabled: false,
+        }
+    }
 }
 
 /// A `volume_mount` block: where a group volume appears in the task.

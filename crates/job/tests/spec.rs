@@ -273,6 +273,7 @@ fn full_expected() -> JobSpec {
         kind: None,
         identities: vec![],
         docker: None,
+        logs: LogConfig::default(),
     };
     let plugin = TaskSpec {
         name: "plugin".into(),
@@ -298,6 +299,7 @@ fn full_expected() -> JobSpec {
         kind: None,
         identities: vec![],
         docker: None,
+        logs: LogConfig::default(),
     };
     let second = GroupSpec {
         rules: Default::default(),
@@ -323,6 +325,7 @@ fn full_expected() -> JobSpec {
             kind: None,
             identities: vec![],
             docker: None,
+            logs: LogConfig::default(),
         }],
         services: vec![],
     };

@@ -5,6 +5,7 @@
 
 mod acl;
 mod address;
+mod allocs;
 mod events;
 mod jobs;
 mod tls;
@@ -30,6 +31,8 @@ use tokio::{
 };
 
 pub use address::{Address, InvalidAddress};
+pub(crate) use allocs::encode_component;
+pub use allocs::{ExecFrames, ExecInput, ExecStream, LogBytes};
 pub use events::{EventStream, LineStream, MAX_EVENT_LINE, StreamReader};
 pub use tls::TrustError;
 
@@ -206,6 +209,17 @@ pub enum ClientError {
     Tls {
         /// The agent's address.
         address: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
+    /// A log or exec stream broke (or the exec route did not switch protocols).
+    #[error("the stream of {path} from the agent at {address} broke")]
+    Stream {
+        /// The agent's address.
+        address: String,
+        /// The request path.
+        path: String,
         /// Why.
         #[source]
         source: io::Error,

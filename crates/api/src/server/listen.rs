@@ -266,7 +266,8 @@ impl Listeners {
     /// `shutdown` is cancelled, at most the configured number of connections at once (see
     /// [`MAX_CONNECTIONS`]); then stops accepting, ends event streams, lets requests in flight
     /// finish for up to the drain timeout, cuts the connections still open, and removes the
-    /// socket file. Returns only after every connection task has ended. A failed `accept` is
+    /// socket file. Exec sessions (upgraded connections) end as the drain starts. Returns only
+    /// after every connection task has ended. A failed `accept` is
     /// logged and retried; it never stops the server.
     pub async fn serve(self, router: Router, shutdown: CancellationToken) {
         let Self {
@@ -278,7 +279,10 @@ impl Listeners {
             max_connections,
             head_read_timeout,
         } = self;
-        let router = router.layer(Extension(Draining(shutdown.clone())));
+        let sessions = super::alloc_routes::Sessions::new();
+        let router = router
+            .layer(Extension(Draining(shutdown.clone())))
+            .layer(Extension(sessions.clone()));
         let unix_label = socket.path.display().to_string();
         let tcp_label = tcp
             .as_ref()
@@ -338,11 +342,14 @@ impl Listeners {
             while let Some(joined) = conns.join_next().await {
                 log_join(joined);
             }
+            // Exec sessions end as the drain starts (their commands are killed).
+            sessions.close_and_wait().await;
         })
         .await;
         if drained.is_err() {
             tracing::warn!(
                 connections = conns.len(),
+                exec_sessions = sessions.len(),
                 timeout = ?drain_timeout,
                 "API requests still running after the drain timeout; closing their connections"
             );
@@ -586,7 +593,10 @@ where
         .timer(TokioTimer::new())
         .header_read_timeout(head_read_timeout)
         .keep_alive(false);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
+    // Upgrades are served (the exec route): the connection then hands its stream over.
+    let conn = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     // One poll first: a head already sent is read and admitted now, so only a connection that
     // was read and found without one can be evicted.

@@ -11,6 +11,7 @@
 //! only escaped and cut.
 
 mod acl;
+mod alloc_routes;
 mod body;
 mod extract;
 mod job_routes;
@@ -228,6 +229,25 @@ pub trait JobView: Send + Sync + 'static {
     ) -> Result<crate::jobs::AllocActionResponse, ApiError> {
         let _ = (id, task, signal);
         Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// A task's log, from the byte the request names on: 404 for an unknown alloc or task,
+    /// 400 when the task is left out of an alloc with several. Errors come before the stream
+    /// starts; a `follow` stream ends once the alloc is terminal and every byte was sent.
+    fn alloc_logs(
+        &self,
+        req: crate::allocs::LogsRequest,
+    ) -> impl Future<Output = Result<crate::allocs::LogStream, ApiError>> + Send {
+        let _ = req;
+        async { Err(ApiError::NotFound("allocs are not served here".into())) }
+    }
+    /// Starts a command in a running task: 404 for an unknown alloc or task, 409 when the
+    /// task does not run, 400 when the task is left out of an alloc with several.
+    fn alloc_exec(
+        &self,
+        req: crate::allocs::ExecRequest,
+    ) -> impl Future<Output = Result<crate::allocs::ExecSession, ApiError>> + Send {
+        let _ = req;
+        async { Err(ApiError::NotFound("allocs are not served here".into())) }
     }
 }
 

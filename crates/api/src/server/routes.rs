@@ -58,6 +58,7 @@ pub fn router<V: AgentView>(view: Arc<V>) -> Router {
         .merge(super::job_routes::routes::<V>())
         .merge(super::acl::routes::<V>())
         .merge(super::ui::routes())
+        .merge(super::alloc_routes::routes::<V>())
         .fallback(no_route)
         .method_not_allowed_fallback(method_not_allowed)
         // Bodies are read by `super::body`, which applies the same limit; this covers any

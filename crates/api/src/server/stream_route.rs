@@ -102,17 +102,17 @@ impl Reader {
             }
             if let Some(newest) = read.events.last() {
                 self.cursor = newest.index;
-                let shown: Vec<&[u8]> = read
+                let shown: Vec<&crate::stream::Published> = read
                     .events
                     .iter()
                     .filter(|e| self.filter.matches(e))
-                    .map(|e| &e.json[..])
                     .collect();
-                if shown.is_empty() {
+                let Some(last_shown) = shown.last().map(|e| e.index) else {
                     continue;
-                }
+                };
                 self.sent_at = Instant::now();
-                return Some(events_line(self.cursor, &shown));
+                let json: Vec<&[u8]> = shown.iter().map(|e| &e.json[..]).collect();
+                return Some(events_line(last_shown, &json));
             }
             let deadline = self.sent_at + self.heartbeat;
             let stop = self.stop.clone();

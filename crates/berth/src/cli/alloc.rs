@@ -1,4 +1,5 @@
-//! `berth alloc …`: one alloc with its tasks, volumes and events.
+//! `berth alloc …`: one alloc with its tasks, volumes and events; its tasks' logs
+//! ([`super::alloc_logs`]) and commands run in them ([`super::alloc_exec`]).
 
 use std::time::SystemTime;
 
@@ -70,6 +71,10 @@ enum AllocCommand {
         #[arg(long = "task", value_parser = parse_id, conflicts_with = "task")]
         task_flag: Option<String>,
     },
+    /// A task's stdout (or stderr), as it wrote it; -f follows it.
+    Logs(super::alloc_logs::LogsArgs),
+    /// Run a command inside a running task, with this terminal's input and output.
+    Exec(super::alloc_exec::ExecArgs),
 }
 
 /// Runs `berth alloc …` against the agent at `address`.
@@ -126,6 +131,8 @@ pub async fn run(address: &api_client::AgentAddress, args: AllocArgs) -> anyhow:
                 output::escape(&done.tasks.join(", "))
             )
         }
+        AllocCommand::Logs(logs) => super::alloc_logs::run(address, logs).await,
+        AllocCommand::Exec(exec) => super::alloc_exec::run(address, exec).await,
     }
 }
 

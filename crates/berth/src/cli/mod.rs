@@ -3,6 +3,8 @@
 mod acl;
 mod agent;
 mod alloc;
+mod alloc_exec;
+mod alloc_logs;
 mod api_client;
 mod csi;
 mod events;
@@ -19,6 +21,7 @@ use clap::{
     parser::ValueSource,
 };
 
+pub use alloc_exec::RemoteExit;
 use api_client::{AddressSource, AgentAddress};
 pub use watch::Interrupted;
 
@@ -213,12 +216,36 @@ enum Command {
     Volume(volume::VolumeArgs),
     /// Jobs: run, stop, status.
     Job(job::JobArgs),
-    /// Allocs: status with tasks, volumes and events.
+    /// Allocs: status with tasks, volumes and events; task logs; exec.
     Alloc(alloc::AllocArgs),
     /// The agent's event stream: what happened to nodes, plugins, volumes, jobs and allocs.
     Events(events::EventsArgs),
     /// ACL tokens: bootstrap, create, list, delete.
     Acl(acl::AclArgs),
+    /// The log collector of a task's output stream, as the agent starts it (not for people).
+    #[command(hide = true)]
+    Logmon(LogmonArgs),
+}
+
+/// `berth logmon …`: its arguments go to the collector as they are.
+#[derive(Debug, Args)]
+pub struct LogmonArgs {
+    #[arg(
+        num_args = 0..,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_parser = clap::value_parser!(std::ffi::OsString)
+    )]
+    args: Vec<std::ffi::OsString>,
+}
+
+/// The collector's arguments when the command is `berth logmon`: it runs without the async
+/// runtime, logging or the agent's config.
+pub fn logmon_args(cli: &Cli) -> Option<Vec<std::ffi::OsString>> {
+    match &cli.command {
+        Command::Logmon(a) => Some(a.args.clone()),
+        _ => None,
+    }
 }
 
 /// What is settled before the runtime starts: the agent's config (it may set logging).
@@ -308,6 +335,13 @@ pub async fn run(cli: Cli, prepared: Prepared) -> anyhow::Result<()> {
         Command::Alloc(args) => alloc::run(&address, args).await,
         Command::Events(args) => events::run(&address, args).await,
         Command::Acl(args) => acl::run(&address, args).await,
+        Command::Logmon(args) => {
+            // Normally taken before the runtime starts (see `logmon_args`).
+            match berth_drivers::logs::collector_main(args.args) {
+                code if code == std::process::ExitCode::SUCCESS => Ok(()),
+                _ => Err(anyhow::anyhow!("the log collector failed")),
+            }
+        }
     }
 }
 
@@ -432,6 +466,85 @@ mod tests {
         ))
         .expect("parses");
         assert!(matches!(cli.command, Command::Events(_)));
+    }
+
+    #[test]
+    fn nomads_single_dash_flags_are_rewritten_but_never_an_exec_command() {
+        let rewrite = |args: &[&str]| -> Vec<String> {
+            nomad_style_flags(args.iter().map(std::ffi::OsString::from))
+                .into_iter()
+                .map(|a| a.into_string().unwrap())
+                .collect()
+        };
+        assert_eq!(
+            rewrite(&[
+                "berth",
+                "alloc",
+                "logs",
+                "-stderr",
+                "-tail",
+                "-n",
+                "5",
+                "-task=web",
+                "a1"
+            ]),
+            [
+                "berth",
+                "alloc",
+                "logs",
+                "--stderr",
+                "--tail",
+                "-n",
+                "5",
+                "--task=web",
+                "a1"
+            ]
+        );
+        assert_eq!(
+            rewrite(&[
+                "berth", "alloc", "exec", "-task", "web", "a1", "grep", "-task", "-tail"
+            ]),
+            [
+                "berth", "alloc", "exec", "--task", "web", "a1", "grep", "-task", "-tail"
+            ]
+        );
+        assert_eq!(
+            rewrite(&[
+                "berth",
+                "--address",
+                "/s",
+                "alloc",
+                "exec",
+                "-t",
+                "a1",
+                "sh",
+                "-var",
+                "x"
+            ]),
+            [
+                "berth",
+                "--address",
+                "/s",
+                "alloc",
+                "exec",
+                "-t",
+                "a1",
+                "sh",
+                "-var",
+                "x"
+            ]
+        );
+        assert_eq!(
+            rewrite(&["berth", "job", "run", "-var", "a=b", "--", "-tail"]),
+            ["berth", "job", "run", "--var", "a=b", "--", "-tail"]
+        );
+        let cli = try_parse_from(rewrite(&[
+            "berth", "alloc", "exec", "-task", "web", "a1", "ls", "-la", "--task",
+        ]))
+        .expect("parses");
+        let Command::Alloc(_) = cli.command else {
+            panic!("an alloc command");
+        };
     }
 
     #[test]

@@ -4,6 +4,8 @@
 //! (`berth … | head -1`) becomes [`StdoutClosed`], which ends the command quietly with success,
 //! and every value printed in a table or a line is [`escape`]d, so text that came from the
 //! agent or a plugin can neither forge a line nor reach the terminal as a control sequence.
+//! A task's own output (`alloc logs`, `alloc exec`) is the exception: it is written as the
+//! task wrote it ([`raw`]), as `cat` or Nomad's `alloc logs` would.
 
 use std::{
     borrow::Cow,
@@ -36,6 +38,15 @@ fn stdout_error(e: io::Error) -> anyhow::Error {
 fn write_out(text: &str) -> anyhow::Result<()> {
     let mut out = io::stdout().lock();
     out.write_all(text.as_bytes()).map_err(stdout_error)?;
+    out.flush().map_err(stdout_error)
+}
+
+/// Writes `bytes` to standard output as they are and flushes them: a task's own output
+/// (`alloc logs`, `alloc exec`), shown unchanged as `cat` would show it, not a value of a
+/// table.
+pub fn raw(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = io::stdout().lock();
+    out.write_all(bytes).map_err(stdout_error)?;
     out.flush().map_err(stdout_error)
 }
 

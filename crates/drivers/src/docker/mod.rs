@@ -34,12 +34,13 @@ use crate::{
     driver::{Capabilities, Driver, DriverFuture, Fingerprint, FsIsolation, Health},
     error::DriverError,
     event::{EventSink, TaskEvent, TaskEventKind},
+    logs::{RotatedOutput, TaskLogs, prepare_outputs},
     procfs,
-    supervisor::prepare_files,
     task::{
         ExitResult, HANDLE_VERSION, TaskConfig, TaskHandle, TaskId, TaskState, TaskStats,
         TaskStatus,
     },
+    task_exec::{ExecCommand, ExecRequest, ExecSession, spawn_exec},
 };
 use podman::{COMMAND_TIMEOUT, Podman, PodmanError};
 
@@ -410,16 +411,22 @@ impl DockerDriver {
         files: &create::StartFiles,
     ) -> Result<(TaskHandle, tokio::process::Child), DriverError> {
         let id = &config.id;
-        let (stdout, stderr) = prepare_files(config, false)?;
-        let err_len = stderr.metadata().map(|m| m.len()).unwrap_or(0);
+        let outputs = prepare_outputs(config, false).await?;
+        let mark = ErrorMark::before(config);
         let mut cmd = self
             .podman
             .command(["start", "--attach", "--sig-proxy=false", cid]);
         // It must outlive the driver: killed before it has recorded the start, it would leave
         // podman believing the running container is only initialized (then no later agent
         // could re-attach it). It ends with the container.
-        cmd.stdout(stdout).stderr(stderr).kill_on_drop(false);
-        let mut child = cmd.spawn().map_err(|source| DriverError::Spawn {
+        cmd.stdout(outputs.stdout.file)
+            .stderr(outputs.stderr.file)
+            .kill_on_drop(false);
+        let spawned = cmd.spawn();
+        // The command holds the output ends until dropped: podman and the container hold
+        // them from now on.
+        drop(cmd);
+        let mut child = spawned.map_err(|source| DriverError::Spawn {
             task_id: id.clone(),
             program: self.podman.program().display().to_string(),
             source,
@@ -433,7 +440,7 @@ impl DockerDriver {
                 break pid;
             }
             if let Ok(Some(status)) = child.try_wait() {
-                let said = tail_since(&config.stderr_path, err_len);
+                let said = mark.read_since(config).await;
                 return Err(DriverError::Setup {
                     task_id: id.clone(),
                     message: format!(
@@ -475,6 +482,7 @@ impl DockerDriver {
             started_at: SystemTime::now(),
             cgroup: None,
             container_id: Some(cid.to_owned()),
+            logs: outputs.rotated,
         };
         Ok((handle, child))
     }
@@ -857,7 +865,7 @@ impl Driver for DockerDriver {
         Capabilities {
             fs_isolation: FsIsolation::Chroot,
             send_signals: true,
-            exec: false,
+            exec: true,
             bind_mounts: true,
             resource_limits: true,
             device_nodes: true,
@@ -939,7 +947,59 @@ impl Driver for DockerDriver {
     }
 
     fn recover(&self, handle: TaskHandle) -> DriverFuture<'_, Result<(), DriverError>> {
-        Box::pin(self.recover_task(handle))
+        Box::pin(async move {
+            let logs = handle.logs.clone();
+            let id = handle.task_id.clone();
+            self.recover_task(handle).await?;
+            if let Some(logs) = &logs {
+                for problem in crate::logs::ensure_collectors(logs).await {
+                    tracing::warn!(task_id = %id, "{problem}");
+                    self.emit(&id, TaskEventKind::Note, problem);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    fn exec<'a>(
+        &'a self,
+        task_id: &'a TaskId,
+        request: ExecRequest,
+    ) -> DriverFuture<'a, Result<ExecSession, DriverError>> {
+        Box::pin(async move {
+            request
+                .validate()
+                .map_err(|reason| DriverError::InvalidConfig {
+                    task_id: task_id.clone(),
+                    field: "exec".into(),
+                    reason,
+                })?;
+            let entry = self.get(task_id)?;
+            if entry.exit().is_some() || !entry.identity_holds() {
+                return Err(DriverError::NotRunning {
+                    task_id: task_id.clone(),
+                    pid: entry.handle.pid,
+                });
+            }
+            // `podman exec` runs it as the container's user, in its working directory, with
+            // its environment.
+            let mut args: Vec<std::ffi::OsString> = self.podman.globals().to_vec();
+            args.push("exec".into());
+            args.push("--interactive".into());
+            if request.tty.is_some() {
+                args.push("--tty".into());
+            }
+            args.push(entry.id.clone().into());
+            args.extend(request.command.iter().map(Into::into));
+            let cmd = ExecCommand {
+                program: self.podman.program().to_path_buf(),
+                args,
+                env: std::env::vars_os().collect(),
+                cwd: "/".into(),
+                user: None,
+            };
+            spawn_exec(task_id, cmd, request.tty)
+        })
     }
 
     fn shutdown(&self) -> DriverFuture<'_, ()> {
@@ -1027,6 +1087,39 @@ fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .mode(0o600)
         .open(path)?;
     f.write_all(bytes)
+}
+
+/// Where the task's stderr stood before a start: podman writes its error there when the start
+/// fails.
+struct ErrorMark {
+    /// The file and its length then; `None` when the output is discarded.
+    at: Option<(PathBuf, u64)>,
+}
+
+impl ErrorMark {
+    fn before(config: &TaskConfig) -> Self {
+        let at = match &config.logs {
+            TaskLogs::Files => {
+                let len = fs::metadata(&config.stderr_path).map_or(0, |m| m.len());
+                Some((config.stderr_path.clone(), len))
+            }
+            TaskLogs::Rotated { .. } => RotatedOutput::newest(&config.stderr_path),
+            TaskLogs::Discarded => None,
+        };
+        Self { at }
+    }
+
+    /// What podman wrote to the task's stderr since the mark, on one line (once a collector
+    /// has written all it read).
+    async fn read_since(&self, config: &TaskConfig) -> String {
+        let Some((path, len)) = &self.at else {
+            return String::new();
+        };
+        if matches!(config.logs, TaskLogs::Rotated { .. }) {
+            crate::logs::wait_collector_gone(&config.stderr_path, Duration::from_secs(2)).await;
+        }
+        tail_since(path, *len)
+    }
 }
 
 /// What was appended to `path` after `offset` (at most 4 KiB), on one line: podman's error

@@ -85,6 +85,11 @@ impl Podman {
         &self.program
     }
 
+    /// The global flags every call gets.
+    pub fn globals(&self) -> &[OsString] {
+        &self.globals
+    }
+
     /// A command `podman <globals> <args…>` with stdin from `/dev/null`, in its own process
     /// group (a signal to the agent's group never reaches it), killed when dropped.
     pub fn command<I, S>(&self, args: I) -> Command
