@@ -244,17 +244,39 @@ async fn filters_heartbeats_and_what_left_the_window() {
     };
     assert_eq!(events.first().map(|e| e.index), Some(missed.to + 1));
 
-    // Filters: by topic, and by key (a volume's events by its id only).
-    let vols = read_events(
-        &client,
-        &TopicFilter::parse(["CSIVolume:w2"]).expect("filter"),
-        Some(newest - 5),
-        |ev| !ev.is_empty(),
-    )
-    .await;
+    // Filters: by topic and key, live: a volume's events by its id only.
+    let mut only = client
+        .event_stream(
+            &TopicFilter::parse(["CSIVolume:w9"]).expect("filter"),
+            None,
+            Some(Duration::from_millis(100)),
+        )
+        .await
+        .expect("stream");
+    for id in ["w8", "w9"] {
+        client
+            .create_volume(&VolumeSpecRequest {
+                spec: volume_spec(id),
+                format: SpecFormat::Hcl,
+                file: None,
+            })
+            .await
+            .expect("create");
+    }
+    let vols = loop {
+        let line = tokio::time::timeout(Duration::from_secs(10), only.next())
+            .await
+            .expect("a line within 10 s")
+            .expect("open")
+            .expect("line");
+        if let StreamLine::Events { events, .. } = line {
+            break events;
+        }
+    };
     assert!(
         vols.iter()
-            .all(|e| e.topic == Topic::CsiVolume && e.key == "w2")
+            .all(|e| e.topic == Topic::CsiVolume && e.key == "w9"),
+        "{vols:#?}"
     );
     assert!(has_any_key(&vols, Topic::CsiVolume, "VolumeRegistered"));
 
