@@ -912,6 +912,10 @@ impl berth_api::JobView for Agent {
     ) -> Result<berth_api::jobs::AllocActionResponse, ApiError> {
         self.jobs.signal_one(id, task, signal)
     }
+
+    async fn alloc_stats(&self, id: &str) -> Result<berth_api::jobs::AllocStats, ApiError> {
+        self.jobs.alloc_stats(id).await
+    }
 }
 
 /// What an agent in a fleet answers for a call built for the embedded control plane only.

@@ -157,6 +157,7 @@ fn summaries() -> VolumeList {
                 read_claims: 1,
                 write_claims: 1,
                 capacity_bytes: 1 << 30,
+                controller_required: false,
             },
             VolumeSummary {
                 id: "vol2".into(),
@@ -167,6 +168,7 @@ fn summaries() -> VolumeList {
                 read_claims: 0,
                 write_claims: 0,
                 capacity_bytes: 0,
+                controller_required: true,
             },
         ],
     }

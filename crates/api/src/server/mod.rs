@@ -217,6 +217,14 @@ pub trait JobView: Send + Sync + 'static {
         let _ = (id, task);
         Err(ApiError::NotFound("jobs are not served here".into()))
     }
+    /// Resource use of an alloc's running tasks, read now.
+    fn alloc_stats(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<crate::jobs::AllocStats, ApiError>> + Send {
+        let _ = id;
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
+    }
     /// Signals an alloc's running tasks (or one).
     fn signal_alloc(
         &self,
