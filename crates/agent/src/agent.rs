@@ -870,6 +870,15 @@ impl berth_api::JobView for Agent {
         self.jobs.alloc_ids()
     }
 
+    fn job_ids(&self) -> Vec<String> {
+        let list = match &self.fleet_jobs {
+            Some(f) => Ok(f.list()),
+            None => self.jobs.list(),
+        };
+        list.map(|l| l.jobs.into_iter().map(|j| j.id).collect())
+            .unwrap_or_default()
+    }
+
     async fn plan_job(
         &self,
         req: berth_api::jobs::JobRunRequest,
@@ -926,6 +935,10 @@ impl berth_api::JobView for Agent {
     ) -> Result<berth_api::allocs::ExecSession, ApiError> {
         self.jobs.exec(req).await
     }
+
+    async fn alloc_stats(&self, id: &str) -> Result<berth_api::jobs::AllocStats, ApiError> {
+        self.jobs.alloc_stats(id).await
+    }
 }
 
 /// What an agent in a fleet answers for a call built for the embedded control plane only.
@@ -938,6 +951,13 @@ fn fleet_only_not(what: &str) -> ApiError {
 impl berth_api::VolumeView for Agent {
     fn volumes(&self) -> Result<berth_api::volumes::VolumeList, ApiError> {
         self.volumes.list()
+    }
+
+    fn volume_ids(&self) -> Vec<String> {
+        self.volumes
+            .list()
+            .map(|l| l.volumes.into_iter().map(|v| v.id).collect())
+            .unwrap_or_default()
     }
 
     async fn volume(&self, id: &str) -> Result<berth_api::volumes::VolumeStatus, ApiError> {

@@ -14,7 +14,7 @@ use berth_allocrunner::{
     StateAllocStore, VolumeHost, VolumeHostError, VolumeUse, render_alloc,
 };
 use berth_api::{
-    jobs::{JobList, JobRunRequest, JobStatus, JobSummary},
+    jobs::{AllocStats, JobList, JobRunRequest, JobStatus, JobSummary, TaskRunState, TaskUsage},
     server::ApiError,
     volumes::{ClaimRequest, FlagsInput, MountOptionsInput, ReleaseRequest, SpecFormat},
 };
@@ -983,6 +983,45 @@ impl Jobs {
             .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))?;
         self.add_device_stats(std::slice::from_mut(&mut status));
         Ok(status)
+    }
+
+    /// `GET /v1/alloc/{id}/stats`: each running task's use, as its driver reads it now. A task
+    /// that is not running, or whose driver cannot read it (it exited meanwhile), is left out.
+    pub async fn alloc_stats(&self, id: &str) -> Result<AllocStats, ApiError> {
+        let status = self
+            .alloc_status(id)
+            .ok_or_else(|| ApiError::NotFound(format!("no alloc {id:?}")))?;
+        let mut tasks = BTreeMap::new();
+        for (name, task) in &status.tasks {
+            if task.state != TaskRunState::Running {
+                continue;
+            }
+            let (Some(driver), Ok(task_id)) = (
+                self.drivers.driver(&task.driver),
+                TaskId::for_alloc(&status.alloc_id, name),
+            ) else {
+                continue;
+            };
+            match driver.stats(&task_id).await {
+                Ok(s) => {
+                    tasks.insert(
+                        name.clone(),
+                        TaskUsage {
+                            cpu_seconds: s.cpu_time().as_secs_f64(),
+                            rss_bytes: s.rss_bytes,
+                            pids: s.pids.len(),
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(alloc = %status.alloc_id, task = %name, "no stats: {e}");
+                }
+            }
+        }
+        Ok(AllocStats {
+            alloc_id: status.alloc_id,
+            tasks,
+        })
     }
 }
 

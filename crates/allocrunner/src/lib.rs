@@ -96,7 +96,7 @@ pub use record::{
     HookProgress, RECORD_VERSION, RestartWindow, TaskRecord, TaskRunState, VolumeState, hook_names,
 };
 pub use render::{NodeVars, RenderEnv, RenderError, TaskPaths, nomad_vars, render_alloc};
-pub use status::{AllocStatus, TaskDeviceSummary, TaskSummary, VolumeSummary};
+pub use status::{AllocStatus, TaskDeviceSummary, TaskMountSummary, TaskSummary, VolumeSummary};
 pub use store::{AllocStore, AllocStoreError, MemoryAllocStore, StateAllocStore};
 pub use upstream::{NoUpstream, UpstreamError, UpstreamWatcher};
 pub use volume_host::{FakeVolumeHost, VolumeCall, VolumeHost, VolumeHostError, VolumeUse};

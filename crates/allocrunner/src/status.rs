@@ -60,6 +60,20 @@ pub struct TaskSummary {
     /// Its devices, per `device` block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<TaskDeviceSummary>,
+    /// Its `volume_mount` blocks: which group volume appears where (no mount flag).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_mounts: Vec<TaskMountSummary>,
+}
+
+/// One `volume_mount` of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskMountSummary {
+    /// The group volume's name.
+    pub volume: String,
+    /// Where it appears in the task.
+    pub destination: String,
+    /// Mounted read-only.
+    pub read_only: bool,
 }
 
 /// The devices one `device` block of a task holds, and what the task gets for them.
@@ -160,14 +174,30 @@ fn device_summaries(
         .collect()
 }
 
+/// A task's `volume_mount` blocks as the status shows them: read-only when the mount or the
+/// group's volume says so.
+fn mount_summaries(
+    task: &berth_job::TaskSpec,
+    group: &berth_job::GroupSpec,
+) -> Vec<TaskMountSummary> {
+    task.volume_mounts
+        .iter()
+        .map(|m| TaskMountSummary {
+            volume: m.volume.clone(),
+            destination: m.destination.to_string(),
+            read_only: m.read_only || group.volumes.get(&m.volume).is_some_and(|v| v.read_only),
+        })
+        .collect()
+}
+
 impl AllocStatus {
     /// The status shown for `record`.
     pub fn from_record(record: &AllocRecord) -> Self {
-        let drivers: BTreeMap<&str, &str> = record
+        let specs: BTreeMap<&str, &berth_job::TaskSpec> = record
             .group
             .tasks
             .iter()
-            .map(|t| (t.name.as_str(), t.driver.as_str()))
+            .map(|t| (t.name.as_str(), t))
             .collect();
         Self {
             alloc_id: record.alloc_id.clone(),
@@ -184,7 +214,9 @@ impl AllocStatus {
                     (
                         name.clone(),
                         TaskSummary {
-                            driver: drivers.get(name.as_str()).copied().unwrap_or("").to_owned(),
+                            driver: specs
+                                .get(name.as_str())
+                                .map_or_else(String::new, |t| t.driver.clone()),
                             state: t.state,
                             pid: t.handle.as_ref().map(|h| h.pid),
                             restarts: t.restarts,
@@ -197,6 +229,10 @@ impl AllocStatus {
                                 record.devices.get(name).map(Vec::as_slice).unwrap_or(&[]),
                                 t.device_edits.as_ref(),
                             ),
+                            volume_mounts: specs
+                                .get(name.as_str())
+                                .map(|t| mount_summaries(t, &record.group))
+                                .unwrap_or_default(),
                         },
                     )
                 })

@@ -8,7 +8,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 pub use berth_allocrunner::{
-    AllocEvent, AllocStatus, ClientStatus, DesiredState, EventKind, TaskRunState,
+    AllocEvent, AllocStatus, ClientStatus, DesiredState, EventKind, TaskMountSummary, TaskRunState,
+    TaskSummary,
 };
 
 use crate::volumes::SpecFormat;
@@ -259,4 +260,25 @@ pub struct JobSpecView {
     pub id: String,
     /// The spec.
     pub spec: serde_json::Value,
+}
+
+/// `GET /v1/alloc/{id}/stats`: resource use of the alloc's running tasks, read now.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct AllocStats {
+    /// The alloc.
+    pub alloc_id: String,
+    /// Each running task whose use could be read, by name (a task that is not running, or
+    /// whose driver could not read it, is absent).
+    pub tasks: std::collections::BTreeMap<String, TaskUsage>,
+}
+
+/// One task's resource use: what its driver reads from `/proc` for its processes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TaskUsage {
+    /// User plus system CPU time of its processes, in seconds.
+    pub cpu_seconds: f64,
+    /// Resident memory of its processes, in bytes.
+    pub rss_bytes: u64,
+    /// How many processes were counted.
+    pub pids: usize,
 }

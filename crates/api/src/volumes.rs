@@ -254,6 +254,9 @@ pub struct VolumeSummary {
     pub write_claims: usize,
     /// Size in bytes; 0 when unknown.
     pub capacity_bytes: i64,
+    /// Whether a claim needs the plugin's controller (ControllerPublishVolume).
+    #[serde(default)]
+    pub controller_required: bool,
 }
 
 /// `GET /v1/volumes`.

@@ -275,16 +275,27 @@ async fn plugin_status_lists_every_plugin_as_a_table_and_as_json() {
         assert_eq!(
             cells(&out),
             [
-                vec!["ID", "TYPE", "HEALTHY", "PROVIDER", "VERSION", "INSTANCES"],
+                vec![
+                    "ID",
+                    "TYPE",
+                    "HEALTHY",
+                    "PROVIDER",
+                    "VERSION",
+                    "CONTROLLERS",
+                    "NODES",
+                    "INSTANCES"
+                ],
                 vec![
                     "hostpath",
                     "monolith",
                     "healthy",
                     "hostpath.csi.berth.dev",
                     "0.1.0",
+                    "1/2",
+                    "1/2",
                     "2"
                 ],
-                vec!["nfs", "node", "unhealthy", "-", "-", "1"],
+                vec!["nfs", "node", "unhealthy", "-", "-", "0/0", "0/1", "1"],
             ],
             "over {address}:\n{out}"
         );
@@ -326,9 +337,13 @@ async fn plugin_status_with_an_id_shows_the_details() {
     assert_eq!(field(&out, "node id"), "csi-node-7");
     assert_eq!(field(&out, "max volumes"), "16");
     assert_eq!(field(&out, "topology"), "rack=r2, zone=z1");
+    assert_eq!(field(&out, "controllers healthy"), "1/2");
+    assert_eq!(field(&out, "nodes healthy"), "1/2");
+    assert!(out.ends_with("no allocs run this plugin\n"), "{out}");
     let table: Vec<Vec<&str>> = cells(&out)
         .into_iter()
         .skip_while(|row| row.first() != Some(&"INSTANCE"))
+        .take_while(|row| !row.is_empty())
         .collect();
     assert_eq!(
         table,

@@ -157,6 +157,7 @@ fn summaries() -> VolumeList {
                 read_claims: 1,
                 write_claims: 1,
                 capacity_bytes: 1 << 30,
+                controller_required: false,
             },
             VolumeSummary {
                 id: "vol2".into(),
@@ -167,6 +168,7 @@ fn summaries() -> VolumeList {
                 read_claims: 0,
                 write_claims: 0,
                 capacity_bytes: 0,
+                controller_required: true,
             },
         ],
     }
@@ -624,7 +626,16 @@ async fn status_lists_volumes_as_a_table_and_as_json() {
         cells(&out),
         [
             vec![
-                "ID", "NAME", "PLUGIN", "EXTERNAL", "ID", "ACCESS", "MODES", "READERS", "WRITERS",
+                "ID",
+                "NAME",
+                "PLUGIN",
+                "EXTERNAL",
+                "ID",
+                "SCHEDULABLE",
+                "ACCESS",
+                "MODES",
+                "READERS",
+                "WRITERS",
                 "CAPACITY"
             ],
             vec![
@@ -632,6 +643,7 @@ async fn status_lists_volumes_as_a_table_and_as_json() {
                 "Database",
                 "hostpath",
                 "ext-vol1",
+                "no",
                 "single-node-writer,multi-node-reader-only",
                 "1",
                 "1",
@@ -642,6 +654,7 @@ async fn status_lists_volumes_as_a_table_and_as_json() {
                 "scratch",
                 "nfs",
                 "ext-vol2",
+                "no",
                 "multi-node-multi-writer",
                 "0",
                 "0",
@@ -686,6 +699,12 @@ async fn status_of_one_volume_shows_details_claims_and_usages_without_secrets() 
         [
             vec![
                 "ALLOC",
+                "TASK",
+                "GROUP",
+                "DESIRED",
+                "STATUS",
+                "CREATED",
+                "MODIFIED",
                 "NODE",
                 "MODE",
                 "ACCESS",
@@ -695,6 +714,11 @@ async fn status_of_one_volume_shows_details_claims_and_usages_without_secrets() 
             ],
             vec![
                 "a1",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
                 "node-1",
                 "write",
                 "single-node-writer",
@@ -704,6 +728,11 @@ async fn status_of_one_volume_shows_details_claims_and_usages_without_secrets() 
             ],
             vec![
                 "a2",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
                 "node-1",
                 "read",
                 "single-node-writer",

@@ -27,6 +27,7 @@ impl Volumes {
                 plugin_id: v.plugin_id,
                 external_id: v.external_id.as_str().to_string(),
                 capacity_bytes: v.capacity_bytes,
+                controller_required: v.controller_publish,
             })
             .collect();
         Ok(VolumeList { volumes })

@@ -7,8 +7,8 @@ use hyper::Method;
 
 use super::{Client, ClientError, encode, encode_segment};
 use crate::jobs::{
-    AllocActionRequest, AllocActionResponse, AllocStatus, JobList, JobPlan, JobRunRequest,
-    JobSpecView, JobStatus,
+    AllocActionRequest, AllocActionResponse, AllocStats, AllocStatus, JobList, JobPlan,
+    JobRunRequest, JobSpecView, JobStatus,
 };
 
 /// `/v1/job/{id}`.
@@ -100,6 +100,13 @@ impl Client {
     /// there is no such alloc.
     pub async fn alloc(&self, id: &str) -> Result<AllocStatus, ClientError> {
         self.call_json(Method::GET, alloc_path(id), None).await
+    }
+
+    /// `GET /v1/alloc/{id}/stats`: CPU time, resident memory and process count of each of the
+    /// alloc's running tasks, read now.
+    pub async fn alloc_stats(&self, id: &str) -> Result<AllocStats, ClientError> {
+        self.call_json(Method::GET, format!("{}/stats", alloc_path(id)), None)
+            .await
     }
 }
 

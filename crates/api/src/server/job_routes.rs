@@ -14,8 +14,8 @@ use super::{
     extract::{json_body, json_body_or_default, path_id, query, resolve_prefix},
 };
 use crate::jobs::{
-    AllocActionRequest, AllocActionResponse, AllocStatus, JobList, JobPlan, JobRunRequest,
-    JobSpecView, JobStatus,
+    AllocActionRequest, AllocActionResponse, AllocStats, AllocStatus, JobList, JobPlan,
+    JobRunRequest, JobSpecView, JobStatus,
 };
 
 /// The job routes; merged into [`super::router`].
@@ -29,6 +29,7 @@ pub(super) fn routes<V: AgentView>() -> Router<Arc<V>> {
         .route("/v1/alloc/{id}/stop", post(stop_alloc::<V>))
         .route("/v1/alloc/{id}/restart", post(restart_alloc::<V>))
         .route("/v1/alloc/{id}/signal", post(signal_alloc::<V>))
+        .route("/v1/alloc/{id}/stats", get(alloc_stats::<V>))
 }
 
 type Id = Result<Path<String>, PathRejection>;
@@ -36,8 +37,7 @@ type Id = Result<Path<String>, PathRejection>;
 /// The whole id of the job `id` names (itself, or the one job it is a prefix of).
 pub(super) fn job_id<V: AgentView>(view: &V, id: Id) -> Result<String, ApiError> {
     let id = path_id("job id", id)?;
-    let jobs = view.jobs()?;
-    resolve_prefix("job", &id, jobs.jobs.into_iter().map(|j| j.id))
+    resolve_prefix("job", &id, view.job_ids())
 }
 
 /// The whole id of the alloc `id` names.
@@ -153,4 +153,12 @@ async fn signal_alloc<V: AgentView>(
         .as_deref()
         .ok_or_else(|| ApiError::BadRequest("`signal`: required, e.g. \"SIGHUP\"".into()))?;
     Ok(Json(view.signal_alloc(&id, req.task.as_deref(), signal)?))
+}
+
+async fn alloc_stats<V: AgentView>(
+    State(view): State<Arc<V>>,
+    id: Id,
+) -> Result<Json<AllocStats>, ApiError> {
+    let id = alloc_id(&*view, id)?;
+    view.alloc_stats(&id).await.map(Json)
 }

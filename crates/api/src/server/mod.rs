@@ -59,6 +59,10 @@ pub trait VolumeView: Send + Sync + 'static {
     fn volumes(&self) -> Result<VolumeList, ApiError> {
         Err(not_served())
     }
+    /// Every volume id (for id prefixes); none by default.
+    fn volume_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// One volume with its claims and its usages on this node.
     fn volume(&self, id: &str) -> impl Future<Output = Result<VolumeStatus, ApiError>> + Send {
         let _ = id;
@@ -186,8 +190,12 @@ pub trait JobView: Send + Sync + 'static {
         let _ = (id, purge);
         async { Err(ApiError::NotFound("jobs are not served here".into())) }
     }
-    /// Every alloc id the agent knows (for id prefixes).
+    /// Every alloc id the agent knows (for id prefixes); none by default.
     fn alloc_ids(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Every job id (for id prefixes); none by default.
+    fn job_ids(&self) -> Vec<String> {
         Vec::new()
     }
     /// What a run of the request would place, with nothing written.
@@ -219,6 +227,14 @@ pub trait JobView: Send + Sync + 'static {
     ) -> Result<crate::jobs::AllocActionResponse, ApiError> {
         let _ = (id, task);
         Err(ApiError::NotFound("jobs are not served here".into()))
+    }
+    /// Resource use of an alloc's running tasks, read now.
+    fn alloc_stats(
+        &self,
+        id: &str,
+    ) -> impl Future<Output = Result<crate::jobs::AllocStats, ApiError>> + Send {
+        let _ = id;
+        async { Err(ApiError::NotFound("jobs are not served here".into())) }
     }
     /// Signals an alloc's running tasks (or one).
     fn signal_alloc(

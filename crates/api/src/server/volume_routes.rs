@@ -53,12 +53,7 @@ type Id = Result<Path<String>, PathRejection>;
 /// The `{id}` of a volume route.
 fn volume_id<V: VolumeView>(view: &V, id: Id) -> Result<String, ApiError> {
     let id = path_id("volume id", id)?;
-    match view.volumes() {
-        Ok(list) => {
-            super::extract::resolve_prefix("volume", &id, list.volumes.into_iter().map(|v| v.id))
-        }
-        Err(_) => Ok(id),
-    }
+    super::extract::resolve_prefix("volume", &id, view.volume_ids())
 }
 
 async fn list<V: VolumeView>(State(view): State<Arc<V>>) -> Result<Json<VolumeList>, ApiError> {

@@ -3,14 +3,14 @@
 
 use std::time::SystemTime;
 
-use berth_api::jobs::{AllocActionRequest, AllocStatus};
+use berth_api::jobs::{AllocActionRequest, AllocStats, AllocStatus, TaskRunState, TaskUsage};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use crate::say;
 
 use super::{
-    api_client::{self, yes_no},
+    api_client::{self, ago_time, yes_no},
     job::parse_id,
     output,
 };
@@ -29,6 +29,12 @@ enum AllocCommand {
         /// The alloc id.
         #[arg(value_parser = parse_id)]
         id: String,
+        /// Print the summary fields only, without the tasks, volumes and events.
+        #[arg(long)]
+        short: bool,
+        /// Every event (not only the latest 10), and the node's whole id.
+        #[arg(long)]
+        verbose: bool,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -81,13 +87,39 @@ enum AllocCommand {
 pub async fn run(address: &api_client::AgentAddress, args: AllocArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
-        AllocCommand::Status { id, json } => {
+        AllocCommand::Status {
+            id,
+            short,
+            verbose,
+            json,
+        } => {
             let alloc = client.alloc(&id).await?;
             if json {
-                output::json(&alloc)
-            } else {
-                print_alloc(&alloc)
+                return output::json(&alloc);
             }
+            let node = alloc_node(&client, &alloc, verbose).await?;
+            let usage = if !short
+                && alloc
+                    .tasks
+                    .values()
+                    .any(|t| t.state == TaskRunState::Running)
+            {
+                match client.alloc_stats(&alloc.alloc_id).await {
+                    Ok(s) => s,
+                    // Not here (another node of the fleet) or not served: no usage to show.
+                    Err(e) if e.is_not_found() => AllocStats::default(),
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                AllocStats::default()
+            };
+            let view = AllocView {
+                node,
+                usage,
+                short,
+                verbose,
+            };
+            print_alloc(&alloc, &view, SystemTime::now())
         }
         AllocCommand::Stop { id, detach } => {
             let alloc = client.stop_alloc(&id).await?;
@@ -136,14 +168,75 @@ pub async fn run(address: &api_client::AgentAddress, args: AllocArgs) -> anyhow:
     }
 }
 
-fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
+/// What `alloc status` shows besides the alloc: its node, its tasks' use, how much.
+struct AllocView {
+    node: String,
+    usage: AllocStats,
+    short: bool,
+    verbose: bool,
+}
+
+/// Events `alloc status` shows without `--verbose`: the latest ones.
+const LATEST_EVENTS: usize = 10;
+
+/// The alloc's node as `name (id)`: where the fleet placed it, else this agent's node; the
+/// id cut to 8 characters unless `verbose`.
+async fn alloc_node(
+    client: &berth_api::Client,
+    a: &AllocStatus,
+    verbose: bool,
+) -> anyhow::Result<String> {
+    let placed = match client.job(&a.job_id).await {
+        Ok(job) => job
+            .placements
+            .into_iter()
+            .find(|p| p.alloc_id == a.alloc_id)
+            .map(|p| (p.node_id, p.node_name)),
+        Err(e) if e.is_not_found() => None,
+        Err(e) => return Err(e.into()),
+    };
+    let (id, name) = match placed {
+        Some(p) => p,
+        None => {
+            let node = client.node().await?;
+            (node.id, node.name)
+        }
+    };
+    let id = if verbose {
+        id
+    } else {
+        id.chars().take(8).collect()
+    };
+    Ok(if name.is_empty() {
+        id
+    } else {
+        format!("{name} ({id})")
+    })
+}
+
+/// `cpu 1.2s, memory 3.4MiB, 2 processes`.
+fn usage_line(u: &TaskUsage) -> String {
+    format!(
+        "cpu {:.1}s, memory {}, {} process{}",
+        u.cpu_seconds,
+        output::size(i64::try_from(u.rss_bytes).unwrap_or(i64::MAX)),
+        u.pids,
+        if u.pids == 1 { "" } else { "es" }
+    )
+}
+
+fn print_alloc(a: &AllocStatus, view: &AllocView, now: SystemTime) -> anyhow::Result<()> {
+    let at = |t: Option<SystemTime>| t.map_or_else(|| "-".into(), |t| ago_time(t, now));
     output::fields(&[
         ("id", a.alloc_id.clone()),
         ("job", a.job_id.clone()),
         ("group", a.group.clone()),
         ("index", a.index.to_string()),
+        ("node", view.node.clone()),
         ("desired", word(&a.desired)),
         ("status", a.client_status.to_string()),
+        ("created", at(a.events.first().map(|e| e.time))),
+        ("modified", at(a.events.last().map(|e| e.time))),
         (
             "failure",
             a.failure
@@ -151,6 +244,9 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
                 .map_or_else(|| "-".into(), str::to_string),
         ),
     ])?;
+    if view.short {
+        return Ok(());
+    }
 
     say!()?;
     if a.tasks.is_empty() {
@@ -185,6 +281,36 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
             ],
             &rows,
         )?;
+    }
+
+    for (name, t) in &a.tasks {
+        let mounts: Vec<String> = t
+            .volume_mounts
+            .iter()
+            .map(|m| {
+                format!(
+                    "{} → {} ({})",
+                    m.volume,
+                    m.destination,
+                    if m.read_only { "ro" } else { "rw" }
+                )
+            })
+            .collect();
+        say!()?;
+        say!("Task {}", output::quoted(name))?;
+        output::fields(&[
+            ("started at", at(t.started_at)),
+            ("finished at", at(t.finished_at)),
+            ("volume mounts", list_or_dash(&mounts)),
+            (
+                "usage",
+                view.usage
+                    .tasks
+                    .get(name)
+                    .filter(|_| t.state == TaskRunState::Running)
+                    .map_or_else(|| "-".into(), usage_line),
+            ),
+        ])?;
     }
 
     print_devices(a)?;
@@ -232,9 +358,15 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
     if a.events.is_empty() {
         say!("no events")?;
     } else {
+        let skip = if view.verbose {
+            0
+        } else {
+            a.events.len().saturating_sub(LATEST_EVENTS)
+        };
         let rows: Vec<Vec<String>> = a
             .events
             .iter()
+            .skip(skip)
             .map(|e| {
                 vec![
                     time(e.time),
@@ -245,6 +377,9 @@ fn print_alloc(a: &AllocStatus) -> anyhow::Result<()> {
             })
             .collect();
         output::table(&["TIME", "TASK", "KIND", "MESSAGE"], &rows)?;
+        if skip > 0 {
+            say!("({skip} older event(s) not shown; --verbose shows them)")?;
+        }
     }
     if a.events_dropped > 0 {
         say!("({} older event(s) dropped)", a.events_dropped)?;

@@ -119,17 +119,108 @@ pub fn ago(ms: u64, now: SystemTime) -> String {
     if ms == 0 {
         return "never".into();
     }
-    let then = UNIX_EPOCH + Duration::from_millis(ms);
-    // A time ahead of this machine's clock reads as "0s ago".
-    let secs = now.duration_since(then).unwrap_or_default().as_secs();
+    ago_time(UNIX_EPOCH + Duration::from_millis(ms), now)
+}
+
+/// A wall-clock time as `3s ago (2026-01-02T03:04:05Z)`.
+pub fn ago_time(then: SystemTime, now: SystemTime) -> String {
+    format!(
+        "{} ({})",
+        since(then, now),
+        humantime::format_rfc3339_seconds(then)
+    )
+}
+
+/// A wall-clock time as `3s ago`, for table cells; a time ahead of this machine's clock
+/// reads as `0s ago`.
+pub fn since(then: SystemTime, now: SystemTime) -> String {
+    format!(
+        "{} ago",
+        duration(now.duration_since(then).unwrap_or_default())
+    )
+}
+
+/// A duration for people, to the second: `3s`, `2m5s`, `3h1m`, `2d1h` (under a second:
+/// `250ms`).
+pub fn duration(d: Duration) -> String {
+    let secs = d.as_secs();
+    if secs == 0 && !d.is_zero() {
+        return format!("{}ms", d.as_millis());
+    }
     let (d, h, m, s) = (secs / 86_400, secs / 3_600 % 24, secs / 60 % 60, secs % 60);
-    let rel = match secs {
+    match secs {
         0..60 => format!("{s}s"),
         60..3_600 => format!("{m}m{s}s"),
         3_600..86_400 => format!("{h}h{m}m"),
         _ => format!("{d}d{h}h"),
+    }
+}
+
+/// `healthy/expected`, as Nomad shows instance counts.
+pub fn ratio(healthy: usize, expected: usize) -> String {
+    format!("{healthy}/{expected}")
+}
+
+/// The healthy and registered instances of `plugin` that serve the controller role, and
+/// those that serve the node role (a monolith's instances count in both).
+pub fn plugin_roles(plugin: &berth_api::PluginStatus) -> ((usize, usize), (usize, usize)) {
+    let expected = plugin.instances.len();
+    let healthy = plugin.instances.iter().filter(|i| i.health.healthy).count();
+    let role = |serves: bool| if serves { (healthy, expected) } else { (0, 0) };
+    (
+        role(plugin.plugin_type.is_controller()),
+        role(plugin.plugin_type.is_node()),
+    )
+}
+
+/// The columns an alloc adds to a table, after its id: TASK GROUP, DESIRED, STATUS, CREATED
+/// (its first event), MODIFIED (its latest); `-` each when the alloc is unknown.
+pub const ALLOC_COLUMNS: [&str; 5] = ["TASK GROUP", "DESIRED", "STATUS", "CREATED", "MODIFIED"];
+
+/// The cells of [`ALLOC_COLUMNS`] for `alloc`; `verbose` writes times in full.
+pub fn alloc_cells(
+    alloc: Option<&berth_api::jobs::AllocStatus>,
+    now: SystemTime,
+    verbose: bool,
+) -> Vec<String> {
+    let Some(a) = alloc else {
+        return vec!["-".into(); ALLOC_COLUMNS.len()];
     };
-    format!("{rel} ago ({})", humantime::format_rfc3339_seconds(then))
+    let at = |t: Option<SystemTime>| {
+        t.map_or_else(
+            || "-".into(),
+            |t| {
+                if verbose {
+                    ago_time(t, now)
+                } else {
+                    since(t, now)
+                }
+            },
+        )
+    };
+    vec![
+        a.group.clone(),
+        word(&a.desired),
+        a.client_status.to_string(),
+        at(a.events.first().map(|e| e.time)),
+        at(a.events.last().map(|e| e.time)),
+    ]
+}
+
+/// An enum's word as the API spells it (`run`, `volume_claimed`).
+pub fn word<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => "?".into(),
+    }
+}
+
+/// `--type` of `volume status` and `plugin status`: Nomad's `-type csi`, the only kind berth
+/// has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KindArg {
+    /// CSI volumes and plugins.
+    Csi,
 }
 
 #[cfg(test)]
@@ -146,6 +237,9 @@ mod tests {
         assert!(ago(ms, at(3 * 3_600 + 60)).starts_with("3h1m ago"));
         assert!(ago(ms, at(2 * 86_400 + 3_600)).starts_with("2d1h ago"));
         assert!(ago(ms + 5_000, at(0)).starts_with("0s ago"), "clock skew");
+        assert_eq!(duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(duration(Duration::ZERO), "0s");
+        assert_eq!(duration(Duration::from_secs(90_061)), "1d1h");
     }
 
     #[test]

@@ -108,6 +108,12 @@ enum JobCommand {
         /// A job id: show this job with its allocs.
         #[arg(value_parser = parse_id)]
         id: Option<String>,
+        /// Print the summary fields only, without the allocs.
+        #[arg(long)]
+        short: bool,
+        /// Also each alloc's tasks with their state.
+        #[arg(long)]
+        verbose: bool,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -236,7 +242,7 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
             say!()?;
             watch::follow_job(&client, &job, watch::Until::Stopped).await
         }
-        JobCommand::Status { id: None, json } => {
+        JobCommand::Status { id: None, json, .. } => {
             let jobs = client.jobs().await?;
             if json {
                 output::json(&jobs)
@@ -244,12 +250,17 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
                 print_list(&jobs)
             }
         }
-        JobCommand::Status { id: Some(id), json } => {
+        JobCommand::Status {
+            id: Some(id),
+            json,
+            short,
+            verbose,
+        } => {
             let job = client.job(&id).await?;
             if json {
                 output::json(&job)
             } else {
-                print_one(&job)
+                print_one(&job, short, verbose)
             }
         }
     }
@@ -402,7 +413,7 @@ fn print_list(list: &JobList) -> anyhow::Result<()> {
     )
 }
 
-fn print_one(job: &JobStatus) -> anyhow::Result<()> {
+fn print_one(job: &JobStatus, short: bool, verbose: bool) -> anyhow::Result<()> {
     let mut fields = vec![
         ("id", job.id.clone()),
         ("type", job.job_type.clone()),
@@ -412,13 +423,44 @@ fn print_one(job: &JobStatus) -> anyhow::Result<()> {
         fields.push(("version", v.to_string()));
     }
     output::fields(&fields)?;
+    if short {
+        return Ok(());
+    }
     print_failures(job)?;
     say!()?;
     if job.allocs.is_empty() {
         say!("no allocs")?;
         return Ok(());
     }
-    print_allocs(job)
+    print_allocs(job)?;
+    if verbose {
+        print_tasks(job)?;
+    }
+    Ok(())
+}
+
+/// Each alloc's tasks with their state, restarts and last exit.
+fn print_tasks(job: &JobStatus) -> anyhow::Result<()> {
+    let rows: Vec<Vec<String>> = job
+        .allocs
+        .iter()
+        .flat_map(|a| {
+            a.tasks.iter().map(|(name, t)| {
+                vec![
+                    a.alloc_id.clone(),
+                    name.clone(),
+                    t.state.to_string(),
+                    t.restarts.to_string(),
+                    t.last_exit.map_or_else(|| "-".into(), |e| e.to_string()),
+                ]
+            })
+        })
+        .collect();
+    say!()?;
+    if rows.is_empty() {
+        return say!("no tasks");
+    }
+    output::table(&["ALLOC", "TASK", "STATE", "RESTARTS", "LAST EXIT"], &rows)
 }
 
 /// In a fleet: why groups were not placed.

@@ -1,15 +1,15 @@
 //! `berth plugin …`: the CSI plugins registered with the agent.
 
-use std::time::SystemTime;
+use std::{collections::BTreeSet, time::SystemTime};
 
-use berth_api::{Fingerprint, PluginList, PluginStatus};
+use berth_api::{Client, Fingerprint, PluginList, PluginStatus, Source, jobs::AllocStatus};
 use berth_csi::model::{PluginCapabilities, VolumeExpansion};
 use clap::{Args, Subcommand};
 
 use crate::say;
 
 use super::{
-    api_client::{self, ago, health_word, list, yes_no},
+    api_client::{self, KindArg, ago, health_word, list, ratio, yes_no},
     output,
 };
 
@@ -26,6 +26,15 @@ enum PluginCommand {
     Status {
         /// A plugin id: show this plugin in detail.
         id: Option<String>,
+        /// The kind of plugin: csi, the only one berth has (Nomad's `-type csi`).
+        #[arg(long = "type", value_enum)]
+        kind: Option<KindArg>,
+        /// Print the summary fields only, without the tables.
+        #[arg(long)]
+        short: bool,
+        /// Show the allocs' times in full.
+        #[arg(long)]
+        verbose: bool,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -36,7 +45,7 @@ enum PluginCommand {
 pub async fn run(address: &api_client::AgentAddress, args: PluginArgs) -> anyhow::Result<()> {
     let client = api_client::connect(address)?;
     match args.command {
-        PluginCommand::Status { id: None, json } => {
+        PluginCommand::Status { id: None, json, .. } => {
             let plugins = client.plugins().await?;
             if json {
                 output::json(&plugins)
@@ -44,15 +53,78 @@ pub async fn run(address: &api_client::AgentAddress, args: PluginArgs) -> anyhow
                 print_list(&plugins)
             }
         }
-        PluginCommand::Status { id: Some(id), json } => {
+        PluginCommand::Status {
+            id: Some(id),
+            json,
+            short,
+            verbose,
+            ..
+        } => {
             let plugin = client.plugin(&id).await?;
             if json {
-                output::json(&plugin)
-            } else {
-                print_one(&plugin, SystemTime::now())
+                return output::json(&plugin);
+            }
+            let now = SystemTime::now();
+            print_one(&plugin, short, now)?;
+            if short {
+                return Ok(());
+            }
+            let allocs = plugin_allocs(&client, &plugin).await?;
+            say!()?;
+            if allocs.is_empty() {
+                return say!("no allocs run this plugin");
+            }
+            let rows: Vec<Vec<String>> = allocs
+                .iter()
+                .map(|a| {
+                    let mut row = vec![a.alloc_id.clone()];
+                    row.extend(api_client::alloc_cells(Some(a), now, verbose));
+                    row
+                })
+                .collect();
+            let mut header = vec!["ID"];
+            header.extend(api_client::ALLOC_COLUMNS);
+            output::table(&header, &rows)
+        }
+    }
+}
+
+/// The allocs whose task runs `plugin`: an instance a task registered is named
+/// `<alloc id>.<task>`, matched against the tasks of every job's allocs.
+async fn plugin_allocs(client: &Client, plugin: &PluginStatus) -> anyhow::Result<Vec<AllocStatus>> {
+    let names: BTreeSet<&str> = plugin
+        .instances
+        .iter()
+        .filter(|i| i.source == Source::Task)
+        .map(|i| i.instance.as_str())
+        .collect();
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let jobs = match client.jobs().await {
+        Ok(j) => j.jobs,
+        // An agent that serves no jobs runs no plugin task.
+        Err(e) if e.is_not_found() => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let mut found = Vec::new();
+    for job in jobs {
+        let status = match client.job(&job.id).await {
+            Ok(s) => s,
+            // Purged meanwhile.
+            Err(e) if e.is_not_found() => continue,
+            Err(e) => return Err(e.into()),
+        };
+        for a in status.allocs {
+            if a.tasks
+                .keys()
+                .any(|t| names.contains(format!("{}.{t}", a.alloc_id).as_str()))
+            {
+                found.push(a);
             }
         }
     }
+    Ok(found)
 }
 
 fn print_list(list: &PluginList) -> anyhow::Result<()> {
@@ -65,28 +137,43 @@ fn print_list(list: &PluginList) -> anyhow::Result<()> {
         .iter()
         .map(|p| {
             let fp = p.fingerprint.as_ref();
+            let ((ch, ce), (nh, ne)) = api_client::plugin_roles(p);
             vec![
                 p.id.clone(),
                 p.plugin_type.to_string(),
                 health_word(p.health.healthy).into(),
                 fp.map_or("-".into(), |f| f.provider.clone()),
                 fp.map_or("-".into(), |f| f.version.clone()),
+                ratio(ch, ce),
+                ratio(nh, ne),
                 p.instances.len().to_string(),
             ]
         })
         .collect();
     output::table(
-        &["ID", "TYPE", "HEALTHY", "PROVIDER", "VERSION", "INSTANCES"],
+        &[
+            "ID",
+            "TYPE",
+            "HEALTHY",
+            "PROVIDER",
+            "VERSION",
+            "CONTROLLERS",
+            "NODES",
+            "INSTANCES",
+        ],
         &rows,
     )
 }
 
-fn print_one(p: &PluginStatus, now: SystemTime) -> anyhow::Result<()> {
+fn print_one(p: &PluginStatus, short: bool, now: SystemTime) -> anyhow::Result<()> {
     let fp = p.fingerprint.as_ref();
+    let ((ch, ce), (nh, ne)) = api_client::plugin_roles(p);
     let mut rows = vec![
         ("id", p.id.clone()),
         ("type", p.plugin_type.to_string()),
         ("health", health_word(p.health.healthy).into()),
+        ("controllers healthy", ratio(ch, ce)),
+        ("nodes healthy", ratio(nh, ne)),
         ("description", p.health.description.clone()),
         ("last transition", ago(p.health.last_transition_ms, now)),
         ("provider", fp.map_or("-".into(), |f| f.provider.clone())),
@@ -118,6 +205,9 @@ fn print_one(p: &PluginStatus, now: SystemTime) -> anyhow::Result<()> {
         ));
     }
     output::fields(&rows)?;
+    if short {
+        return Ok(());
+    }
     say!()?;
     let instances: Vec<Vec<String>> = p
         .instances

@@ -2,10 +2,14 @@
 //!
 //! Spec texts, secrets and mount flags are sent, never printed: not on success, not in errors.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
 
 use berth_api::{
-    Client,
+    Client, ClientError, PluginList, PluginStatus,
+    jobs::AllocStatus,
     volumes::{
         ClaimRequest, DetachRequest, DetachResponse, ExpandRequest, FlagsInput, MountOptionsInput,
         MountOptionsView, REDACTED, ReleaseRequest, SnapshotCreateRequest, SnapshotDeleteRequest,
@@ -19,7 +23,7 @@ use crate::say;
 
 use super::{
     UsageError,
-    api_client::{self, ago, list, yes_no},
+    api_client::{self, KindArg, ago, list, ratio, yes_no},
     csi::{SecretArgs, parse_key_value},
     input::{self, FormatArg},
     output::{self, quoted},
@@ -46,6 +50,15 @@ enum VolumeCommand {
         /// A volume id: show this volume in detail.
         #[arg(value_parser = parse_id)]
         id: Option<String>,
+        /// The kind of volume: csi, the only one berth has (Nomad's `-type csi`).
+        #[arg(long = "type", value_enum)]
+        kind: Option<KindArg>,
+        /// Print the summary fields only, without the tables.
+        #[arg(long)]
+        short: bool,
+        /// Show the claiming allocs' times in full.
+        #[arg(long)]
+        verbose: bool,
         /// Print the API's JSON document instead.
         #[arg(long)]
         json: bool,
@@ -253,22 +266,48 @@ pub async fn run(address: &api_client::AgentAddress, args: VolumeArgs) -> anyhow
     match args.command {
         VolumeCommand::Register(spec) => put(&client, spec, "registered").await,
         VolumeCommand::Create(spec) => put(&client, spec, "created").await,
-        VolumeCommand::Status { id: None, json } => {
+        VolumeCommand::Status {
+            id: None,
+            json,
+            short: _,
+            ..
+        } => {
             let volumes = client.volumes().await?;
             if json {
                 output::json(&volumes)
             } else {
-                print_list(&volumes)
+                let plugins = client.plugins().await?;
+                print_list(&volumes, &plugins)
             }
         }
-        VolumeCommand::Status { id: Some(id), json } => {
+        VolumeCommand::Status {
+            id: Some(id),
+            json,
+            short,
+            verbose,
+            ..
+        } => {
             let mut volume = client.volume(&id).await?;
             redact_flags(&mut volume);
             if json {
-                output::json(&volume)
-            } else {
-                print_one(&volume, SystemTime::now())
+                return output::json(&volume);
             }
+            let plugin = optional(client.plugin(&volume.plugin_id).await)?;
+            let mut allocs = BTreeMap::new();
+            if !short {
+                for c in &volume.claims {
+                    if let Some(a) = optional(client.alloc(&c.alloc_id).await)? {
+                        allocs.insert(c.alloc_id.clone(), a);
+                    }
+                }
+            }
+            let view = Detail {
+                plugin: plugin.as_ref(),
+                allocs: &allocs,
+                short,
+                verbose,
+            };
+            print_one(&volume, &view, SystemTime::now())
         }
         VolumeCommand::Deregister { id, force, json } => {
             let answer = client.deregister_volume(&id, force).await?;
@@ -565,7 +604,25 @@ fn print_releases(answer: &DetachResponse) -> anyhow::Result<()> {
     output::table(&["ALLOC", "RELEASE"], &rows)
 }
 
-fn print_list(list: &VolumeList) -> anyhow::Result<()> {
+/// `None` for a 404 (no such plugin or alloc), the error otherwise.
+fn optional<T>(answer: Result<T, ClientError>) -> anyhow::Result<Option<T>> {
+    match answer {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Whether a volume can be claimed now: its plugin is healthy and, when the volume needs a
+/// controller, an instance serving the controller role is healthy.
+fn schedulable(plugin: Option<&PluginStatus>, controller_required: bool) -> bool {
+    plugin.is_some_and(|p| {
+        let ((controllers, _), _) = api_client::plugin_roles(p);
+        p.health.healthy && (!controller_required || controllers > 0)
+    })
+}
+
+fn print_list(list: &VolumeList, plugins: &PluginList) -> anyhow::Result<()> {
     if list.volumes.is_empty() {
         say!("no volumes")?;
         return Ok(());
@@ -574,11 +631,13 @@ fn print_list(list: &VolumeList) -> anyhow::Result<()> {
         .volumes
         .iter()
         .map(|v| {
+            let plugin = plugins.plugins.iter().find(|p| p.id == v.plugin_id);
             vec![
                 v.id.clone(),
                 v.name.clone(),
                 v.plugin_id.clone(),
                 v.external_id.clone(),
+                yes_no(schedulable(plugin, v.controller_required)).into(),
                 if v.access_modes.is_empty() {
                     "-".into()
                 } else {
@@ -597,6 +656,7 @@ fn print_list(list: &VolumeList) -> anyhow::Result<()> {
             "NAME",
             "PLUGIN",
             "EXTERNAL ID",
+            "SCHEDULABLE",
             "ACCESS MODES",
             "READERS",
             "WRITERS",
@@ -606,7 +666,28 @@ fn print_list(list: &VolumeList) -> anyhow::Result<()> {
     )
 }
 
-fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
+/// What `volume status ID` shows besides the volume: its plugin and its claiming allocs.
+struct Detail<'a> {
+    plugin: Option<&'a PluginStatus>,
+    allocs: &'a BTreeMap<String, AllocStatus>,
+    short: bool,
+    verbose: bool,
+}
+
+/// The distinct words of the volume's claims' modes, `-` when it has no claim.
+fn claim_modes(words: impl Iterator<Item = String>) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    for w in words {
+        if !seen.contains(&w) {
+            seen.push(w);
+        }
+    }
+    list(seen)
+}
+
+fn print_one(v: &VolumeStatus, d: &Detail<'_>, now: SystemTime) -> anyhow::Result<()> {
+    let fp = d.plugin.and_then(|p| p.fingerprint.as_ref());
+    let ((ch, ce), (nh, ne)) = d.plugin.map_or(((0, 0), (0, 0)), api_client::plugin_roles);
     let capacity = if v.capacity_bytes > 0 {
         format!(
             "{} ({} bytes)",
@@ -620,6 +701,22 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
         ("id", v.id.clone()),
         ("name", v.name.clone()),
         ("plugin", v.plugin_id.clone()),
+        ("provider", fp.map_or("-".into(), |f| f.provider.clone())),
+        ("version", fp.map_or("-".into(), |f| f.version.clone())),
+        (
+            "schedulable",
+            yes_no(schedulable(d.plugin, v.controller_required)).into(),
+        ),
+        ("controllers healthy", ratio(ch, ce)),
+        ("nodes healthy", ratio(nh, ne)),
+        (
+            "access mode",
+            claim_modes(v.claims.iter().map(|c| c.access_mode.to_string())),
+        ),
+        (
+            "attachment mode",
+            claim_modes(v.claims.iter().map(|c| c.attachment_mode.to_string())),
+        ),
         ("external id", v.external_id.clone()),
         ("origin", format!("{:?}", v.origin).to_lowercase()),
         ("created", ago(v.created_ms, now)),
@@ -649,6 +746,9 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
         ),
         ("controller required", yes_no(v.controller_required).into()),
     ])?;
+    if d.short {
+        return Ok(());
+    }
 
     say!()?;
     if v.claims.is_empty() {
@@ -658,8 +758,13 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
             .claims
             .iter()
             .map(|c| {
-                vec![
-                    c.alloc_id.clone(),
+                let mut row = vec![c.alloc_id.clone()];
+                row.extend(api_client::alloc_cells(
+                    d.allocs.get(&c.alloc_id),
+                    now,
+                    d.verbose,
+                ));
+                row.extend([
                     c.node_id.clone(),
                     c.mode.clone(),
                     c.access_mode.to_string(),
@@ -668,21 +773,14 @@ fn print_one(v: &VolumeStatus, now: SystemTime) -> anyhow::Result<()> {
                     c.error
                         .as_deref()
                         .map_or_else(|| "-".into(), str::to_string),
-                ]
+                ]);
+                row
             })
             .collect();
-        output::table(
-            &[
-                "ALLOC",
-                "NODE",
-                "MODE",
-                "ACCESS",
-                "ATTACHMENT",
-                "STATE",
-                "ERROR",
-            ],
-            &rows,
-        )?;
+        let mut header = vec!["ALLOC"];
+        header.extend(api_client::ALLOC_COLUMNS);
+        header.extend(["NODE", "MODE", "ACCESS", "ATTACHMENT", "STATE", "ERROR"]);
+        output::table(&header, &rows)?;
     }
 
     say!()?;

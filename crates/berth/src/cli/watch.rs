@@ -326,8 +326,8 @@ pub async fn slow_call<T>(
             }
             () = tokio::time::sleep(SLOW) => {
                 eprintln!(
-                    "    {what}: still waiting ({}s)",
-                    started.elapsed().as_secs()
+                    "    {what}: still waiting ({})",
+                    super::api_client::duration(started.elapsed())
                 );
             }
         }
