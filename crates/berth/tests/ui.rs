@@ -858,3 +858,92 @@ async fn the_page_reconnects_from_the_last_index_after_the_agent_restarts() {
     );
     b.close().await;
 }
+
+/// Types `token` into the token box and uses it.
+async fn use_token(b: &Browser, token: &str) {
+    let input = b
+        .client()
+        .find(Locator::Id("token-input"))
+        .await
+        .expect("token box");
+    input.send_keys(token).await.expect("type the token");
+    b.client()
+        .find(Locator::Id("token-save"))
+        .await
+        .expect("use button")
+        .click()
+        .await
+        .expect("click");
+    wait_element(b, "#token-state", &[("set", "true")]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_acls_on_the_ui_asks_for_a_token_refuses_a_wrong_one_and_works_with_a_read_token() {
+    let port = free_port();
+    let config = format!("acl {{\n  enabled = true\n}}\n{}", api_block(port));
+    let agent = AgentProcess::start(&config).await;
+    let admin = agent.client().acl_bootstrap().await.expect("bootstrap");
+    let admin_client = agent.client().with_token(admin.secret_id.clone());
+    let reader = admin_client
+        .acl_create_token("ui", &[berth_api::acl::Policy::Read])
+        .await
+        .expect("a read token");
+    run_job(
+        &admin_client,
+        r#"
+job "acl-web" {
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["600"]
+      }
+      kill_timeout = "1s"
+    }
+  }
+}
+"#
+        .into(),
+    )
+    .await
+    .expect("job run");
+
+    let b = browser().await;
+    b.client()
+        .goto(&format!("http://127.0.0.1:{port}/ui/"))
+        .await
+        .expect("open the UI: its files need no token");
+    wait_element(&b, "#auth-banner", &[("reason", "needed")]).await;
+
+    use_token(&b, "00000000-0000-4000-8000-000000000000").await;
+    click_nav(&b, "jobs").await;
+    wait_element(&b, "#auth-banner", &[("reason", "refused")]).await;
+
+    b.client()
+        .find(Locator::Id("token-clear"))
+        .await
+        .expect("clear button")
+        .click()
+        .await
+        .expect("click");
+    use_token(&b, reader.secret_id.expose()).await;
+    nav(&b, "jobs").await;
+    wait_element(&b, "#jobs-table tr", &[("jobId", "acl-web")]).await;
+    wait_element(&b, "#feed-state", &[("state", "live")]).await;
+    b.wait_for(
+        "the token banner gone",
+        SHOWN,
+        "return document.getElementById('auth-banner').hidden;",
+    )
+    .await;
+    let html = b
+        .eval("return document.documentElement.outerHTML;")
+        .await
+        .to_string();
+    assert!(
+        !html.contains(reader.secret_id.expose()) && !html.contains(admin.secret_id.expose()),
+        "a token's secret is in the page"
+    );
+    admin_client.stop_job("acl-web").await.expect("stop");
+}
