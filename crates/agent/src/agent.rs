@@ -871,12 +871,10 @@ impl berth_api::JobView for Agent {
     }
 
     fn job_ids(&self) -> Vec<String> {
-        let list = match &self.fleet_jobs {
-            Some(f) => Ok(f.list()),
-            None => self.jobs.list(),
-        };
-        list.map(|l| l.jobs.into_iter().map(|j| j.id).collect())
-            .unwrap_or_default()
+        match &self.fleet_jobs {
+            Some(f) => f.list().jobs.into_iter().map(|j| j.id).collect(),
+            None => self.jobs.job_ids(),
+        }
     }
 
     async fn plan_job(

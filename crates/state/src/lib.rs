@@ -317,6 +317,23 @@ impl Store {
         Ok(out)
     }
 
+    /// Every key of `table`, in order, without reading the records.
+    pub fn keys(&self, table: Table) -> Result<Vec<String>, StateError> {
+        let action = || format!("list the keys of {table}");
+        let txn = self.db.begin_read().map_err(|e| self.err(&action(), e))?;
+        let t = match txn.open_table(table.def()) {
+            Ok(t) => t,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.err(&action(), e)),
+        };
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.err(&action(), e))? {
+            let (k, _) = row.map_err(|e| self.err(&action(), e))?;
+            out.push(k.value().to_string());
+        }
+        Ok(out)
+    }
+
     /// Every record of `table` whose key starts with `prefix`, in key order.
     pub fn list_prefix<T: DeserializeOwned>(
         &self,

@@ -18,12 +18,14 @@ use super::{JobRecord, Jobs};
 const PURGE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
 
 impl Jobs {
-    /// Every alloc id in the store.
+    /// Every job id in the store (its keys only).
+    pub fn job_ids(&self) -> Vec<String> {
+        self.store.keys(Table::JOBS).unwrap_or_default()
+    }
+
+    /// Every alloc id in the store (its keys only: no record is read).
     pub fn alloc_ids(&self) -> Vec<String> {
-        self.allocs
-            .list()
-            .map(|records| records.into_iter().map(|r| r.alloc_id).collect())
-            .unwrap_or_default()
+        self.store.keys(Table::ALLOCS).unwrap_or_default()
     }
 
     /// `POST /v1/jobs/plan`: what [`Jobs::run`] would place for `req`, and every reason it
