@@ -236,7 +236,9 @@ pub async fn run(address: &api_client::AgentAddress, args: JobArgs) -> anyhow::R
             }
             say!()?;
             print_allocs(&job)?;
-            if detach || job.event_index.is_none() {
+            // In a fleet the allocs stop on their own nodes (a lost node's never reports):
+            // the stop is not followed there.
+            if detach || job.event_index.is_none() || !job.placements.is_empty() {
                 return Ok(());
             }
             say!()?;
