@@ -203,7 +203,7 @@ fn sleeper(id: &str) -> String {
 job "{id}" {{
   group "g" {{
     task "t" {{
-      driver = "raw_exec"
+      driver = "exec"
       config {{
         command = "/bin/sh"
         args    = ["-c", "trap 'echo got-hup' HUP; echo ready; while true; do sleep 0.1; done"]

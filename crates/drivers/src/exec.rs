@@ -958,7 +958,7 @@ impl Driver for ExecDriver {
     }
 
     fn signal(&self, task_id: &TaskId, signal: Signal) -> Result<(), DriverError> {
-        self.sup.signal(task_id, signal)
+        self.sup.signal_namespace_init(task_id, signal)
     }
 
     fn stats<'a>(

@@ -447,6 +447,37 @@ impl Supervisor {
         Ok(())
     }
 
+    /// Like [`Self::signal`], for a task started as `unshare --pid --fork … sh`: its main
+    /// process is `unshare`, which only waits for the namespace's PID 1 (and dies of a signal
+    /// it does not handle, taking the task with it), so the signal goes to that PID 1, which
+    /// passes it on to the command. Without such a child, to the main process.
+    pub fn signal_namespace_init(&self, id: &TaskId, signal: Signal) -> Result<(), DriverError> {
+        let entry = self.get(id)?;
+        if entry.exit().is_some() || !entry.identity_holds() {
+            return Err(DriverError::NotRunning {
+                task_id: id.clone(),
+                pid: entry.pid(),
+            });
+        }
+        let Some(init) = namespace_init(entry.pid()) else {
+            return self.signal(id, signal);
+        };
+        kill(Pid::from_raw(init as i32), signal).map_err(|e| DriverError::Signal {
+            task_id: id.clone(),
+            pid: init,
+            signal: signal.as_str().into(),
+            source: io::Error::from(e),
+        })?;
+        self.emit(
+            id,
+            TaskEventKind::Signaled {
+                signal: signal as i32,
+            },
+            format!("sent {} to the task's PID 1 (pid {init})", signal.as_str()),
+        );
+        Ok(())
+    }
+
     /// Sends `signal` to the task's process group while its main process runs.
     fn signal_group(&self, entry: &TaskEntry, signal: Signal) -> Result<(), DriverError> {
         if entry.exit().is_some() || !entry.identity_holds() {
@@ -805,4 +836,18 @@ pub(crate) fn task_env(config: &TaskConfig, process: &ProcessConfig) -> BTreeMap
         env.insert("PATH".into(), path);
     }
     env
+}
+
+/// The only child of `pid` when it is PID 1 of a PID namespace of its own (`NSpid` ends in 1).
+fn namespace_init(pid: u32) -> Option<u32> {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    let mut it = children.split_whitespace();
+    let child: u32 = it.next()?.parse().ok()?;
+    if it.next().is_some() {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{child}/status")).ok()?;
+    let nspid = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    let ids: Vec<&str> = nspid.split_whitespace().collect();
+    (ids.len() > 1 && ids.last() == Some(&"1")).then_some(child)
 }
