@@ -5,18 +5,15 @@
 
 use http_body_util::{BodyExt as _, Full};
 use hyper::{
-    Method, Request, StatusCode,
+    Method, StatusCode,
     body::{Bytes, Incoming},
     header,
     upgrade::Upgraded,
 };
 use hyper_util::rt::TokioIo;
-use tokio::{
-    io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadHalf, WriteHalf},
-    net::{TcpStream, UnixStream},
-};
+use tokio::io::{AsyncWriteExt as _, ReadHalf, WriteHalf};
 
-use super::{Address, Client, ClientError, ConnTask, ConnectFailure, encode_segment};
+use super::{Client, ClientError, ConnTask, encode_segment};
 use crate::allocs::{EXEC_PROTOCOL, ExecRequest, Frame, LogsRequest};
 
 /// A query value or path segment, percent-encoded (see the client's path encoding).
@@ -57,10 +54,6 @@ impl LogBytes {
         }
     }
 }
-
-/// What reads and writes a connection to the agent.
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// A command running in a task: its frames from the agent, and a way to send it frames.
 #[derive(Debug)]
@@ -176,40 +169,7 @@ impl Client {
     /// Connects, asks for an upgrade to [`EXEC_PROTOCOL`] and waits for it.
     async fn upgrade(&self, path: &str) -> Result<(TokioIo<Upgraded>, ConnTask), ClientError> {
         let method = Method::POST;
-        let connect_error = |e: std::io::Error| ClientError::Connect {
-            address: self.name.clone(),
-            failure: ConnectFailure::from_io(&e),
-        };
-        let (stream, host): (Box<dyn Io>, String) = match &self.address {
-            Address::Unix(socket) => (
-                Box::new(UnixStream::connect(socket).await.map_err(connect_error)?),
-                "localhost".into(),
-            ),
-            Address::Tcp(addr) => {
-                let stream = TcpStream::connect(addr).await.map_err(connect_error)?;
-                let _ = stream.set_nodelay(true);
-                (Box::new(stream), addr.to_string())
-            }
-            Address::Https { host, port } => {
-                let tls = match &self.tls {
-                    Some(tls) => tls.clone(),
-                    None => super::tls::ClientTls::system()?,
-                };
-                let stream = TcpStream::connect((host.as_str(), *port))
-                    .await
-                    .map_err(connect_error)?;
-                let _ = stream.set_nodelay(true);
-                let stream =
-                    tls.connect(host, stream)
-                        .await
-                        .map_err(|source| ClientError::Tls {
-                            address: self.name.clone(),
-                            source,
-                        })?;
-                let authority = self.name.strip_prefix("https://").unwrap_or(&self.name);
-                (Box::new(stream), authority.to_string())
-            }
-        };
+        let (stream, host) = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|source| self.http_error(&method, path, source))?;
@@ -219,27 +179,10 @@ impl Client {
             }
         });
         let conn = ConnTask(task);
-        let mut request = Request::builder()
-            .method(method.clone())
-            .uri(path)
-            .header(header::HOST, host)
-            .header(
-                header::USER_AGENT,
-                concat!("berth/", env!("CARGO_PKG_VERSION")),
-            )
+        let request = self
+            .request_head(&method, path, &host)?
             .header(header::CONNECTION, "upgrade")
             .header(header::UPGRADE, EXEC_PROTOCOL);
-        if let Some(token) = &self.token {
-            let mut value = header::HeaderValue::from_str(token.expose()).map_err(|e| {
-                ClientError::BuildRequest {
-                    method: method.clone(),
-                    path: path.to_string(),
-                    source: e.into(),
-                }
-            })?;
-            value.set_sensitive(true);
-            request = request.header(crate::acl::TOKEN_HEADER, value);
-        }
         let request =
             request
                 .body(Full::new(Bytes::new()))

@@ -588,21 +588,41 @@ impl Client {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(Response<Incoming>, ConnTask), ClientError> {
+        let (stream, host) = self.connect().await?;
+        let (mut sender, conn) = self.handshake(stream, &method, path).await?;
+        let mut request = self.request_head(&method, path, &host)?;
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|source| ClientError::BuildRequest {
+                method: method.clone(),
+                path: path.to_string(),
+                source,
+            })?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(|source| self.http_error(&method, path, source))?;
+        Ok((response, conn))
+    }
+
+    /// Connects to the agent (TLS included): the stream and the `Host` to send.
+    pub(super) async fn connect(&self) -> Result<(Box<dyn Io>, String), ClientError> {
         let connect_error = |e: io::Error| ClientError::Connect {
             address: self.name.clone(),
             failure: ConnectFailure::from_io(&e),
         };
-        let (mut sender, conn, host) = match &self.address {
-            Address::Unix(socket) => {
-                let stream = UnixStream::connect(socket).await.map_err(connect_error)?;
-                let (sender, conn) = self.handshake(stream, &method, path).await?;
-                (sender, conn, "localhost".to_string())
-            }
+        Ok(match &self.address {
+            Address::Unix(socket) => (
+                Box::new(UnixStream::connect(socket).await.map_err(connect_error)?),
+                "localhost".into(),
+            ),
             Address::Tcp(addr) => {
                 let stream = TcpStream::connect(addr).await.map_err(connect_error)?;
                 let _ = stream.set_nodelay(true);
-                let (sender, conn) = self.handshake(stream, &method, path).await?;
-                (sender, conn, addr.to_string())
+                (Box::new(stream), addr.to_string())
             }
             Address::Https { host, port } => {
                 let tls = match &self.tls {
@@ -620,11 +640,20 @@ impl Client {
                             address: self.name.clone(),
                             source,
                         })?;
-                let (sender, conn) = self.handshake(stream, &method, path).await?;
                 let authority = self.name.strip_prefix("https://").unwrap_or(&self.name);
-                (sender, conn, authority.to_string())
+                (Box::new(stream), authority.to_string())
             }
-        };
+        })
+    }
+
+    /// A request's method, path, `Host`, `User-Agent` and, with a token, the token header
+    /// (marked sensitive).
+    pub(super) fn request_head(
+        &self,
+        method: &Method,
+        path: &str,
+        host: &str,
+    ) -> Result<hyper::http::request::Builder, ClientError> {
         let mut request = Request::builder()
             .method(method.clone())
             .uri(path)
@@ -633,9 +662,6 @@ impl Client {
                 header::USER_AGENT,
                 concat!("berth/", env!("CARGO_PKG_VERSION")),
             );
-        if body.is_some() {
-            request = request.header(header::CONTENT_TYPE, "application/json");
-        }
         if let Some(token) = &self.token {
             let mut value = header::HeaderValue::from_str(token.expose()).map_err(|e| {
                 ClientError::BuildRequest {
@@ -647,18 +673,7 @@ impl Client {
             value.set_sensitive(true);
             request = request.header(crate::acl::TOKEN_HEADER, value);
         }
-        let request = request
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|source| ClientError::BuildRequest {
-                method: method.clone(),
-                path: path.to_string(),
-                source,
-            })?;
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(|source| self.http_error(&method, path, source))?;
-        Ok((response, conn))
+        Ok(request)
     }
 
     async fn handshake<S>(
@@ -756,6 +771,10 @@ fn encode<T: serde::Serialize>(
         source,
     })
 }
+
+/// A connection to the agent, whatever its transport.
+pub(super) trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 /// The `x-berth-index` header of `response`, when it has a number.
 fn index_header<B>(response: &Response<B>) -> Option<u64> {
