@@ -50,7 +50,9 @@ pub(super) fn routes<V: VolumeView>() -> Router<Arc<V>> {
 
 type Id = Result<Path<String>, PathRejection>;
 
-/// The `{id}` of a volume route.
+/// The `{id}` of an operator's volume route: the volume it is, or the one it is a prefix of.
+/// Claim and release take the whole id: they are on the claim path, where a listing of the
+/// catalog per call is not worth it.
 fn volume_id<V: VolumeView>(view: &V, id: Id) -> Result<String, ApiError> {
     let id = path_id("volume id", id)?;
     super::extract::resolve_prefix("volume", &id, view.volume_ids())
@@ -134,7 +136,7 @@ async fn claim<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<ClaimResponse>, Refusal> {
-    let id = volume_id(&*view, id)?;
+    let id = path_id("volume id", id)?;
     let req: ClaimRequest = json_body(req).await?;
     Ok(Json(view.claim_volume(&id, req).await?))
 }
@@ -144,7 +146,7 @@ async fn release<V: VolumeView>(
     id: Id,
     req: Request,
 ) -> Result<Json<ReleaseResponse>, Refusal> {
-    let id = volume_id(&*view, id)?;
+    let id = path_id("volume id", id)?;
     let req: ReleaseRequest = json_body(req).await?;
     Ok(Json(view.release_volume(&id, req).await?))
 }
