@@ -6,7 +6,7 @@
 
 use std::{future::Future, pin::Pin, sync::Arc};
 
-use berth_state::{Store, Table};
+use berth_state::{Batch, Store, Table};
 
 use crate::{ControlPlaneError, catalog::VolumeRecord};
 
@@ -87,7 +87,9 @@ impl CatalogBackend for StoreCatalog {
         _version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
         Box::pin(async move {
-            self.store.put(Table::VOLUMES, &rec.id, rec)?;
+            let mut b = Batch::new();
+            b.put(Table::VOLUMES, &rec.id, rec);
+            self.store.commit(b).await?;
             Ok(Written::Done(0))
         })
     }
@@ -98,7 +100,9 @@ impl CatalogBackend for StoreCatalog {
         _version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
         Box::pin(async move {
-            self.store.delete(Table::VOLUMES, id)?;
+            let mut b = Batch::new();
+            b.delete(Table::VOLUMES, id);
+            self.store.commit(b).await?;
             Ok(Written::Done(0))
         })
     }

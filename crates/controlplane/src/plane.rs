@@ -817,6 +817,15 @@ impl<C: Controllers> ControlPlane for Plane<C> {
         let _guard = self.locks.lock(&req.volume_id).await;
         let alloc_id = req.claim.alloc_id.clone();
         let node_id = req.claim.node_id.clone();
+        // The spec: "CO MUST set this field to false if SP does not have the PUBLISH_READONLY
+        // controller capability" (the node side still mounts read-only).
+        let read_only_for = |h: &ControllerHandle| {
+            req.claim.access_mode.is_read_only()
+                && h.capabilities.has(ControllerCapability::PublishReadonly)
+        };
+        // The controller as seen when the claim was written; with a healthy one, the claim and
+        // the node's publication intent are one write.
+        let mut access = ControllerAccess::UnknownPlugin;
         let ((), rec) = self
             .modify(&req.volume_id, |rec| {
                 match rec.claims.get(&alloc_id) {
@@ -854,7 +863,29 @@ impl<C: Controllers> ControlPlane for Plane<C> {
                         );
                         Ok(())
                     }
+                }?;
+                access = self.controllers.controller(&rec.plugin_id);
+                let published = rec
+                    .publications
+                    .get(&node_id)
+                    .is_some_and(|p| p.state == PublicationState::Published);
+                if let ControllerAccess::Healthy(h) = &access
+                    && h.capabilities
+                        .has(ControllerCapability::PublishUnpublishVolume)
+                    && !published
+                {
+                    rec.controller_publish = true;
+                    rec.publications.insert(
+                        node_id.clone(),
+                        Publication {
+                            csi_node_id: req.csi_node_id.clone(),
+                            state: PublicationState::Publishing,
+                            publish_context: BTreeMap::new(),
+                            read_only: read_only_for(h),
+                        },
+                    );
                 }
+                Ok(())
             })
             .await?;
 
@@ -868,7 +899,7 @@ impl<C: Controllers> ControlPlane for Plane<C> {
                 publish_context,
             });
         }
-        let handle = match self.controllers.controller(&rec.plugin_id) {
+        let handle = match access {
             ControllerAccess::Healthy(h)
                 if h.capabilities
                     .has(ControllerCapability::PublishUnpublishVolume) =>
@@ -897,33 +928,11 @@ impl<C: Controllers> ControlPlane for Plane<C> {
             }
         };
 
-        // The spec: "CO MUST set this field to false if SP does not have the PUBLISH_READONLY
-        // controller capability" (the node side still mounts read-only).
-        let read_only = req.claim.access_mode.is_read_only()
-            && handle
-                .capabilities
-                .has(ControllerCapability::PublishReadonly);
-        let csi_node_id = req.csi_node_id.clone();
-        let ((), rec) = self
-            .modify(&req.volume_id, |r| {
-                held(r, &alloc_id)?;
-                r.controller_publish = true;
-                r.publications.insert(
-                    node_id.clone(),
-                    Publication {
-                        csi_node_id: csi_node_id.clone(),
-                        state: PublicationState::Publishing,
-                        publish_context: BTreeMap::new(),
-                        read_only,
-                    },
-                );
-                Ok(())
-            })
-            .await?;
+        let read_only = read_only_for(&handle);
         self.step("ControllerPublishVolume:before");
         let publish = ControllerPublish {
             external_id: rec.external_id.clone(),
-            node_id: csi_node_id,
+            node_id: req.csi_node_id.clone(),
             capability: rec.capability(req.claim.access_mode, req.claim.attachment_mode),
             read_only,
             volume_context: rec.context.clone(),

@@ -1,8 +1,11 @@
 //! berth's store: one redb file (`state.redb` in the data dir) holding plain JSON records in
 //! named tables, with a schema version and a migration step.
 //!
-//! Every write is one redb transaction: after a crash the store holds either the old record or
-//! the new one, never a torn one. Callers write a record before they act and again after.
+//! Every write is one [`Batch`], all-or-nothing and durable when its call returns: after a crash
+//! the store holds either the old records or the new ones, never a torn one. Callers write a
+//! record before they act and again after. Writes go through one commit thread that commits
+//! the batches waiting together in one transaction (see [`commit`]), so concurrent writers
+//! share fsyncs; async callers wait for it without holding a runtime thread.
 //!
 //! Tables are created by their first write; reading a table that was never written finds
 //! nothing. So a table added by a newer build needs no migration: a store written before it
@@ -11,15 +14,18 @@
 //! [`KeyedLocks`] serializes the callers that act on one key (e.g. one volume) while different
 //! keys run in parallel.
 
+pub mod commit;
 mod journal;
 mod locks;
 
+pub use commit::{Batch, CommitHook, CommitPoint, CommitStats, Committed};
 pub use journal::Journal;
 pub use locks::KeyedLocks;
 
 use std::{
     fmt,
     path::{Path, PathBuf},
+    sync::Arc,
 };
 
 use redb::{ReadableDatabase as _, ReadableTable as _, TableDefinition};
@@ -61,7 +67,7 @@ impl Table {
     /// secret), and the `bootstrap` record once the first token was made.
     pub const ACL: Table = Table("acl");
 
-    fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
+    pub(crate) fn def(self) -> TableDefinition<'static, &'static str, &'static [u8]> {
         TableDefinition::new(self.0)
     }
 }
@@ -126,9 +132,12 @@ pub enum StateError {
     },
 }
 
-/// The open store. Cheap to share behind an `Arc`; redb serializes writers.
+/// The open store. Cheap to share behind an `Arc`. Dropping the last handle waits for the
+/// writes already queued, then closes the file.
 pub struct Store {
-    db: redb::Database,
+    // Field order: the commit thread is joined before the database handle goes.
+    committer: commit::Committer,
+    db: Arc<redb::Database>,
     path: PathBuf,
 }
 
@@ -152,15 +161,68 @@ impl Store {
     /// file holds volume secrets and mount flags: it is created with mode 0600 whatever the
     /// umask, and an existing file with another mode is set to 0600 first.
     pub fn open(path: impl Into<PathBuf>) -> Result<Self, StateError> {
+        Self::open_with_hook(path, None)
+    }
+
+    /// [`Store::open`], calling `hook` in the commit thread at each [`CommitPoint`] (crash
+    /// tests kill the process there).
+    pub fn open_with_hook(
+        path: impl Into<PathBuf>,
+        hook: Option<CommitHook>,
+    ) -> Result<Self, StateError> {
         let path = path.into();
         make_private(&path).map_err(|source| StateError::Private {
             path: path.clone(),
             source,
         })?;
         let db = redb::Database::create(&path).map_err(|e| db_err(&path, "open", e))?;
-        let store = Self { db, path };
-        store.migrate()?;
-        Ok(store)
+        migrate(&db, &path)?;
+        let db = Arc::new(db);
+        let committer = commit::Committer::start(Arc::clone(&db), &path, hook)
+            .map_err(|e| db_err(&path, "start the commit thread", redb::Error::Io(e)))?;
+        Ok(Self {
+            committer,
+            db,
+            path,
+        })
+    }
+
+    /// Commits `batch` (all of it or none) and returns once it is durable, without holding
+    /// the caller's thread: the commit thread may share the transaction with other batches.
+    pub async fn commit(&self, batch: Batch) -> Result<Committed, StateError> {
+        if batch.is_empty() {
+            return Ok(Committed::default());
+        }
+        self.committer
+            .submit(batch)
+            .await
+            .unwrap_or_else(|_| Err(self.committer.gone()))
+    }
+
+    /// [`Store::commit`] for synchronous callers: blocks this thread until the batch is
+    /// durable (on a multi-thread runtime's worker, without stalling that worker's other
+    /// tasks).
+    pub fn commit_blocking(&self, batch: Batch) -> Result<Committed, StateError> {
+        if batch.is_empty() {
+            return Ok(Committed::default());
+        }
+        let wait = || {
+            futures::executor::block_on(self.committer.submit(batch))
+                .unwrap_or_else(|_| Err(self.committer.gone()))
+        };
+        // On a runtime's worker, the other tasks of this worker move to another one while
+        // this thread waits for the commit.
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        }
+    }
+
+    /// Transactions and batches committed since the store opened.
+    pub fn commit_stats(&self) -> CommitStats {
+        self.committer.stats()
     }
 
     /// The store file.
@@ -170,69 +232,14 @@ impl Store {
 
     /// The schema version in the file.
     pub fn schema_version(&self) -> Result<u64, StateError> {
-        let txn = self
-            .db
-            .begin_read()
-            .map_err(|e| self.err("read schema version", e))?;
-        let table = match txn.open_table(META) {
-            Ok(t) => t,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
-            Err(e) => return Err(self.err("read schema version", e)),
-        };
-        let v = table
-            .get(SCHEMA_KEY)
-            .map_err(|e| self.err("read schema version", e))?;
-        match v {
-            None => Ok(0),
-            Some(g) => decode_version(g.value()).ok_or_else(|| StateError::BadSchema {
-                path: self.path.clone(),
-            }),
-        }
-    }
-
-    fn migrate(&self) -> Result<(), StateError> {
-        let found = self.schema_version()?;
-        if found > SCHEMA_VERSION {
-            return Err(StateError::TooNew {
-                path: self.path.clone(),
-                found,
-            });
-        }
-        if found == SCHEMA_VERSION {
-            return Ok(());
-        }
-        let txn = self.db.begin_write().map_err(|e| self.err("migrate", e))?;
-        // 0 is a new file, created at the current schema; older files run each step, all in
-        // this one transaction.
-        if found > 0 {
-            for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize - 1) {
-                tracing::info!(path = %self.path.display(), from = i + 1, to = i + 2, "migrating state");
-                step(&txn).map_err(|e| self.err("migrate", e))?;
-            }
-        }
-        {
-            let mut meta = txn.open_table(META).map_err(|e| self.err("migrate", e))?;
-            meta.insert(SCHEMA_KEY, SCHEMA_VERSION.to_be_bytes().as_slice())
-                .map_err(|e| self.err("migrate", e))?;
-        }
-        txn.commit().map_err(|e| self.err("migrate", e))?;
-        Ok(())
+        schema_version(&self.db, &self.path)
     }
 
     /// Writes `value` under `key`, replacing what was there. Durable when it returns.
     pub fn put<T: Serialize>(&self, table: Table, key: &str, value: &T) -> Result<(), StateError> {
-        let bytes =
-            serde_json::to_vec(value).map_err(|source| self.record_err(table, key, source))?;
-        let action = || format!("write {table}/{key}");
-        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
-        {
-            let mut t = txn
-                .open_table(table.def())
-                .map_err(|e| self.err(&action(), e))?;
-            t.insert(key, bytes.as_slice())
-                .map_err(|e| self.err(&action(), e))?;
-        }
-        txn.commit().map_err(|e| self.err(&action(), e))
+        let mut b = Batch::new();
+        b.put(table, key, value);
+        self.commit_blocking(b).map(drop)
     }
 
     /// Writes every `(key, value)` into `table` in one transaction: all of them or none.
@@ -242,38 +249,23 @@ impl Store {
         table: Table,
         items: &[(&str, &T)],
     ) -> Result<(), StateError> {
-        let mut encoded = Vec::with_capacity(items.len());
+        let mut b = Batch::new();
         for (key, value) in items {
-            let bytes =
-                serde_json::to_vec(value).map_err(|source| self.record_err(table, key, source))?;
-            encoded.push((*key, bytes));
+            b.put(table, key, *value);
         }
-        let action = || format!("write {} records into {table}", items.len());
-        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
-        {
-            let mut t = txn
-                .open_table(table.def())
-                .map_err(|e| self.err(&action(), e))?;
-            for (key, bytes) in &encoded {
-                t.insert(*key, bytes.as_slice())
-                    .map_err(|e| self.err(&action(), e))?;
-            }
-        }
-        txn.commit().map_err(|e| self.err(&action(), e))
+        self.commit_blocking(b).map(drop)
     }
 
     /// Removes `key`; whether it was there. Durable when it returns.
     pub fn delete(&self, table: Table, key: &str) -> Result<bool, StateError> {
-        let action = || format!("delete {table}/{key}");
-        let txn = self.db.begin_write().map_err(|e| self.err(&action(), e))?;
-        let existed = {
-            let mut t = txn
-                .open_table(table.def())
-                .map_err(|e| self.err(&action(), e))?;
-            t.remove(key).map_err(|e| self.err(&action(), e))?.is_some()
-        };
-        txn.commit().map_err(|e| self.err(&action(), e))?;
-        Ok(existed)
+        let mut b = Batch::new();
+        b.delete(table, key);
+        Ok(self
+            .commit_blocking(b)?
+            .removed
+            .first()
+            .copied()
+            .unwrap_or(false))
     }
 
     /// The record under `key`, if any.
@@ -374,6 +366,53 @@ impl Store {
             source,
         }
     }
+}
+
+fn schema_version(db: &redb::Database, path: &Path) -> Result<u64, StateError> {
+    let err = |e: redb::Error| db_err(path, "read schema version", e);
+    let txn = db.begin_read().map_err(|e| err(e.into()))?;
+    let table = match txn.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(0),
+        Err(e) => return Err(err(e.into())),
+    };
+    let v = table.get(SCHEMA_KEY).map_err(|e| err(e.into()))?;
+    match v {
+        None => Ok(0),
+        Some(g) => decode_version(g.value()).ok_or_else(|| StateError::BadSchema {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+fn migrate(db: &redb::Database, path: &Path) -> Result<(), StateError> {
+    let found = schema_version(db, path)?;
+    if found > SCHEMA_VERSION {
+        return Err(StateError::TooNew {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    if found == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let err = |e: redb::Error| db_err(path, "migrate", e);
+    let txn = db.begin_write().map_err(|e| err(e.into()))?;
+    // 0 is a new file, created at the current schema; older files run each step, all in this
+    // one transaction.
+    if found > 0 {
+        for (i, step) in MIGRATIONS.iter().enumerate().skip(found as usize - 1) {
+            tracing::info!(path = %path.display(), from = i + 1, to = i + 2, "migrating state");
+            step(&txn).map_err(err)?;
+        }
+    }
+    {
+        let mut meta = txn.open_table(META).map_err(|e| err(e.into()))?;
+        meta.insert(SCHEMA_KEY, SCHEMA_VERSION.to_be_bytes().as_slice())
+            .map_err(|e| err(e.into()))?;
+    }
+    txn.commit().map_err(|e| err(e.into()))?;
+    Ok(())
 }
 
 /// Creates `path` (empty) with mode 0600 if it is missing, and sets an existing file to 0600.

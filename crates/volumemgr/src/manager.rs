@@ -11,7 +11,7 @@ use berth_csi::{
     CapacityRange, CsiClient, CsiError, NodeExpand, NodePublish, NodeStage,
     model::{ExternalId, NodeCapabilities, NodeCapability, Secrets, VolumeStats},
 };
-use berth_state::{KeyedLocks, Store, Table};
+use berth_state::{Batch, KeyedLocks, Store, Table};
 use berth_sys::{MountEntry, top_mount_at};
 use berth_volume::{PathError, PluginDir, PluginPaths, Usage, UsageKey};
 
@@ -166,6 +166,14 @@ enum Plan {
         staging: Option<StageState>,
         clear: bool,
     },
+}
+
+/// Whether a step writes its result at once, or leaves it to the step that follows, whose
+/// intent (or delete) is then written with it in one commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Save {
+    Now,
+    WithNext,
 }
 
 /// Where one record's RPCs point, and what they send.
@@ -360,7 +368,11 @@ impl VolumeManager {
             return Ok(target);
         }
         if rec.staging.is_some_and(|s| s != StageState::Staged) {
-            self.stage(&ctx, &mut rec, &staging, &req.secrets).await?;
+            // "Staged" is written with the publish intent that follows: one commit less, and a
+            // crash in between finds "staging", which is staged again (NodeStageVolume is
+            // idempotent), as before.
+            self.stage(&ctx, &mut rec, &staging, &req.secrets, Save::WithNext)
+                .await?;
         }
         self.publish(
             &ctx,
@@ -538,7 +550,11 @@ impl VolumeManager {
                 .paths
                 .publish(volume_id, alloc_id, usage)
                 .map_err(|source| invalid(volume_id, source))?;
-            self.unpublish(&ctx, rec, alloc_id, &target).await?;
+            // When it was the last alloc, the release that follows writes the record next
+            // (unstaging) or deletes it: one commit less. A crash in between finds
+            // "unpublishing", which is unpublished again (NOT_FOUND counts as done), as before.
+            self.unpublish(&ctx, rec, alloc_id, &target, Save::WithNext)
+                .await?;
         }
         if rec.allocs.is_empty() {
             self.release(&ctx, rec).await?;
@@ -703,7 +719,8 @@ impl VolumeManager {
                 .paths
                 .publish(&volume_id, &alloc_id, usage)
                 .map_err(bad_path)?;
-            self.unpublish(&ctx, &mut rec, &alloc_id, &target).await?;
+            self.unpublish(&ctx, &mut rec, &alloc_id, &target, Save::Now)
+                .await?;
             unpublished = true;
             actions.push(ReconcileAction::Unpublished {
                 volume_id: volume_id.clone(),
@@ -716,7 +733,8 @@ impl VolumeManager {
             match rec.staging {
                 // A stage was interrupted: finish it (a mount call was under way).
                 Some(StageState::Staging) => {
-                    self.stage(&ctx, &mut rec, &staging, &secrets()).await?;
+                    self.stage(&ctx, &mut rec, &staging, &secrets(), Save::Now)
+                        .await?;
                     actions.push(ReconcileAction::Staged {
                         volume_id: volume_id.clone(),
                         usage,
@@ -744,7 +762,8 @@ impl VolumeManager {
             Some(StageState::Staging | StageState::Unstaging) => true,
         };
         if restage {
-            self.stage(&ctx, &mut rec, &staging, &secrets()).await?;
+            self.stage(&ctx, &mut rec, &staging, &secrets(), Save::Now)
+                .await?;
             actions.push(ReconcileAction::Staged {
                 volume_id: volume_id.clone(),
                 usage,
@@ -795,9 +814,10 @@ impl VolumeManager {
         rec: &mut UsageRecord,
         staging: &Path,
         secrets: &Secrets,
+        save: Save,
     ) -> Result<(), VolumeError> {
         rec.staging = Some(StageState::Staging);
-        self.save(ctx, rec)?;
+        self.save(ctx, rec).await?;
         // The CO's duty (CSI, NodeStageVolume): the staging directory exists before the call.
         self.co_dir(ctx, staging)?;
         let usage = rec.full_usage();
@@ -816,7 +836,9 @@ impl VolumeManager {
             .map_err(|e| self.csi_err(ctx, None, e))?;
         self.step(StepRpc::NodeStageVolume, Phase::After);
         rec.staging = Some(StageState::Staged);
-        self.save(ctx, rec)?;
+        if save == Save::Now {
+            self.save(ctx, rec).await?;
+        }
         tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
         Ok(())
     }
@@ -835,7 +857,7 @@ impl VolumeManager {
     ) -> Result<(), VolumeError> {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Publishing);
-        self.save(ctx, rec)?;
+        self.save(ctx, rec).await?;
         // The CO's duty (CSI, NodePublishVolume): the target's parent exists; the target itself
         // is the plugin's to create (a directory, or a file for a block volume).
         if let Some(parent) = target.parent() {
@@ -860,7 +882,7 @@ impl VolumeManager {
         self.step(StepRpc::NodePublishVolume, Phase::After);
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Published);
-        self.save(ctx, rec)?;
+        self.save(ctx, rec).await?;
         tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "published");
         Ok(())
     }
@@ -871,10 +893,11 @@ impl VolumeManager {
         rec: &mut UsageRecord,
         alloc_id: &str,
         target: &Path,
+        save: Save,
     ) -> Result<(), VolumeError> {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Unpublishing);
-        self.save(ctx, rec)?;
+        self.save(ctx, rec).await?;
         self.step(StepRpc::NodeUnpublishVolume, Phase::Before);
         match self
             .client
@@ -887,7 +910,9 @@ impl VolumeManager {
         }
         self.step(StepRpc::NodeUnpublishVolume, Phase::After);
         rec.allocs.remove(alloc_id);
-        self.save(ctx, rec)?;
+        if save == Save::Now || !rec.allocs.is_empty() {
+            self.save(ctx, rec).await?;
+        }
         // As kubelet does: the target, if the plugin left it unmounted, then the alloc's
         // directories, when empty.
         self.remove_co_path(ctx, target, 2);
@@ -910,7 +935,7 @@ impl VolumeManager {
         if rec.staging.is_some() && !shared_in_use {
             let staging = self.staging_path(rec)?;
             rec.staging = Some(StageState::Unstaging);
-            self.save(ctx, rec)?;
+            self.save(ctx, rec).await?;
             self.step(StepRpc::NodeUnstageVolume, Phase::Before);
             match self
                 .client
@@ -927,8 +952,11 @@ impl VolumeManager {
             self.remove_co_path(ctx, &staging, 1);
             tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "unstaged");
         }
+        let mut b = Batch::new();
+        b.delete(Table::USAGES, &rec.key());
         self.store
-            .delete(Table::USAGES, &rec.key())
+            .commit(b)
+            .await
             .map_err(|source| self.store_err(ctx, source))?;
         Ok(())
     }
@@ -1011,9 +1039,15 @@ impl VolumeManager {
         }
     }
 
-    fn save(&self, ctx: &Ctx<'_>, rec: &UsageRecord) -> Result<(), VolumeError> {
+    /// Writes the record; durable when it returns (the commit may be shared with other
+    /// volumes' writes, and the caller's runtime thread is not held while it waits).
+    async fn save(&self, ctx: &Ctx<'_>, rec: &UsageRecord) -> Result<(), VolumeError> {
+        let mut b = Batch::new();
+        b.put(Table::USAGES, &rec.key(), rec);
         self.store
-            .put(Table::USAGES, &rec.key(), rec)
+            .commit(b)
+            .await
+            .map(drop)
             .map_err(|source| self.store_err(ctx, source))
     }
 

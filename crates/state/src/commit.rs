@@ -1,0 +1,440 @@
+//! Group commit: every write of the store goes through one thread of its own, which takes
+//! whatever writes are waiting, applies them in one redb transaction and commits it once, so
+//! writers that arrive together share one fsync instead of queueing on one each.
+//!
+//! Each [`Batch`] is still all-or-nothing and durable before its writer is answered; batches of
+//! one group are applied in the order they arrived. A batch that fails is answered with its own
+//! error and does not fail the others of its group (they are committed again without it).
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    thread::JoinHandle,
+};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use crate::{StateError, Table, db_err};
+
+/// Most batches one transaction takes; the rest wait for the next one.
+const MAX_GROUP: usize = 512;
+
+/// Changes of any tables, committed together: all of them or none.
+#[derive(Debug, Default)]
+pub struct Batch {
+    ops: Vec<Op>,
+    /// The first record that did not encode: reported by the commit, which then writes nothing.
+    bad: Option<(Table, String, serde_json::Error)>,
+}
+
+#[derive(Debug)]
+enum Op {
+    Put {
+        table: Table,
+        key: String,
+        bytes: Vec<u8>,
+    },
+    Delete {
+        table: Table,
+        key: String,
+    },
+}
+
+impl Batch {
+    /// An empty batch.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes `value` under `key` of `table`, replacing what is there.
+    pub fn put<T: Serialize + ?Sized>(&mut self, table: Table, key: &str, value: &T) -> &mut Self {
+        match serde_json::to_vec(value) {
+            Ok(bytes) => self.ops.push(Op::Put {
+                table,
+                key: key.to_string(),
+                bytes,
+            }),
+            Err(e) => {
+                self.bad.get_or_insert((table, key.to_string(), e));
+            }
+        }
+        self
+    }
+
+    /// Removes `key` from `table` (nothing when it is not there).
+    pub fn delete(&mut self, table: Table, key: &str) -> &mut Self {
+        self.ops.push(Op::Delete {
+            table,
+            key: key.to_string(),
+        });
+        self
+    }
+
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.bad.is_none()
+    }
+}
+
+/// What a committed [`Batch`] found: for each of its deletes, in order, whether the key was
+/// there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    /// One entry per delete of the batch.
+    pub removed: Vec<bool>,
+}
+
+/// Where the commit thread is, for crash tests: called in the commit thread with the group it
+/// is committing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitPoint {
+    /// Every batch of the group applied, the transaction not yet committed: none of them is
+    /// durable.
+    Before,
+    /// The transaction committed (durable), no writer answered yet.
+    After,
+}
+
+/// A hook at a [`CommitPoint`], with how many batches the group holds.
+pub type CommitHook = Arc<dyn Fn(CommitPoint, usize) + Send + Sync>;
+
+/// Counters of the commit thread since the store opened.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    submitted: AtomicU64,
+    commits: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// How many transactions the store committed, and how many batches they carried.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CommitStats {
+    /// Transactions committed (each one fsync of the file).
+    pub commits: u64,
+    /// Batches written by them.
+    pub batches: u64,
+}
+
+struct Request {
+    batch: Batch,
+    done: oneshot::Sender<Result<Committed, StateError>>,
+}
+
+/// The sending side of the commit thread; joined when the store is dropped.
+pub(crate) struct Committer {
+    tx: Option<mpsc::Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+    path: PathBuf,
+}
+
+impl Committer {
+    pub(crate) fn start(
+        db: Arc<redb::Database>,
+        path: &Path,
+        hook: Option<CommitHook>,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Request>();
+        let counters = Arc::new(Counters::default());
+        let thread = {
+            let counters = Arc::clone(&counters);
+            let path = path.to_path_buf();
+            std::thread::Builder::new()
+                .name("berth-store-commit".into())
+                .spawn(move || run(&db, &path, &rx, &counters, hook.as_deref()))?
+        };
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+            counters,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Queues `batch`; the receiver answers once it is durable (or failed).
+    pub(crate) fn submit(&self, batch: Batch) -> oneshot::Receiver<Result<Committed, StateError>> {
+        let (done, rx) = oneshot::channel();
+        self.counters.submitted.fetch_add(1, Ordering::Relaxed);
+        if let Some(tx) = &self.tx {
+            // A send fails only when the thread is gone; the dropped `done` says so below.
+            let _ = tx.send(Request { batch, done });
+        }
+        rx
+    }
+
+    #[cfg(test)]
+    pub(crate) fn submitted(&self) -> u64 {
+        self.counters.submitted.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn stats(&self) -> CommitStats {
+        CommitStats {
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            batches: self.counters.batches.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The answer of a batch whose thread went away without one.
+    pub(crate) fn gone(&self) -> StateError {
+        StateError::Db {
+            path: self.path.clone(),
+            action: "commit".into(),
+            source: Box::new(redb::Error::Io(std::io::Error::other(
+                "the store's commit thread has stopped",
+            ))),
+        }
+    }
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        // The thread ends once the channel is closed and every queued batch is answered; the
+        // database closes with it, so the file can be opened again at once.
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn run(
+    db: &redb::Database,
+    path: &Path,
+    rx: &mpsc::Receiver<Request>,
+    counters: &Counters,
+    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+) {
+    while let Ok(first) = rx.recv() {
+        let mut group = vec![first];
+        while group.len() < MAX_GROUP {
+            match rx.try_recv() {
+                Ok(r) => group.push(r),
+                Err(_) => break,
+            }
+        }
+        commit_group(db, path, group, counters, hook);
+    }
+}
+
+/// Commits the group in one transaction; when that fails, each batch alone, so each gets its
+/// own answer.
+fn commit_group(
+    db: &redb::Database,
+    path: &Path,
+    group: Vec<Request>,
+    counters: &Counters,
+    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+) {
+    let (bad, good): (Vec<Request>, Vec<Request>) =
+        group.into_iter().partition(|r| r.batch.bad.is_some());
+    for r in bad {
+        let (table, key, source) = r.batch.bad.expect("partitioned on it");
+        let _ = r.done.send(Err(StateError::Record {
+            path: path.to_path_buf(),
+            table,
+            key,
+            source,
+        }));
+    }
+    if good.is_empty() {
+        return;
+    }
+    let batches: Vec<&Batch> = good.iter().map(|r| &r.batch).collect();
+    match write(db, path, &batches, hook) {
+        Ok(results) => {
+            counters.commits.fetch_add(1, Ordering::Relaxed);
+            counters
+                .batches
+                .fetch_add(good.len() as u64, Ordering::Relaxed);
+            for (r, res) in good.into_iter().zip(results) {
+                let _ = r.done.send(Ok(res));
+            }
+        }
+        Err(_) if good.len() > 1 => {
+            for r in good {
+                let res = write(db, path, &[&r.batch], hook).map(|mut v| v.remove(0));
+                if res.is_ok() {
+                    counters.commits.fetch_add(1, Ordering::Relaxed);
+                    counters.batches.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = r.done.send(res);
+            }
+        }
+        Err(e) => {
+            let r = good.into_iter().next().expect("one batch");
+            let _ = r.done.send(Err(e));
+        }
+    }
+}
+
+/// One transaction with every batch; what each one's deletes found.
+fn write(
+    db: &redb::Database,
+    path: &Path,
+    batches: &[&Batch],
+    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+) -> Result<Vec<Committed>, StateError> {
+    let action = || match batches {
+        [b] => describe(b),
+        _ => format!("commit {} batches together", batches.len()),
+    };
+    let err = |e: redb::Error| db_err(path, &action(), e);
+    let txn = db.begin_write().map_err(|e| err(e.into()))?;
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let mut done = Committed::default();
+        for op in &b.ops {
+            match op {
+                Op::Put { table, key, bytes } => {
+                    let mut t = txn.open_table(table.def()).map_err(|e| err(e.into()))?;
+                    t.insert(key.as_str(), bytes.as_slice())
+                        .map_err(|e| err(e.into()))?;
+                }
+                Op::Delete { table, key } => {
+                    let mut t = txn.open_table(table.def()).map_err(|e| err(e.into()))?;
+                    let was = t.remove(key.as_str()).map_err(|e| err(e.into()))?;
+                    done.removed.push(was.is_some());
+                }
+            }
+        }
+        out.push(done);
+    }
+    if let Some(h) = hook {
+        h(CommitPoint::Before, batches.len());
+    }
+    txn.commit().map_err(|e| err(e.into()))?;
+    if let Some(h) = hook {
+        h(CommitPoint::After, batches.len());
+    }
+    Ok(out)
+}
+
+/// What a lone batch does, for its error: `write <table>/<key>` or `delete <table>/<key>` for
+/// one change, a count otherwise.
+fn describe(b: &Batch) -> String {
+    match b.ops.as_slice() {
+        [Op::Put { table, key, .. }] => format!("write {table}/{key}"),
+        [Op::Delete { table, key }] => format!("delete {table}/{key}"),
+        ops => format!("write {} changes", ops.len()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use crate::Store;
+
+    use super::*;
+
+    struct NotJson;
+    impl Serialize for NotJson {
+        fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+            Err(serde::ser::Error::custom("refuses to encode"))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_writers_share_commits_and_each_is_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        // The hook holds the first commit until every writer has queued, so they must share.
+        let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let hook: CommitHook = {
+            let gate = Arc::clone(&gate);
+            Arc::new(move |point, _| {
+                if point == CommitPoint::Before {
+                    let (open, cv) = &*gate;
+                    let g = open.lock().unwrap();
+                    drop(cv.wait_while(g, |open| !*open).unwrap());
+                }
+            })
+        };
+        let store = Arc::new(Store::open_with_hook(&path, Some(hook)).unwrap());
+        let writers: Vec<_> = (0..64)
+            .map(|n| {
+                let s = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let mut b = Batch::new();
+                    b.put(Table::ALLOCS, &format!("a{n:02}"), &n).put(
+                        Table::USAGES,
+                        &format!("u{n:02}"),
+                        &(n * 2),
+                    );
+                    s.commit(b).await
+                })
+            })
+            .collect();
+        // The first group is held in its commit; the gate opens once every writer has queued.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while store.committer.submitted() < 64 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writers never queued"
+            );
+            tokio::task::yield_now().await;
+        }
+        {
+            let (open, cv) = &*gate;
+            *open.lock().unwrap() = true;
+            cv.notify_all();
+        }
+        for w in writers {
+            w.await.unwrap().unwrap();
+        }
+        let stats = store.commit_stats();
+        assert_eq!(stats.batches, 64);
+        assert!(
+            stats.commits <= 2,
+            "64 writers took {} commits",
+            stats.commits
+        );
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert_eq!(store.list::<u32>(Table::ALLOCS).unwrap().len(), 64);
+        assert_eq!(store.get::<u32>(Table::USAGES, "u31").unwrap(), Some(62));
+    }
+
+    #[tokio::test]
+    async fn a_bad_batch_fails_alone_and_writes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("state.redb")).unwrap();
+        let mut bad = Batch::new();
+        bad.put(Table::ALLOCS, "kept-out", &1u32)
+            .put(Table::ALLOCS, "x", &NotJson);
+        let mut good = Batch::new();
+        good.put(Table::ALLOCS, "in", &2u32);
+        let (b, g) = tokio::join!(store.commit(bad), store.commit(good));
+        let err = b.unwrap_err();
+        assert!(
+            err.to_string().contains("allocs") && err.to_string().contains("\"x\""),
+            "{err}"
+        );
+        g.unwrap();
+        assert_eq!(store.keys(Table::ALLOCS).unwrap(), vec!["in".to_string()]);
+    }
+
+    #[tokio::test]
+    async fn deletes_report_what_they_found_and_tables_change_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let store = Store::open(&path).unwrap();
+        store.put(Table::VOLUMES, "v", &1u32).unwrap();
+        let mut b = Batch::new();
+        b.delete(Table::VOLUMES, "v")
+            .delete(Table::VOLUMES, "none")
+            .put(Table::USAGES, "p/v/u", &3u32);
+        let done = store.commit(b).await.unwrap();
+        assert_eq!(done.removed, vec![true, false]);
+        assert!(store.commit(Batch::new()).await.unwrap().removed.is_empty());
+        drop(store);
+        let store = Store::open(&path).unwrap();
+        assert!(store.get::<u32>(Table::VOLUMES, "v").unwrap().is_none());
+        assert_eq!(store.get::<u32>(Table::USAGES, "p/v/u").unwrap(), Some(3));
+    }
+}
