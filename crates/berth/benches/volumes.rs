@@ -39,12 +39,14 @@ use common::{
 };
 
 const USAGE: &str = "\
-usage: volumes [--samples N] [--warmup N] [--volumes V] [--allocs A] [--quick]
+usage: volumes [--samples N] [--warmup N] [--volumes V] [--allocs A] [--rounds R] [--quick]
   --samples N  cycle samples through the agent and directly, interleaved (default 200)
   --warmup N   cycles of each kind run first and not counted (default 10)
   --volumes V  volumes of the parallel run (default 20)
   --allocs A   allocs of the parallel run, spread evenly over the volumes (default 200)
-  --quick      smoke run: 20 samples, 2 warm-up, 4 volumes, 20 allocs (flags given still win)";
+  --rounds R   parallel rounds, each through the agent and directly (default 5)
+  --quick      smoke run: 20 samples, 2 warm-up, 4 volumes, 20 allocs, 1 round (flags given
+               still win)";
 
 #[derive(Debug, Clone, Copy)]
 struct Opts {
@@ -52,23 +54,25 @@ struct Opts {
     warmup: usize,
     volumes: usize,
     allocs: usize,
+    rounds: usize,
 }
 
 fn parse_args() -> Result<Opts, String> {
-    let args = Options::parse(&["--samples", "--warmup", "--volumes", "--allocs"])?;
-    let (samples, warmup, volumes, allocs) = if args.quick {
-        (20, 2, 4, 20)
+    let args = Options::parse(&["--samples", "--warmup", "--volumes", "--allocs", "--rounds"])?;
+    let (samples, warmup, volumes, allocs, rounds) = if args.quick {
+        (20, 2, 4, 20, 1)
     } else {
-        (200, 10, 20, 200)
+        (200, 10, 20, 200, 5)
     };
     let o = Opts {
         samples: args.count("--samples", samples)?,
         warmup: args.count("--warmup", warmup)?,
         volumes: args.count("--volumes", volumes)?,
         allocs: args.count("--allocs", allocs)?,
+        rounds: args.count("--rounds", rounds)?,
     };
-    if o.samples == 0 || o.volumes == 0 || o.allocs == 0 {
-        return Err("--samples, --volumes and --allocs must be at least 1".into());
+    if o.samples == 0 || o.volumes == 0 || o.allocs == 0 || o.rounds == 0 {
+        return Err("--samples, --volumes, --allocs and --rounds must be at least 1".into());
     }
     Ok(o)
 }
@@ -271,23 +275,16 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
     );
 }
 
-async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
+/// One parallel round through the agent: every claim at once, then every release at once.
+struct AgentRound {
+    claims: Phase,
+    releases: Phase,
+    failures: Vec<String>,
+}
+
+async fn agent_round(agent: &Agent, vols: &[String], work: &[(String, String)]) -> AgentRound {
     let client = agent.client();
     let mode = AccessMode::SingleNodeMultiWriter;
-    let vols: Vec<String> = (0..opts.volumes).map(|i| format!("par-{i}")).collect();
-    let t = Instant::now();
-    for v in &vols {
-        client
-            .create_volume(&volume_spec(v, mode))
-            .await
-            .unwrap_or_else(|e| panic!("create volume {v}: {e}"));
-    }
-    let created = t.elapsed();
-    // Alloc j uses volume j mod V: A/V allocs per volume (the rest on the first ones).
-    let work: Vec<(String, String)> = (0..opts.allocs)
-        .map(|j| (vols[j % vols.len()].clone(), format!("alloc-{j}")))
-        .collect();
-
     let pid = agent.pid();
     let cpu = CpuMeter::start(agent);
     let t = Instant::now();
@@ -306,13 +303,7 @@ async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
             })
         })
         .collect();
-    let mut claims = Phase {
-        lat: Vec::new(),
-        errors: Vec::new(),
-        wall: Duration::ZERO,
-        cpu: 0.0,
-        plugin_cpu: None,
-    };
+    let mut claims = Phase::default();
     let mut targets = Vec::new();
     for task in tasks {
         let (d, r) = task.await.expect("claim task");
@@ -328,7 +319,6 @@ async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
     (claims.cpu, claims.plugin_cpu) = cpu.read();
     let mounted: BTreeSet<PathBuf> = mounts_under(pid, &agent.data_dir).into_iter().collect();
     let targets_mounted = targets.iter().filter(|t| mounted.contains(*t)).count();
-    let mounts_after_claims = mounted.len();
 
     let cpu = CpuMeter::start(agent);
     let t = Instant::now();
@@ -349,13 +339,7 @@ async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
             })
         })
         .collect();
-    let mut releases = Phase {
-        lat: Vec::new(),
-        errors: Vec::new(),
-        wall: Duration::ZERO,
-        cpu: 0.0,
-        plugin_cpu: None,
-    };
+    let mut releases = Phase::default();
     for task in tasks {
         let (d, r) = task.await.expect("release task");
         match r {
@@ -367,38 +351,13 @@ async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
     (releases.cpu, releases.plugin_cpu) = cpu.read();
     let left = mounts_under(pid, &agent.data_dir);
     let mut still_claimed = 0;
-    for v in &vols {
+    for v in vols {
         let s = client
             .volume(v)
             .await
             .unwrap_or_else(|e| panic!("status of {v}: {e}"));
         still_claimed += s.claims.len() + s.usages.len();
     }
-
-    let per = opts.allocs as f64 / opts.volumes as f64;
-    println!(
-        "\n2. Parallel: {} allocs over {} single-node-multi-writer volumes ({per:.1} per volume), \
-         all at once",
-        opts.allocs, opts.volumes
-    );
-    println!(
-        "  created {} volumes one by one in {:.0} ms",
-        opts.volumes,
-        ms(created)
-    );
-    report_phase("claims", opts.allocs, &claims);
-    println!(
-        "    after the claims: {targets_mounted}/{} targets mounted, {mounts_after_claims} \
-         mounts under the data dir",
-        targets.len()
-    );
-    report_phase("releases", opts.allocs, &releases);
-    println!(
-        "    after the releases: {} mounts under the data dir, {still_claimed} claims or usages \
-         left",
-        left.len()
-    );
-
     let mut failures = Vec::new();
     if !claims.errors.is_empty() {
         failures.push(format!("{} claims failed", claims.errors.len()));
@@ -418,6 +377,250 @@ async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
     if still_claimed != 0 {
         failures.push(format!("{still_claimed} claims or usages left"));
     }
+    AgentRound {
+        claims,
+        releases,
+        failures,
+    }
+}
+
+/// The parallel baseline: the RPCs the agent sends for the same claims and releases, sent
+/// straight to the agent's own plugin over its socket, as concurrently as the CSI spec allows:
+/// per volume ControllerPublish then NodeStage, then every NodePublish of its allocs at once;
+/// per volume every NodeUnpublish at once, then NodeUnstage and ControllerUnpublish.
+struct DirectParallel {
+    csi: CsiClient,
+    cap: VolumeCapability,
+    /// Per volume: its external id, context, staging path and its allocs' targets.
+    vols: Vec<DirectVolume>,
+    root: PathBuf,
+}
+
+struct DirectVolume {
+    id: berth_csi::model::ExternalId,
+    context: std::collections::BTreeMap<String, String>,
+    staging: PathBuf,
+    targets: Vec<PathBuf>,
+}
+
+impl DirectParallel {
+    async fn new(agent: &Agent, opts: Opts) -> DirectParallel {
+        let socket = agent
+            .data_dir
+            .join(format!("csi/plugins/{PLUGIN}/csi.sock"));
+        let csi = CsiClient::new(Endpoint::from_path(&socket).expect("endpoint"));
+        let cap =
+            VolumeCapability::mount(AccessMode::SingleNodeMultiWriter, MountOptions::default());
+        let root = agent.tmp().join("direct");
+        let mut vols = Vec::new();
+        for i in 0..opts.volumes {
+            let vol = csi
+                .create_volume(&CreateVolume {
+                    name: format!("direct-par-{i}"),
+                    capacity: CapacityRange {
+                        required_bytes: 1 << 20,
+                        limit_bytes: 0,
+                    },
+                    capabilities: vec![cap.clone()],
+                    ..CreateVolume::default()
+                })
+                .await
+                .expect("CreateVolume on the agent's plugin");
+            let staging = root.join(format!("staging/{i}/rw"));
+            std::fs::create_dir_all(&staging).expect("mkdir staging");
+            vols.push(DirectVolume {
+                id: vol.external_id,
+                context: vol.context,
+                staging,
+                targets: Vec::new(),
+            });
+        }
+        for j in 0..opts.allocs {
+            let target = root.join(format!("targets/alloc-{j}/rw"));
+            std::fs::create_dir_all(target.parent().expect("parent")).expect("mkdir target");
+            vols[j % opts.volumes].targets.push(target);
+        }
+        DirectParallel {
+            csi,
+            cap,
+            vols,
+            root,
+        }
+    }
+
+    async fn claim_all(&self) -> Duration {
+        let t = Instant::now();
+        let per_volume = self.vols.iter().map(|v| async move {
+            let publish_context = self
+                .csi
+                .controller_publish(&ControllerPublish {
+                    external_id: v.id.clone(),
+                    node_id: "n1".into(),
+                    capability: self.cap.clone(),
+                    read_only: false,
+                    volume_context: v.context.clone(),
+                    secrets: Secrets::default(),
+                })
+                .await
+                .expect("ControllerPublishVolume");
+            self.csi
+                .node_stage(&NodeStage {
+                    external_id: v.id.clone(),
+                    staging_path: v.staging.clone(),
+                    capability: self.cap.clone(),
+                    publish_context: publish_context.clone(),
+                    volume_context: v.context.clone(),
+                    secrets: Secrets::default(),
+                })
+                .await
+                .expect("NodeStageVolume");
+            futures::future::join_all(v.targets.iter().map(|target| {
+                let req = NodePublish {
+                    external_id: v.id.clone(),
+                    staging_path: Some(v.staging.clone()),
+                    target_path: target.clone(),
+                    capability: self.cap.clone(),
+                    read_only: false,
+                    publish_context: publish_context.clone(),
+                    volume_context: v.context.clone(),
+                    secrets: Secrets::default(),
+                };
+                async move { self.csi.node_publish(&req).await }
+            }))
+            .await
+            .into_iter()
+            .for_each(|r| r.expect("NodePublishVolume"));
+        });
+        futures::future::join_all(per_volume).await;
+        t.elapsed()
+    }
+
+    async fn release_all(&self) -> Duration {
+        let t = Instant::now();
+        let per_volume = self.vols.iter().map(|v| async move {
+            futures::future::join_all(
+                v.targets
+                    .iter()
+                    .map(|target| self.csi.node_unpublish(&v.id, target)),
+            )
+            .await
+            .into_iter()
+            .for_each(|r| r.expect("NodeUnpublishVolume"));
+            self.csi
+                .node_unstage(&v.id, &v.staging)
+                .await
+                .expect("NodeUnstageVolume");
+            self.csi
+                .controller_unpublish(&v.id, "n1", &Secrets::default())
+                .await
+                .expect("ControllerUnpublishVolume");
+        });
+        futures::future::join_all(per_volume).await;
+        t.elapsed()
+    }
+
+    /// One round; the failures found.
+    async fn round(&self, agent: &Agent) -> (Duration, Duration, Vec<String>) {
+        let claims = self.claim_all().await;
+        let mounted: BTreeSet<PathBuf> =
+            mounts_under(agent.pid(), &self.root).into_iter().collect();
+        let want = self.vols.iter().map(|v| v.targets.len()).sum::<usize>();
+        let found = self
+            .vols
+            .iter()
+            .flat_map(|v| &v.targets)
+            .filter(|t| mounted.contains(*t))
+            .count();
+        let releases = self.release_all().await;
+        let left = mounts_under(agent.pid(), &self.root);
+        let mut failures = Vec::new();
+        if found != want {
+            failures.push(format!("direct: {} of {want} targets mounted", found));
+        }
+        if !left.is_empty() {
+            failures.push(format!("direct: left mounted: {left:?}"));
+        }
+        (claims, releases, failures)
+    }
+}
+
+fn median_ms(v: &[Duration]) -> f64 {
+    let mut s: Vec<f64> = v.iter().map(|d| ms(*d)).collect();
+    s.sort_by(f64::total_cmp);
+    s[s.len() / 2]
+}
+
+async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
+    let client = agent.client();
+    let mode = AccessMode::SingleNodeMultiWriter;
+    let vols: Vec<String> = (0..opts.volumes).map(|i| format!("par-{i}")).collect();
+    let t = Instant::now();
+    for v in &vols {
+        client
+            .create_volume(&volume_spec(v, mode))
+            .await
+            .unwrap_or_else(|e| panic!("create volume {v}: {e}"));
+    }
+    let created = t.elapsed();
+    // Alloc j uses volume j mod V: A/V allocs per volume (the rest on the first ones).
+    let work: Vec<(String, String)> = (0..opts.allocs)
+        .map(|j| (vols[j % vols.len()].clone(), format!("alloc-{j}")))
+        .collect();
+    let direct = DirectParallel::new(agent, opts).await;
+
+    let mut failures = Vec::new();
+    let (mut a_claims, mut a_releases, mut d_claims, mut d_releases) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rounds: Vec<AgentRound> = Vec::new();
+    for r in 0..opts.rounds {
+        // Alternate which goes first, so neither always follows the other.
+        let direct_first = r % 2 == 1;
+        let mut d = None;
+        if direct_first {
+            d = Some(direct.round(agent).await);
+        }
+        let a = agent_round(agent, &vols, &work).await;
+        if !direct_first {
+            d = Some(direct.round(agent).await);
+        }
+        let (dc, dr, df) = d.expect("the direct round ran");
+        a_claims.push(a.claims.wall);
+        a_releases.push(a.releases.wall);
+        d_claims.push(dc);
+        d_releases.push(dr);
+        failures.extend(a.failures.iter().map(|f| format!("round {r}: {f}")));
+        failures.extend(df.into_iter().map(|f| format!("round {r}: {f}")));
+        rounds.push(a);
+    }
+
+    let per = opts.allocs as f64 / opts.volumes as f64;
+    println!(
+        "\n2. Parallel: {} allocs over {} single-node-multi-writer volumes ({per:.1} per volume), \
+         all at once; {} rounds, each through the agent and directly (alternating first)",
+        opts.allocs, opts.volumes, opts.rounds
+    );
+    println!(
+        "  created {} volumes one by one in {:.0} ms",
+        opts.volumes,
+        ms(created)
+    );
+    let (ac, ar, dc, dr) = (
+        median_ms(&a_claims),
+        median_ms(&a_releases),
+        median_ms(&d_claims),
+        median_ms(&d_releases),
+    );
+    println!(
+        "  wall, median of rounds: claims agent {ac:.1} ms, direct {dc:.1} ms: {:.2}x; \
+         releases agent {ar:.1} ms, direct {dr:.1} ms: {:.2}x",
+        ac / dc,
+        ar / dr
+    );
+    // The agent round whose claim wall is the median, in detail.
+    rounds.sort_by_key(|a| a.claims.wall);
+    let mid = &rounds[rounds.len() / 2];
+    report_phase("claims (median round)", opts.allocs, &mid.claims);
+    report_phase("releases (same round)", opts.allocs, &mid.releases);
     failures
 }
 

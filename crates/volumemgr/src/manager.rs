@@ -132,7 +132,10 @@ pub struct ReconcileReport {
 
 /// Stages and publishes volumes of one node plugin for allocs; see the crate docs.
 ///
-/// Operations on one volume are serialized; different volumes run in parallel.
+/// Changes of one volume's records, and its stage and unstage, are serialized; NodePublish and
+/// NodeUnpublish of different allocs of a staged volume run in parallel (their intents and
+/// results are written under the volume's lock, the calls made without it); different volumes
+/// run in parallel.
 pub struct VolumeManager {
     store: Arc<Store>,
     client: CsiClient,
@@ -374,9 +377,15 @@ impl VolumeManager {
             self.stage(&ctx, &mut rec, &staging, &req.secrets, Save::WithNext)
                 .await?;
         }
-        self.publish(
+        rec.allocs
+            .insert(req.alloc_id.clone(), PublishState::Publishing);
+        self.save(&ctx, &rec).await?;
+        // The volume is staged and the intent durable: NodePublishVolume of other allocs of the
+        // volume (other targets) may run at the same time, so the lock is not held for it.
+        drop(_guard);
+        self.send_publish(
             &ctx,
-            &mut rec,
+            &rec,
             &req.alloc_id,
             &target,
             &staging,
@@ -385,7 +394,52 @@ impl VolumeManager {
             &req.secrets,
         )
         .await?;
+        let _guard = self.locks.lock(volume_id).await;
+        self.set_alloc_state(
+            &ctx,
+            &rec,
+            &req.alloc_id,
+            Some(PublishState::Published),
+            Save::Now,
+        )
+        .await?;
+        tracing::info!(volume_id, alloc_id = %req.alloc_id, usage = %key, "published");
         Ok(target)
+    }
+
+    /// Under the volume's lock: sets (or, with `None`, removes) the alloc's state in the record
+    /// as stored now (other allocs of the volume may have changed it since `seen` was read),
+    /// and writes it, unless the alloc was the record's last and `save` leaves that to the
+    /// release that follows. A record that vanished meanwhile is taken from `seen`, so the
+    /// mount stays known. Returns the record.
+    async fn set_alloc_state(
+        &self,
+        ctx: &Ctx<'_>,
+        seen: &UsageRecord,
+        alloc_id: &str,
+        state: Option<PublishState>,
+        save: Save,
+    ) -> Result<UsageRecord, VolumeError> {
+        let mut now = match self.record(ctx.volume_id, ctx.usage)? {
+            Some(r) => r,
+            None => {
+                tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage,
+                    "the usage record vanished during a node call; writing it again");
+                seen.clone()
+            }
+        };
+        match state {
+            Some(s) => {
+                now.allocs.insert(alloc_id.to_string(), s);
+            }
+            None => {
+                now.allocs.remove(alloc_id);
+            }
+        }
+        if save == Save::Now || !now.allocs.is_empty() {
+            self.save(ctx, &now).await?;
+        }
+        Ok(now)
     }
 
     /// Whether [`VolumeManager::mount`] of this usage would be refused for what the node
@@ -503,18 +557,79 @@ impl VolumeManager {
     /// its intent state.
     pub async fn unmount(&self, volume_id: &str, alloc_id: &str) -> Result<(), VolumeError> {
         self.check_ids(volume_id, alloc_id)?;
-        let _guard = self.locks.lock(volume_id).await;
-        let mut first_err = None;
-        for mut rec in self.volume_records(volume_id)? {
-            let using = rec.allocs.contains_key(alloc_id);
-            if !using && !rec.allocs.is_empty() {
-                continue;
+        // The intents, under the volume's lock.
+        let leaving: Vec<UsageRecord> = {
+            let _guard = self.locks.lock(volume_id).await;
+            let mut leaving = Vec::new();
+            for mut rec in self.volume_records(volume_id)? {
+                match rec.allocs.get(alloc_id) {
+                    None => continue,
+                    Some(PublishState::Unpublishing) => {}
+                    Some(_) => {
+                        rec.allocs
+                            .insert(alloc_id.to_string(), PublishState::Unpublishing);
+                        let ctx = Ctx {
+                            volume_id,
+                            usage: rec.usage,
+                        };
+                        self.save(&ctx, &rec).await?;
+                    }
+                }
+                leaving.push(rec);
             }
-            if let Err(e) = self.unmount_one(volume_id, &mut rec, alloc_id).await {
+            leaving
+        };
+        let mut first_err = None;
+        for rec in leaving {
+            if let Err(e) = self.unpublish_unlocked(volume_id, &rec, alloc_id).await {
                 first_err.get_or_insert(e);
             }
         }
+        // Every record of the volume that no alloc uses any more goes (the ones this alloc
+        // left, and ones a failed mount left unused).
+        {
+            let _guard = self.locks.lock(volume_id).await;
+            for mut rec in self.volume_records(volume_id)? {
+                if rec.allocs.is_empty() {
+                    let usage = rec.usage;
+                    if let Err(e) = self.release(&Ctx { volume_id, usage }, &mut rec).await {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
         first_err.map_or(Ok(()), Err)
+    }
+
+    /// NodeUnpublishVolume of an alloc whose intent `rec` holds, without the volume's lock
+    /// (other targets of the volume may be published or unpublished meanwhile), then, under
+    /// it, the alloc leaves the record as stored now. When it was the record's last alloc, the
+    /// release that follows writes the record next (unstaging) or deletes it: one commit
+    /// less; a crash in between finds "unpublishing", which is unpublished again (`NOT_FOUND`
+    /// counts as done), as before.
+    async fn unpublish_unlocked(
+        &self,
+        volume_id: &str,
+        rec: &UsageRecord,
+        alloc_id: &str,
+    ) -> Result<(), VolumeError> {
+        let usage = rec.usage;
+        let ctx = Ctx { volume_id, usage };
+        let target = self
+            .paths
+            .publish(volume_id, alloc_id, usage)
+            .map_err(|source| invalid(volume_id, source))?;
+        self.send_unpublish(&ctx, rec, alloc_id, &target).await?;
+        let _guard = self.locks.lock(volume_id).await;
+        let mut now = self
+            .set_alloc_state(&ctx, rec, alloc_id, None, Save::WithNext)
+            .await?;
+        self.remove_co_path(&ctx, &target, 2);
+        tracing::info!(volume_id, alloc_id, usage = %usage, "unpublished");
+        if now.allocs.is_empty() {
+            self.release(&ctx, &mut now).await?;
+        }
+        Ok(())
     }
 
     /// Unstages (when staged) and deletes every record of the volume that no alloc uses: what a
@@ -535,31 +650,6 @@ impl VolumeManager {
             }
         }
         Ok(released)
-    }
-
-    async fn unmount_one(
-        &self,
-        volume_id: &str,
-        rec: &mut UsageRecord,
-        alloc_id: &str,
-    ) -> Result<(), VolumeError> {
-        let usage = rec.usage;
-        let ctx = Ctx { volume_id, usage };
-        if rec.allocs.contains_key(alloc_id) {
-            let target = self
-                .paths
-                .publish(volume_id, alloc_id, usage)
-                .map_err(|source| invalid(volume_id, source))?;
-            // When it was the last alloc, the release that follows writes the record next
-            // (unstaging) or deletes it: one commit less. A crash in between finds
-            // "unpublishing", which is unpublished again (NOT_FOUND counts as done), as before.
-            self.unpublish(&ctx, rec, alloc_id, &target, Save::WithNext)
-                .await?;
-        }
-        if rec.allocs.is_empty() {
-            self.release(&ctx, rec).await?;
-        }
-        Ok(())
     }
 
     /// NodeGetVolumeStats on the alloc's published target of the volume (with its staging path
@@ -719,8 +809,7 @@ impl VolumeManager {
                 .paths
                 .publish(&volume_id, &alloc_id, usage)
                 .map_err(bad_path)?;
-            self.unpublish(&ctx, &mut rec, &alloc_id, &target, Save::Now)
-                .await?;
+            self.unpublish(&ctx, &mut rec, &alloc_id, &target).await?;
             unpublished = true;
             actions.push(ReconcileAction::Unpublished {
                 volume_id: volume_id.clone(),
@@ -843,6 +932,7 @@ impl VolumeManager {
         Ok(())
     }
 
+    /// Publish under the caller's lock (reconcile): intent, NodePublishVolume, result.
     #[allow(clippy::too_many_arguments)]
     async fn publish(
         &self,
@@ -858,6 +948,38 @@ impl VolumeManager {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Publishing);
         self.save(ctx, rec).await?;
+        self.send_publish(
+            ctx,
+            rec,
+            alloc_id,
+            target,
+            staging,
+            publish_context,
+            volume_context,
+            secrets,
+        )
+        .await?;
+        rec.allocs
+            .insert(alloc_id.to_string(), PublishState::Published);
+        self.save(ctx, rec).await?;
+        tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "published");
+        Ok(())
+    }
+
+    /// NodePublishVolume of `rec`'s volume at `target` (the target's parent made first); no
+    /// record is written.
+    #[allow(clippy::too_many_arguments)]
+    async fn send_publish(
+        &self,
+        ctx: &Ctx<'_>,
+        rec: &UsageRecord,
+        alloc_id: &str,
+        target: &Path,
+        staging: &Path,
+        publish_context: &BTreeMap<String, String>,
+        volume_context: &BTreeMap<String, String>,
+        secrets: &Secrets,
+    ) -> Result<(), VolumeError> {
         // The CO's duty (CSI, NodePublishVolume): the target's parent exists; the target itself
         // is the plugin's to create (a directory, or a file for a block volume).
         if let Some(parent) = target.parent() {
@@ -880,24 +1002,37 @@ impl VolumeManager {
             .await
             .map_err(|e| self.csi_err(ctx, Some(alloc_id), e))?;
         self.step(StepRpc::NodePublishVolume, Phase::After);
-        rec.allocs
-            .insert(alloc_id.to_string(), PublishState::Published);
-        self.save(ctx, rec).await?;
-        tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "published");
         Ok(())
     }
 
+    /// Unpublish under the caller's lock (reconcile): intent, NodeUnpublishVolume, result.
     async fn unpublish(
         &self,
         ctx: &Ctx<'_>,
         rec: &mut UsageRecord,
         alloc_id: &str,
         target: &Path,
-        save: Save,
     ) -> Result<(), VolumeError> {
         rec.allocs
             .insert(alloc_id.to_string(), PublishState::Unpublishing);
         self.save(ctx, rec).await?;
+        self.send_unpublish(ctx, rec, alloc_id, target).await?;
+        rec.allocs.remove(alloc_id);
+        self.save(ctx, rec).await?;
+        self.remove_co_path(ctx, target, 2);
+        tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "unpublished");
+        Ok(())
+    }
+
+    /// NodeUnpublishVolume of `rec`'s volume at `target` (`NOT_FOUND` is done); no record is
+    /// written.
+    async fn send_unpublish(
+        &self,
+        ctx: &Ctx<'_>,
+        rec: &UsageRecord,
+        alloc_id: &str,
+        target: &Path,
+    ) -> Result<(), VolumeError> {
         self.step(StepRpc::NodeUnpublishVolume, Phase::Before);
         match self
             .client
@@ -909,14 +1044,6 @@ impl VolumeManager {
             Err(e) => return Err(self.csi_err(ctx, Some(alloc_id), e)),
         }
         self.step(StepRpc::NodeUnpublishVolume, Phase::After);
-        rec.allocs.remove(alloc_id);
-        if save == Save::Now || !rec.allocs.is_empty() {
-            self.save(ctx, rec).await?;
-        }
-        // As kubelet does: the target, if the plugin left it unmounted, then the alloc's
-        // directories, when empty.
-        self.remove_co_path(ctx, target, 2);
-        tracing::info!(volume_id = ctx.volume_id, alloc_id, usage = %ctx.usage, "unpublished");
         Ok(())
     }
 

@@ -329,6 +329,7 @@ pub fn row(name: &str, v: &[f64]) -> Stats {
 
 /// Outcome of one parallel phase: latencies (ms) of the calls that succeeded, errors, wall time
 /// and agent CPU seconds.
+#[derive(Default)]
 pub struct Phase {
     pub lat: Vec<f64>,
     pub errors: Vec<String>,
