@@ -274,9 +274,11 @@ impl Agent {
         berth_sys::create_private_dir(&plugins_dir).map_err(dir_err(&plugins_dir))?;
 
         let store_path = data_dir.join("state.redb");
-        let store = tokio::task::spawn_blocking(move || Store::open(store_path))
-            .await
-            .map_err(|e| AgentError::Task(e.to_string()))??;
+        let commit_hook = crate::volumes::CrashHook::from_env().and_then(|h| h.commit_hook());
+        let store =
+            tokio::task::spawn_blocking(move || Store::open_with_hook(store_path, commit_hook))
+                .await
+                .map_err(|e| AgentError::Task(e.to_string()))??;
         let store = Arc::new(store);
         let node_id = node_id(&store)?;
         let signer = {

@@ -1042,3 +1042,98 @@ async fn a_claim_and_a_release_of_one_alloc_racing_end_consistent() {
         }
     }
 }
+
+/// Concurrent claims and releases share the store's transactions; the agent is killed inside
+/// one that carries several of them, before it commits (none durable) and, in a second run,
+/// after (all durable, none answered). Each time the next agent ends every volume claimed and
+/// mounted once or not claimed at all, and releasing what is left leaves nothing mounted.
+#[tokio::test]
+async fn kill_9_inside_a_coalesced_commit_loses_no_mount_and_leaks_none() {
+    let mut agent = start().await;
+    for (n, step) in ["commit:coalesced:before", "commit:coalesced:after"]
+        .iter()
+        .enumerate()
+    {
+        let vols: Vec<String> = (0..8).map(|i| format!("gc{n}-{i}")).collect();
+        for v in &vols {
+            create(&agent.client(), v, "single-node-writer").await;
+        }
+        let vs = vols.clone();
+        crash_at(&mut agent, step, async move |c: &Client| {
+            // Rounds of claims, then releases, of every volume at once, until one of them finds
+            // the agent gone (the hook killed it in a shared commit). Bounded: an agent that
+            // never shares a commit is not killed, and `crash_at` fails.
+            for round in 0..40 {
+                let alloc = format!("a{round}");
+                let claims = vs.iter().map(|v| {
+                    let req = claim_req(&alloc, AccessMode::SingleNodeWriter, false);
+                    async move { c.claim_volume(v, &req).await.map(drop) }
+                });
+                if futures::future::join_all(claims)
+                    .await
+                    .iter()
+                    .any(Result::is_err)
+                {
+                    return;
+                }
+                let releases = vs.iter().map(|v| {
+                    let req = ReleaseRequest {
+                        alloc_id: alloc.clone(),
+                    };
+                    async move { c.release_volume(v, &req).await.map(drop) }
+                });
+                if futures::future::join_all(releases)
+                    .await
+                    .iter()
+                    .any(Result::is_err)
+                {
+                    return;
+                }
+            }
+        })
+        .await;
+        // It died in the commit hook, inside a shared commit (the log is appended across runs).
+        assert_eq!(
+            agent
+                .log()
+                .matches("crash hook: inside a coalesced commit")
+                .count(),
+            n + 1,
+            "{step}"
+        );
+        let client = agent.client();
+        for v in &vols {
+            // The interrupted claims and releases are driven to their ends at start.
+            let status = wait_settled(&client, v).await;
+            assert!(status.claims.len() <= 1, "{step}: {v}: {status:#?}");
+            for c in &status.claims {
+                assert_eq!(
+                    published(&status),
+                    BTreeSet::from([(
+                        "rw-file-system-single-node-writer".to_string(),
+                        c.alloc_id.clone()
+                    )]),
+                    "{step}: {v}"
+                );
+                // The caller's retry answers a mounted target.
+                let r = client
+                    .claim_volume(
+                        v,
+                        &claim_req(&c.alloc_id, AccessMode::SingleNodeWriter, false),
+                    )
+                    .await
+                    .unwrap_or_else(|e| panic!("{step}: {v}: retry: {e}"));
+                assert!(
+                    agent.namespace().mount_at(&r.target).is_some(),
+                    "{step}: {v}: not mounted"
+                );
+                release(&client, v, &c.alloc_id).await;
+            }
+            let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+                .into_iter()
+                .filter(|p| p.to_string_lossy().contains(&format!("/{v}/")))
+                .collect();
+            assert!(left.is_empty(), "{step}: {v}: leaked {left:?}");
+        }
+    }
+}

@@ -100,8 +100,19 @@ pub enum CommitPoint {
     After,
 }
 
-/// A hook at a [`CommitPoint`], with how many batches the group holds.
-pub type CommitHook = Arc<dyn Fn(CommitPoint, usize) + Send + Sync>;
+/// What the commit thread is committing at a [`CommitPoint`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitGroup {
+    /// Batches in the transaction (more than one: writers shared it).
+    pub batches: usize,
+    /// The tables it changes, each once.
+    pub tables: Vec<Table>,
+}
+
+/// A hook at a [`CommitPoint`].
+pub type CommitHook = Arc<dyn Fn(CommitPoint, &CommitGroup) + Send + Sync>;
+
+type HookRef<'a> = Option<&'a (dyn Fn(CommitPoint, &CommitGroup) + Send + Sync)>;
 
 /// Counters of the commit thread since the store opened.
 #[derive(Debug, Default)]
@@ -207,7 +218,7 @@ fn run(
     path: &Path,
     rx: &mpsc::Receiver<Request>,
     counters: &Counters,
-    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+    hook: HookRef<'_>,
 ) {
     while let Ok(first) = rx.recv() {
         let mut group = vec![first];
@@ -228,7 +239,7 @@ fn commit_group(
     path: &Path,
     group: Vec<Request>,
     counters: &Counters,
-    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+    hook: HookRef<'_>,
 ) {
     let (bad, good): (Vec<Request>, Vec<Request>) =
         group.into_iter().partition(|r| r.batch.bad.is_some());
@@ -277,7 +288,7 @@ fn write(
     db: &redb::Database,
     path: &Path,
     batches: &[&Batch],
-    hook: Option<&(dyn Fn(CommitPoint, usize) + Send + Sync)>,
+    hook: HookRef<'_>,
 ) -> Result<Vec<Committed>, StateError> {
     let action = || match batches {
         [b] => describe(b),
@@ -304,12 +315,25 @@ fn write(
         }
         out.push(done);
     }
-    if let Some(h) = hook {
-        h(CommitPoint::Before, batches.len());
+    let group = hook.map(|_| {
+        let mut tables: Vec<Table> = Vec::new();
+        for op in batches.iter().flat_map(|b| &b.ops) {
+            let (Op::Put { table, .. } | Op::Delete { table, .. }) = op;
+            if !tables.contains(table) {
+                tables.push(*table);
+            }
+        }
+        CommitGroup {
+            batches: batches.len(),
+            tables,
+        }
+    });
+    if let (Some(h), Some(g)) = (hook, &group) {
+        h(CommitPoint::Before, g);
     }
     txn.commit().map_err(|e| err(e.into()))?;
-    if let Some(h) = hook {
-        h(CommitPoint::After, batches.len());
+    if let (Some(h), Some(g)) = (hook, &group) {
+        h(CommitPoint::After, g);
     }
     Ok(out)
 }
@@ -347,7 +371,7 @@ mod tests {
         let gate = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
         let hook: CommitHook = {
             let gate = Arc::clone(&gate);
-            Arc::new(move |point, _| {
+            Arc::new(move |point, _: &CommitGroup| {
                 if point == CommitPoint::Before {
                     let (open, cv) = &*gate;
                     let g = open.lock().unwrap();

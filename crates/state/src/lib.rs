@@ -18,7 +18,7 @@ pub mod commit;
 mod journal;
 mod locks;
 
-pub use commit::{Batch, CommitHook, CommitPoint, CommitStats, Committed};
+pub use commit::{Batch, CommitGroup, CommitHook, CommitPoint, CommitStats, Committed};
 pub use journal::Journal;
 pub use locks::KeyedLocks;
 
