@@ -814,6 +814,7 @@ impl AllocRunner {
             servers_contacted: inner.deps.servers_contacted.clone(),
             kill_retry: inner.deps.config.kill_retry,
             restart_now: self.restart_notify(&task.name),
+            start_slots: inner.deps.config.start_slots.clone(),
             log_collector: inner.deps.log_collector.clone(),
         }
     }

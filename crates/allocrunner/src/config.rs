@@ -54,7 +54,69 @@ pub struct RunnerConfig {
     pub upstream_timeout: Duration,
     /// Most events an alloc keeps.
     pub max_events: usize,
+    /// Task starts that run at once on the node.
+    pub start_slots: StartSlots,
 }
+
+/// How many task starts (the driver's start until the handle is persisted; prestart hooks run
+/// before, outside the slots) run at once; the others wait their turn in order. Starting a task is mostly CPU
+/// (processes, namespaces, cgroups): with the CPU shared by every start at once, all of a
+/// job's allocs would come up together at the end; in turns, the first ones run early and the
+/// last no later. Clones share the slots.
+#[derive(Clone)]
+pub struct StartSlots {
+    slots: Option<Arc<tokio::sync::Semaphore>>,
+    size: usize,
+}
+
+impl StartSlots {
+    /// `n` starts at once (at least one).
+    pub fn new(n: usize) -> Self {
+        let size = n.max(1);
+        Self {
+            slots: Some(Arc::new(tokio::sync::Semaphore::new(size))),
+            size,
+        }
+    }
+
+    /// No limit.
+    pub fn unlimited() -> Self {
+        Self {
+            slots: None,
+            size: 0,
+        }
+    }
+
+    /// Two per core of this machine.
+    pub fn per_core() -> Self {
+        Self::new(2 * std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Waits for a slot; held until the permit is dropped. `None` without a limit.
+    pub async fn acquire(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &self.slots {
+            Some(s) => Arc::clone(s).acquire_owned().await.ok(),
+            None => None,
+        }
+    }
+}
+
+impl fmt::Debug for StartSlots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.slots {
+            Some(_) => write!(f, "StartSlots({})", self.size),
+            None => f.write_str("StartSlots(unlimited)"),
+        }
+    }
+}
+
+impl PartialEq for StartSlots {
+    fn eq(&self, other: &Self) -> bool {
+        self.size == other.size
+    }
+}
+
+impl Eq for StartSlots {}
 
 impl Default for RunnerConfig {
     fn default() -> Self {
@@ -76,6 +138,7 @@ impl Default for RunnerConfig {
             },
             upstream_timeout: Duration::from_secs(5 * 60),
             max_events: DEFAULT_MAX_EVENTS,
+            start_slots: StartSlots::per_core(),
         }
     }
 }
@@ -165,5 +228,46 @@ mod tests {
                 assert!(d <= full && d >= full / 2, "attempt {attempt}: {d:?}");
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod start_slots_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn slots_limit_starts_and_hand_over_in_order() {
+        let slots = StartSlots::new(2);
+        let a = slots.acquire().await.expect("a slot");
+        let b = slots.acquire().await.expect("a slot");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let waiters: Vec<_> = (0..3)
+            .map(|n| {
+                let (slots, tx) = (slots.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let held = slots.acquire().await;
+                    tx.send(n).expect("send");
+                    held
+                })
+            })
+            .collect();
+        // Every waiter is queued before a slot frees.
+        for _ in 0..3 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            rx.try_recv().is_err(),
+            "a third start ran with two slots held"
+        );
+        drop(a);
+        let first = waiters.into_iter().next().expect("waiter");
+        let held = first.await.expect("waiter");
+        assert_eq!(rx.recv().await, Some(0), "the first to wait goes first");
+        drop((b, held));
+        let mut rest = vec![rx.recv().await, rx.recv().await];
+        rest.sort();
+        assert_eq!(rest, vec![Some(1), Some(2)]);
+        assert!(StartSlots::unlimited().acquire().await.is_none());
+        assert_eq!(StartSlots::new(0), StartSlots::new(1));
     }
 }

@@ -86,7 +86,7 @@ mod upstream;
 mod volume_host;
 
 pub use alloc_runner::AllocRunner;
-pub use config::{AllocDeps, Backoff, RunnerConfig};
+pub use config::{AllocDeps, Backoff, RunnerConfig, StartSlots};
 pub use device_host::{DeviceCall, DeviceHost, FakeDeviceHost, NoDevices};
 pub use drivers::TaskDrivers;
 pub use error::AllocError;

@@ -90,6 +90,8 @@ pub(crate) struct TaskRunner {
     pub restart_now: Arc<tokio::sync::Notify>,
     /// The node's log collector (see [`crate::AllocDeps::log_collector`]).
     pub log_collector: Option<LogCollector>,
+    /// The node's task start slots.
+    pub start_slots: crate::config::StartSlots,
 }
 
 impl TaskRunner {
@@ -202,9 +204,12 @@ impl TaskRunner {
                 return Phase::Exited(None, self.new_event(EventKind::StartFailed, message));
             }
         };
-        if self.kill.is_cancelled() {
-            return self.dead_unstarted("stopped before it started");
-        }
+        // The node's start slots: held until the handle is persisted (or the start failed).
+        // Prestart hooks (which may wait on the outside world) run before, without one.
+        let _slot = tokio::select! {
+            slot = self.start_slots.acquire() => slot,
+            () = self.kill.cancelled() => return self.dead_unstarted("stopped before it started"),
+        };
         // Not cancellable: a start cut short could leave a process without a persisted
         // handle.
         match driver.start(config).await {

@@ -72,6 +72,7 @@ pub fn fast_config() -> RunnerConfig {
         kill_retry: quick,
         upstream_timeout: Duration::from_secs(5),
         max_events: 200,
+        ..RunnerConfig::default()
     }
 }
 
