@@ -761,9 +761,34 @@ impl VolumeManager {
                 return report;
             }
         };
+        // The mount table is read once for the records that are left alone (not once per
+        // record: a thousand published volumes at start), and again after a record's steps
+        // may have changed it.
+        let mut table = None;
         for rec in records {
-            if let Err(e) = self.reconcile_one(rec, secrets, &mut report.actions).await {
+            let t = match table.take() {
+                Some(t) => t,
+                None => match self.mounts.mounts() {
+                    Ok(t) => t,
+                    Err(e) => {
+                        report.errors.push(VolumeError::MountTable(e));
+                        return report;
+                    }
+                },
+            };
+            let before = report.actions.len();
+            if let Err(e) = self
+                .reconcile_one(rec, secrets, &t, &mut report.actions)
+                .await
+            {
                 report.errors.push(e);
+                continue;
+            }
+            let only_kept = report.actions[before..]
+                .iter()
+                .all(|a| matches!(a, ReconcileAction::Kept { .. }));
+            if only_kept {
+                table = Some(t);
             }
         }
         report
@@ -773,6 +798,7 @@ impl VolumeManager {
         &self,
         rec: UsageRecord,
         secrets_of: &(dyn Fn(&str) -> Secrets + Send + Sync),
+        table: &[MountEntry],
         actions: &mut Vec<ReconcileAction>,
     ) -> Result<(), VolumeError> {
         let volume_id = rec.volume_id.clone();
@@ -843,8 +869,7 @@ impl VolumeManager {
             return Ok(());
         }
 
-        let table = self.mounts.mounts().map_err(VolumeError::MountTable)?;
-        let mounted = |p: &Path| top_mount_at(&table, p).is_some();
+        let mounted = |p: &Path| top_mount_at(table, p).is_some();
         let restage = match rec.staging {
             None => false,
             Some(StageState::Staged) => !mounted(&staging),
