@@ -1055,6 +1055,10 @@ async fn kill_9_inside_a_coalesced_commit_loses_no_mount_and_leaks_none() {
         .enumerate()
     {
         let vols: Vec<String> = (0..8).map(|i| format!("gc{n}-{i}")).collect();
+        // The agent was respawned by the previous round: its plugin comes up after it is ready.
+        agent
+            .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+            .await;
         for v in &vols {
             create(&agent.client(), v, "single-node-writer").await;
         }
