@@ -23,6 +23,7 @@ use crate::{
     faults::Faults,
     image,
     locks::KeyedLocks,
+    nodestate::NodeState,
     state::{Capability, Store},
 };
 
@@ -61,6 +62,8 @@ pub(crate) struct Plugin {
     /// How a volume directory shows as the root of a bind mount in mountinfo: this plus its id.
     pub volumes_fs_root: PathBuf,
     pub store: Store,
+    /// The node's records of stagings and publications.
+    pub node: NodeState,
     pub locks: KeyedLocks,
     pub mounter: Arc<dyn Mounter>,
     pub faults: Faults,
@@ -134,6 +137,7 @@ impl Plugin {
     pub fn new(
         settings: Settings,
         store: Store,
+        node: NodeState,
         mounter: Arc<dyn Mounter>,
         faults: Faults,
         shutdown: CancellationToken,
@@ -148,6 +152,7 @@ impl Plugin {
             snapshots_dir,
             volumes_fs_root,
             store,
+            node,
             locks: KeyedLocks::default(),
             mounter,
             faults,
@@ -304,19 +309,29 @@ impl Plugin {
         }
     }
 
+    /// The real mount table of this plugin's mount namespace. Reading it costs more than any
+    /// mount call: an RPC reads it once and looks up every path it needs in that copy.
+    pub fn mounts(&self) -> Result<Vec<MountEntry>, Status> {
+        self.mounter.mounts().map_err(|e| internal(&e))
+    }
+
+    /// What `table` (from [`mounts`](Self::mounts)) has mounted at `path` (the top-most mount).
+    pub fn mount_in(&self, table: &[MountEntry], path: &Path, id: &str) -> MountAt {
+        match berth_sys::top_mount_at(table, path) {
+            None => MountAt::Nothing,
+            Some(e) if self.is_volume_mount(e, id) => MountAt::Volume(e.clone()),
+            Some(e) => MountAt::Other(e.clone()),
+        }
+    }
+
     /// What is mounted at `path` (the top-most mount), read from the real mount table.
     pub fn mount_at(&self, path: &Path, id: &str) -> Result<MountAt, Status> {
-        let entry = self.mounter.mount_at(path).map_err(|e| internal(&e))?;
-        Ok(match entry {
-            None => MountAt::Nothing,
-            Some(e) if self.is_volume_mount(&e, id) => MountAt::Volume(e),
-            Some(e) => MountAt::Other(e),
-        })
+        Ok(self.mount_in(&self.mounts()?, path, id))
     }
 
     /// Every mount of volume `id` in this plugin's mount namespace.
     pub fn volume_mounts(&self, id: &str) -> Result<Vec<MountEntry>, Status> {
-        let mounts = self.mounter.mounts().map_err(|e| internal(&e))?;
+        let mounts = self.mounts()?;
         Ok(mounts
             .into_iter()
             .filter(|e| self.is_volume_mount(e, id))
@@ -420,7 +435,15 @@ pub(crate) async fn shared_test_plugin(
         .await
         .expect("register");
     let faults = Faults::load(Vec::new(), &node_dir).expect("faults");
-    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    let node = test_node_state(&node_dir, &store).await;
+    let plugin = Plugin::new(
+        settings,
+        store,
+        node,
+        mounter,
+        faults,
+        CancellationToken::new(),
+    );
     Arc::new(plugin.expect("plugin"))
 }
 
@@ -451,8 +474,34 @@ fn unshared_test_plugin(
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");
-    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    let node = NodeState::load(
+        &statedir.join(crate::nodestate::NODE_FILE),
+        Default::default(),
+        |_| true,
+    )
+    .expect("node records");
+    let plugin = Plugin::new(
+        settings,
+        store,
+        node,
+        mounter,
+        faults,
+        CancellationToken::new(),
+    );
     plugin.expect("plugin")
+}
+
+/// The node records of a plugin over `store`, in `dir`, as [`crate::run`] loads them.
+#[cfg(test)]
+async fn test_node_state(dir: &Path, store: &Store) -> NodeState {
+    let (seed, volumes) = store
+        .read(crate::nodestate::seed_and_volumes)
+        .await
+        .expect("state");
+    NodeState::load(&dir.join(crate::nodestate::NODE_FILE), seed, |id| {
+        volumes.contains(id)
+    })
+    .expect("node records")
 }
 
 #[cfg(test)]
