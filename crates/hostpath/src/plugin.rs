@@ -7,6 +7,7 @@ use std::{
     future::Future,
     path::{Path, PathBuf},
     sync::Arc,
+    task::Poll,
 };
 
 use berth_csi::Rpc;
@@ -169,11 +170,15 @@ impl Plugin {
     }
 
     /// Runs one RPC: opens a span with its method and volume id, logs the call (the request at
-    /// trace, through its redacting `Debug`), applies the fault switch, then runs `body` as a
-    /// tracked task, and appends the outcome to the call log before answering. The answer
-    /// honours the caller's deadline (`DEADLINE_EXCEEDED`), but the operation itself always runs
-    /// to completion, even if the caller gives up or goes away, so no operation is left half done
-    /// and a retry finds it finished.
+    /// trace, through its redacting `Debug`), applies the fault switch, then runs `body`, and
+    /// appends the outcome to the call log before answering. The answer honours the caller's
+    /// deadline (`DEADLINE_EXCEEDED`), but the operation itself always runs to completion, even
+    /// if the caller gives up or goes away, so no operation is left half done and a retry finds
+    /// it finished.
+    ///
+    /// `body` is polled once right here: most operations finish without waiting (their locks
+    /// are free, their system calls synchronous), and answer without a task switch or a timer.
+    /// One that has to wait is handed, half done, to a tracked task that runs it to the end.
     pub async fn rpc<Req, T, Fut>(
         self: &Arc<Self>,
         method: Rpc,
@@ -198,10 +203,15 @@ impl Plugin {
             tracing::debug!("call");
             tracing::trace!(?request);
             self.faults.apply(method, &self.shutdown).await?;
-            let task = self
-                .tasks
-                .spawn(body(Arc::clone(self), request).in_current_span());
-            task.await
+            let mut operation = Box::pin(body(Arc::clone(self), request).in_current_span());
+            // No await between this poll and the spawn: the caller cannot go away in between.
+            let first = std::future::poll_fn(|cx| Poll::Ready(operation.as_mut().poll(cx))).await;
+            if let Poll::Ready(result) = first {
+                return result;
+            }
+            self.tasks
+                .spawn(operation)
+                .await
                 .map_err(|e| Status::internal(format!("{method} failed: {e}")))?
         };
         let result = async {
@@ -537,6 +547,49 @@ mod tests {
         );
         assert_eq!(start.elapsed(), Duration::from_millis(100));
         assert!(!done.load(Ordering::SeqCst));
+        p.tasks.close();
+        p.tasks.wait().await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the operation ran to completion"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_operation_that_does_not_wait_needs_no_task_and_one_that_waits_outlives_its_caller()
+    {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, true);
+        let answer = p
+            .rpc(
+                Rpc::Probe,
+                "",
+                Request::new(pb::ProbeRequest {}),
+                |_, _| async { Ok(7) },
+            )
+            .await
+            .expect("answer");
+        assert_eq!(answer.into_inner(), 7);
+        assert!(p.tasks.is_empty(), "answered without a task");
+
+        // An operation that has to wait: its caller goes away after the first poll.
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let (opened, finished) = (Arc::clone(&gate), Arc::clone(&done));
+        let mut call = Box::pin(p.rpc(
+            Rpc::NodeStageVolume,
+            "v1",
+            Request::new(pb::ProbeRequest {}),
+            move |_, _| async move {
+                opened.notified().await;
+                finished.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+        ));
+        assert!(futures::poll!(&mut call).is_pending());
+        assert_eq!(p.tasks.len(), 1, "handed to a tracked task");
+        drop(call);
+        gate.notify_one();
         p.tasks.close();
         p.tasks.wait().await;
         assert!(
