@@ -105,7 +105,7 @@ impl NsPlugin {
     }
 
     fn clients(&self) -> Clients {
-        let endpoint = Endpoint::from_path(&self.socket()).expect("endpoint");
+        let endpoint = Endpoint::from_path(self.socket()).expect("endpoint");
         let channel = berth_csi::channel(&endpoint);
         Clients {
             identity: pb::identity_client::IdentityClient::new(channel.clone()),
