@@ -86,8 +86,9 @@ Shared mode (--shared):
     DeleteVolume, ControllerUnpublishVolume in strict mode
                           see the mounts of their own node only
   Volumes are directories (--backing=image is refused: two nodes mounting one ext4 image
-  would corrupt it). The fault control file and its used counts are per node:
-  <statedir>/nodes/<nodeid>/faults and <statedir>/nodes/<nodeid>/faults.state.json.
+  would corrupt it). The fault control file and its used counts, and the node's staging and
+  publication records, are per node: <statedir>/nodes/<nodeid>/faults,
+  <statedir>/nodes/<nodeid>/faults.state.json and <statedir>/nodes/<nodeid>/node.journal.
 
 Fault injection (for tests only):
   --fault SPEC, BERTH_HOSTPATH_FAULTS=SPEC,SPEC…, or <statedir>/faults (one SPEC per line, read
@@ -197,8 +198,8 @@ pub struct Config {
     #[arg(long)]
     pub nodeid: Option<String>,
 
-    /// Directory for state.json, volumes/ and snapshots/; one running copy per directory, or
-    /// one per node id with --shared (see exit code 73).
+    /// Directory for state.json, node.journal, volumes/ and snapshots/; one running copy per
+    /// directory, or one per node id with --shared (see exit code 73).
     #[arg(long, default_value = DEFAULT_STATE_DIR)]
     pub statedir: PathBuf,
 

@@ -7,6 +7,7 @@ use tonic::Status;
 use crate::{
     endpoint::EndpointError,
     faults::FaultsError,
+    nodestate::NodeStateError,
     state::StateError,
     statelock::{EXIT_STATEDIR_IN_USE, StateLockError},
 };
@@ -32,6 +33,9 @@ pub enum RunError {
     /// The persisted state cannot be loaded.
     #[error(transparent)]
     State(#[from] StateError),
+    /// The node's records cannot be loaded.
+    #[error(transparent)]
+    NodeState(#[from] NodeStateError),
     /// The fault switch cannot be set up.
     #[error(transparent)]
     Faults(#[from] FaultsError),
@@ -94,6 +98,12 @@ pub(crate) fn internal(err: &dyn StdError) -> Status {
 
 impl From<StateError> for Status {
     fn from(err: StateError) -> Self {
+        internal(&err)
+    }
+}
+
+impl From<NodeStateError> for Status {
+    fn from(err: NodeStateError) -> Self {
         internal(&err)
     }
 }

@@ -238,6 +238,17 @@ struct Inner {
     file_specs: Vec<FaultSpec>,
 }
 
+/// What [`Faults::find`] found for a call.
+#[derive(Debug)]
+enum Found {
+    /// No spec applies.
+    Nothing,
+    /// This uncounted spec applies.
+    Spec(FaultSpec),
+    /// A counted spec applies; counting it means persisting the count.
+    Counted,
+}
+
 /// The live fault switch of a plugin instance.
 #[derive(Debug, Clone)]
 pub(crate) struct Faults {
@@ -284,6 +295,16 @@ impl Faults {
     /// up, and counts it as used (persisting the count before returning). `None` for `rpc`
     /// only refreshes.
     fn take(&self, rpc: Option<Rpc>) -> Result<Option<FaultSpec>, FaultsError> {
+        match self.find(rpc, true)? {
+            Found::Spec(spec) => Ok(Some(spec)),
+            Found::Nothing | Found::Counted => Ok(None),
+        }
+    }
+
+    /// [`take`](Self::take), except that without `persist` a counted spec is neither counted nor
+    /// returned: the answer is [`Found::Counted`], for the caller to `take` off the async
+    /// threads (persisting blocks on the disk).
+    fn find(&self, rpc: Option<Rpc>, persist: bool) -> Result<Found, FaultsError> {
         let text = match std::fs::read_to_string(&self.control_path) {
             Ok(t) => t,
             Err(e) if e.kind() == io::ErrorKind::NotFound => String::new(),
@@ -304,7 +325,9 @@ impl Faults {
             inner.counters.file.clear();
         }
         inner.file_specs = specs;
-        let Some(rpc) = rpc else { return Ok(None) };
+        let Some(rpc) = rpc else {
+            return Ok(Found::Nothing);
+        };
 
         let flagged = self
             .flags
@@ -322,7 +345,7 @@ impl Faults {
                 continue;
             }
             let Some(limit) = spec.count else {
-                return Ok(Some(spec));
+                return Ok(Found::Spec(spec));
             };
             let key = if is_flag {
                 format!("flag#{i} {spec}")
@@ -338,11 +361,14 @@ impl Faults {
             if *used >= limit {
                 continue;
             }
+            if !persist {
+                return Ok(Found::Counted);
+            }
             *used += 1;
             self.persist(&inner.counters);
-            return Ok(Some(spec));
+            return Ok(Found::Spec(spec));
         }
-        Ok(None)
+        Ok(Found::Nothing)
     }
 
     fn persist(&self, counters: &Counters) {
@@ -360,11 +386,21 @@ impl Faults {
     /// Applies the fault configured for a call of `rpc`, if any: `Err` for an injected failure,
     /// `Ok` once a delay has passed or when no fault applies. `hang` and `delay` end early with
     /// `UNAVAILABLE` when `shutdown` fires; `exit` never returns.
+    ///
+    /// The control file is read on the calling thread (a small read, or none when it is
+    /// missing); only a counted fault, whose count is persisted, goes to the blocking pool.
     pub(crate) async fn apply(&self, rpc: Rpc, shutdown: &CancellationToken) -> Result<(), Status> {
-        let this = self.clone();
-        let taken = tokio::task::spawn_blocking(move || this.take(Some(rpc)))
-            .await
-            .map_err(|e| Status::internal(format!("fault switch task failed: {e}")))?;
+        let taken = match self.find(Some(rpc), false) {
+            Ok(Found::Nothing) => return Ok(()),
+            Ok(Found::Spec(spec)) => Ok(Some(spec)),
+            Ok(Found::Counted) => {
+                let this = self.clone();
+                tokio::task::spawn_blocking(move || this.take(Some(rpc)))
+                    .await
+                    .map_err(|e| Status::internal(format!("fault switch task failed: {e}")))?
+            }
+            Err(e) => Err(e),
+        };
         let spec = match taken {
             Ok(Some(spec)) => spec,
             Ok(None) => return Ok(()),

@@ -5,8 +5,15 @@
 //! `<statedir>/snapshots/<id>`. NodeStageVolume bind-mounts the volume directory onto the staging
 //! path, NodePublishVolume bind-mounts the staged path (or the volume directory when staging is
 //! disabled) onto the target path, read-only when asked. Whether something is mounted is always
-//! read from the real mount table. Everything else the plugin knows is in `<statedir>/state.json`,
-//! rewritten atomically on every change, so it survives restarts. Operations on one volume or
+//! read from the real mount table. What the plugin knows of its volumes and snapshots is in
+//! `<statedir>/state.json`, rewritten atomically (and synced) on every change, so it survives
+//! restarts and crashes of the machine. What the node knows of its stagings and publications
+//! (their capabilities, and which directories the plugin made) is appended, one line per change,
+//! to `node.journal` in the node's directory before the RPC is answered: it survives a kill of
+//! the plugin at any point, and needs no sync, as the machine's crash takes every mount with it
+//! (with `--strict`, the record that the plugin made a target directory is synced). A damaged
+//! line of it refuses the start, naming the line, unless the machine restarted since it was
+//! written. Operations on one volume or
 //! snapshot are serialized; different ones run in parallel. One copy of the plugin runs per
 //! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]),
 //! unless every copy has `--shared` (below).
@@ -54,10 +61,10 @@
 //!   node the volume is not published to is done (`OK`), as the spec allows. Volumes are
 //!   accessible from every recorded node (`accessible_topology` lists them all). DeleteVolume
 //!   refuses a volume published to any node, but sees the mounts of its own node only, as does
-//!   the strict check of ControllerUnpublishVolume. Staging and publication records stay keyed
-//!   by path: paths of different nodes differ.
-//! - The fault switch's control file and used counts are the node's own:
-//!   `<statedir>/nodes/<nodeid>/faults` and `<statedir>/nodes/<nodeid>/faults.state.json`.
+//!   the strict check of ControllerUnpublishVolume.
+//! - The fault switch's control file and used counts, and the staging and publication records,
+//!   are the node's own: `<statedir>/nodes/<nodeid>/faults`,
+//!   `<statedir>/nodes/<nodeid>/faults.state.json` and `<statedir>/nodes/<nodeid>/node.journal`.
 //! - Volumes are directories: `--backing=image` is refused, as two nodes mounting one ext4
 //!   image would corrupt it.
 //!
@@ -130,6 +137,7 @@ mod identity;
 mod image;
 mod locks;
 mod node;
+mod nodestate;
 mod plugin;
 mod shared;
 mod state;
@@ -151,12 +159,14 @@ use crate::{
     faults::Faults,
     identity::IdentityService,
     node::NodeService,
+    nodestate::NodeState,
     plugin::{Plugin, Settings},
     state::Store,
 };
 pub use crate::{
     config::{Backing, Config, LogFormat, Mode},
     error::RunError,
+    nodestate::NodeStateError,
     plugin::{PUBLISH_CONTEXT_NODE_KEY, TOPOLOGY_KEY},
     state::StateError,
 };
@@ -230,7 +240,7 @@ pub async fn run_with_mounter(
     };
     prepare_statedir(&statedir, lock.is_exclusive())?;
     let state_file = statedir.join("state.json");
-    let (store, faults_dir) = if config.shared {
+    let (store, node_dir) = if config.shared {
         let node_dir = shared::create_node_dir(&statedir, &node_id)?;
         lock.share()?;
         let store = Store::load_shared(&state_file, &statedir.join(state::STATE_LOCK_FILE))?;
@@ -239,7 +249,11 @@ pub async fn run_with_mounter(
     } else {
         (Store::load(&state_file)?, statedir.clone())
     };
-    let faults = Faults::load(config.faults.clone(), &faults_dir)?;
+    let (seed, volumes) = store.read(nodestate::seed_and_volumes).await?;
+    let node = NodeState::load(&node_dir.join(nodestate::NODE_FILE), seed, |id| {
+        volumes.contains(id)
+    })?;
+    let faults = Faults::load(config.faults.clone(), &node_dir)?;
     let call_log = match &config.call_log {
         None => None,
         Some(path) => Some(CallLog::open(path).map_err(|source| RunError::CallLog {
@@ -262,7 +276,7 @@ pub async fn run_with_mounter(
         mode: config.mode,
     };
     let plugin = Arc::new(
-        Plugin::new(settings, store, mounter, faults, shutdown.clone())
+        Plugin::new(settings, store, node, mounter, faults, shutdown.clone())
             .map_err(RunError::Mounts)?
             .with_call_log(call_log),
     );

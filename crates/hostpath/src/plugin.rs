@@ -7,6 +7,7 @@ use std::{
     future::Future,
     path::{Path, PathBuf},
     sync::Arc,
+    task::Poll,
 };
 
 use berth_csi::Rpc;
@@ -23,6 +24,7 @@ use crate::{
     faults::Faults,
     image,
     locks::KeyedLocks,
+    nodestate::NodeState,
     state::{Capability, Store},
 };
 
@@ -61,6 +63,8 @@ pub(crate) struct Plugin {
     /// How a volume directory shows as the root of a bind mount in mountinfo: this plus its id.
     pub volumes_fs_root: PathBuf,
     pub store: Store,
+    /// The node's records of stagings and publications.
+    pub node: NodeState,
     pub locks: KeyedLocks,
     pub mounter: Arc<dyn Mounter>,
     pub faults: Faults,
@@ -134,6 +138,7 @@ impl Plugin {
     pub fn new(
         settings: Settings,
         store: Store,
+        node: NodeState,
         mounter: Arc<dyn Mounter>,
         faults: Faults,
         shutdown: CancellationToken,
@@ -148,6 +153,7 @@ impl Plugin {
             snapshots_dir,
             volumes_fs_root,
             store,
+            node,
             locks: KeyedLocks::default(),
             mounter,
             faults,
@@ -164,11 +170,15 @@ impl Plugin {
     }
 
     /// Runs one RPC: opens a span with its method and volume id, logs the call (the request at
-    /// trace, through its redacting `Debug`), applies the fault switch, then runs `body` as a
-    /// tracked task, and appends the outcome to the call log before answering. The answer
-    /// honours the caller's deadline (`DEADLINE_EXCEEDED`), but the operation itself always runs
-    /// to completion, even if the caller gives up or goes away, so no operation is left half done
-    /// and a retry finds it finished.
+    /// trace, through its redacting `Debug`), applies the fault switch, then runs `body`, and
+    /// appends the outcome to the call log before answering. The answer honours the caller's
+    /// deadline (`DEADLINE_EXCEEDED`), but the operation itself always runs to completion, even
+    /// if the caller gives up or goes away, so no operation is left half done and a retry finds
+    /// it finished.
+    ///
+    /// `body` is polled once right here: most operations finish without waiting (their locks
+    /// are free, their system calls synchronous), and answer without a task switch or a timer.
+    /// One that has to wait is handed, half done, to a tracked task that runs it to the end.
     pub async fn rpc<Req, T, Fut>(
         self: &Arc<Self>,
         method: Rpc,
@@ -193,10 +203,15 @@ impl Plugin {
             tracing::debug!("call");
             tracing::trace!(?request);
             self.faults.apply(method, &self.shutdown).await?;
-            let task = self
-                .tasks
-                .spawn(body(Arc::clone(self), request).in_current_span());
-            task.await
+            let mut operation = Box::pin(body(Arc::clone(self), request).in_current_span());
+            // No await between this poll and the spawn: the caller cannot go away in between.
+            let first = std::future::poll_fn(|cx| Poll::Ready(operation.as_mut().poll(cx))).await;
+            if let Poll::Ready(result) = first {
+                return result;
+            }
+            self.tasks
+                .spawn(operation)
+                .await
                 .map_err(|e| Status::internal(format!("{method} failed: {e}")))?
         };
         let result = async {
@@ -304,19 +319,29 @@ impl Plugin {
         }
     }
 
+    /// The real mount table of this plugin's mount namespace. Reading it costs more than any
+    /// mount call: an RPC reads it once and looks up every path it needs in that copy.
+    pub fn mounts(&self) -> Result<Vec<MountEntry>, Status> {
+        self.mounter.mounts().map_err(|e| internal(&e))
+    }
+
+    /// What `table` (from [`mounts`](Self::mounts)) has mounted at `path` (the top-most mount).
+    pub fn mount_in(&self, table: &[MountEntry], path: &Path, id: &str) -> MountAt {
+        match berth_sys::top_mount_at(table, path) {
+            None => MountAt::Nothing,
+            Some(e) if self.is_volume_mount(e, id) => MountAt::Volume(e.clone()),
+            Some(e) => MountAt::Other(e.clone()),
+        }
+    }
+
     /// What is mounted at `path` (the top-most mount), read from the real mount table.
     pub fn mount_at(&self, path: &Path, id: &str) -> Result<MountAt, Status> {
-        let entry = self.mounter.mount_at(path).map_err(|e| internal(&e))?;
-        Ok(match entry {
-            None => MountAt::Nothing,
-            Some(e) if self.is_volume_mount(&e, id) => MountAt::Volume(e),
-            Some(e) => MountAt::Other(e),
-        })
+        Ok(self.mount_in(&self.mounts()?, path, id))
     }
 
     /// Every mount of volume `id` in this plugin's mount namespace.
     pub fn volume_mounts(&self, id: &str) -> Result<Vec<MountEntry>, Status> {
-        let mounts = self.mounter.mounts().map_err(|e| internal(&e))?;
+        let mounts = self.mounts()?;
         Ok(mounts
             .into_iter()
             .filter(|e| self.is_volume_mount(e, id))
@@ -420,7 +445,15 @@ pub(crate) async fn shared_test_plugin(
         .await
         .expect("register");
     let faults = Faults::load(Vec::new(), &node_dir).expect("faults");
-    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    let node = test_node_state(&node_dir, &store).await;
+    let plugin = Plugin::new(
+        settings,
+        store,
+        node,
+        mounter,
+        faults,
+        CancellationToken::new(),
+    );
     Arc::new(plugin.expect("plugin"))
 }
 
@@ -451,8 +484,34 @@ fn unshared_test_plugin(
     };
     let store = Store::load(&statedir.join("state.json")).expect("store");
     let faults = Faults::load(Vec::new(), &statedir).expect("faults");
-    let plugin = Plugin::new(settings, store, mounter, faults, CancellationToken::new());
+    let node = NodeState::load(
+        &statedir.join(crate::nodestate::NODE_FILE),
+        Default::default(),
+        |_| true,
+    )
+    .expect("node records");
+    let plugin = Plugin::new(
+        settings,
+        store,
+        node,
+        mounter,
+        faults,
+        CancellationToken::new(),
+    );
     plugin.expect("plugin")
+}
+
+/// The node records of a plugin over `store`, in `dir`, as [`crate::run`] loads them.
+#[cfg(test)]
+async fn test_node_state(dir: &Path, store: &Store) -> NodeState {
+    let (seed, volumes) = store
+        .read(crate::nodestate::seed_and_volumes)
+        .await
+        .expect("state");
+    NodeState::load(&dir.join(crate::nodestate::NODE_FILE), seed, |id| {
+        volumes.contains(id)
+    })
+    .expect("node records")
 }
 
 #[cfg(test)]
@@ -488,6 +547,49 @@ mod tests {
         );
         assert_eq!(start.elapsed(), Duration::from_millis(100));
         assert!(!done.load(Ordering::SeqCst));
+        p.tasks.close();
+        p.tasks.wait().await;
+        assert!(
+            done.load(Ordering::SeqCst),
+            "the operation ran to completion"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_operation_that_does_not_wait_needs_no_task_and_one_that_waits_outlives_its_caller()
+    {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = test_plugin(dir.path(), Arc::new(RecordingMounter::new()), true, true);
+        let answer = p
+            .rpc(
+                Rpc::Probe,
+                "",
+                Request::new(pb::ProbeRequest {}),
+                |_, _| async { Ok(7) },
+            )
+            .await
+            .expect("answer");
+        assert_eq!(answer.into_inner(), 7);
+        assert!(p.tasks.is_empty(), "answered without a task");
+
+        // An operation that has to wait: its caller goes away after the first poll.
+        let gate = Arc::new(tokio::sync::Notify::new());
+        let done = Arc::new(AtomicBool::new(false));
+        let (opened, finished) = (Arc::clone(&gate), Arc::clone(&done));
+        let mut call = Box::pin(p.rpc(
+            Rpc::NodeStageVolume,
+            "v1",
+            Request::new(pb::ProbeRequest {}),
+            move |_, _| async move {
+                opened.notified().await;
+                finished.store(true, Ordering::SeqCst);
+                Ok(())
+            },
+        ));
+        assert!(futures::poll!(&mut call).is_pending());
+        assert_eq!(p.tasks.len(), 1, "handed to a tracked task");
+        drop(call);
+        gate.notify_one();
         p.tasks.close();
         p.tasks.wait().await;
         assert!(

@@ -1,6 +1,7 @@
-//! The persisted state: `<statedir>/state.json`, rewritten atomically on every change. With
-//! `--shared` several copies share the file: each reads it again under an `flock` on
-//! `<statedir>/state.lock` before every read and every change.
+//! The persisted state: `<statedir>/state.json`, rewritten atomically (and synced) on every
+//! change. With `--shared` several copies share the file: each reads it again under an `flock`
+//! on `<statedir>/state.lock` before every read and every change. The node's own records
+//! (stagings, publications) are kept apart, in [`crate::nodestate`].
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,6 +18,8 @@ use nix::{
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Mutex;
+
+use crate::nodestate::NodeRecords;
 
 /// Name of the file, in the state directory, whose `flock` orders the copies sharing it
 /// (`--shared`).
@@ -103,16 +106,36 @@ pub(crate) struct VolumeRecord {
     /// Controller publications, by node id.
     #[serde(default)]
     pub published_nodes: BTreeMap<String, ControllerPublication>,
-    /// Node stagings, by staging path.
-    #[serde(default)]
-    pub staged: BTreeMap<PathBuf, Staging>,
-    /// Node publications, by target path.
-    #[serde(default)]
-    pub published: BTreeMap<PathBuf, NodePublication>,
-    /// Target paths NodePublishVolume created (recorded before it creates them) and
-    /// NodeUnpublishVolume has not removed yet.
-    #[serde(default)]
-    pub created_targets: BTreeSet<PathBuf>,
+    /// The node records earlier versions kept here (the node's own records now live in
+    /// [`crate::nodestate`]): read to seed a missing node record file, carried along unchanged
+    /// (copies sharing the directory may still need them), never written anew.
+    #[serde(default, rename = "staged", skip_serializing_if = "BTreeMap::is_empty")]
+    pub legacy_staged: BTreeMap<PathBuf, Staging>,
+    /// See [`legacy_staged`](Self::legacy_staged).
+    #[serde(
+        default,
+        rename = "published",
+        skip_serializing_if = "BTreeMap::is_empty"
+    )]
+    pub legacy_published: BTreeMap<PathBuf, NodePublication>,
+    /// See [`legacy_staged`](Self::legacy_staged).
+    #[serde(
+        default,
+        rename = "created_targets",
+        skip_serializing_if = "BTreeSet::is_empty"
+    )]
+    pub legacy_created_targets: BTreeSet<PathBuf>,
+}
+
+impl VolumeRecord {
+    /// The node records earlier versions kept in this record.
+    pub fn legacy_node_records(&self) -> NodeRecords {
+        NodeRecords {
+            staged: self.legacy_staged.clone(),
+            published: self.legacy_published.clone(),
+            created_targets: self.legacy_created_targets.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -396,9 +419,9 @@ mod tests {
             parameters: BTreeMap::new(),
             source: None,
             published_nodes: BTreeMap::new(),
-            staged: BTreeMap::new(),
-            published: BTreeMap::new(),
-            created_targets: BTreeSet::new(),
+            legacy_staged: BTreeMap::new(),
+            legacy_published: BTreeMap::new(),
+            legacy_created_targets: BTreeSet::new(),
         }
     }
 

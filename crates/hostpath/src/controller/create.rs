@@ -149,9 +149,9 @@ impl Plugin {
             parameters,
             source,
             published_nodes: BTreeMap::new(),
-            staged: BTreeMap::new(),
-            published: BTreeMap::new(),
-            created_targets: BTreeSet::new(),
+            legacy_staged: BTreeMap::new(),
+            legacy_published: BTreeMap::new(),
+            legacy_created_targets: BTreeSet::new(),
         };
         let saved = self
             .store

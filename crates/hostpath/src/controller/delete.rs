@@ -47,6 +47,9 @@ impl Plugin {
                     Ok::<_, Status>(())
                 })
                 .await?;
+            // A kill before this leaves records of a volume that is gone: dropped at the next
+            // start.
+            self.node.forget(id).await?;
             tracing::info!(volume_id = %id, "deleted volume");
         }
         let (dir, name) = (self.volumes_dir.clone(), self.entry_name(id));

@@ -193,17 +193,31 @@ impl Plugin {
 
     /// Unmounts every mount of volume `id` stacked at `path`. Returns whether `path` is free of
     /// mounts afterwards (false when something else is mounted there, which is left alone).
+    /// The mount table is read again only when the copy read before an unmount had another
+    /// mount at `path`, or the mount was gone already.
     fn unmount_volume_at(&self, path: &Path, id: &str) -> Result<bool, Status> {
+        let mut table = self.mounts()?;
         for _ in 0..MAX_STACKED_MOUNTS {
-            match self.mount_at(path, id)? {
+            let top = match self.mount_in(&table, path, id) {
                 MountAt::Nothing => return Ok(true),
                 MountAt::Other(_) => return Ok(false),
-                MountAt::Volume(_) => match self.mounter.unmount(path) {
-                    Ok(()) => tracing::debug!(path = %path.display(), "unmounted"),
-                    Err(e) if e.is_not_mounted() => {}
-                    Err(e) => return Err(internal(&e)),
-                },
+                MountAt::Volume(top) => top,
+            };
+            let unmounted = match self.mounter.unmount(path) {
+                Ok(()) => {
+                    tracing::debug!(path = %path.display(), "unmounted");
+                    true
+                }
+                Err(e) if e.is_not_mounted() => false,
+                Err(e) => return Err(internal(&e)),
+            };
+            let stacked = table
+                .iter()
+                .any(|e| e.mount_point == path && e.mount_id != top.mount_id);
+            if unmounted && !stacked {
+                return Ok(true);
             }
+            table = self.mounts()?;
         }
         Err(Status::internal(format!(
             "more than {MAX_STACKED_MOUNTS} mounts of volume {id} are stacked at {}",
@@ -216,11 +230,15 @@ impl Plugin {
     /// of the volume is still mounted at `path` (the request's path, if valid; nothing is ever
     /// mounted at a path this plugin refuses) is unmounted first. Without a record nothing says
     /// who made the directory: it stays.
-    fn volume_gone(&self, id: &str, path: Result<PathBuf, Status>) -> Status {
+    /// Records the node still has of the volume (another copy deleted it, with `--shared`) go.
+    async fn volume_gone(&self, id: &str, path: Result<PathBuf, Status>) -> Status {
         if let Ok(path) = path
             && let Err(status) = self.unmount_volume_at(&path, id)
         {
             return status;
+        }
+        if let Err(e) = self.node.forget(id).await {
+            return e.into();
         }
         Status::not_found(format!("volume {id} does not exist"))
     }
@@ -563,12 +581,7 @@ mod tests {
             status.message()
         );
         assert!(!staging.exists());
-        assert!(
-            p.store
-                .read(|s| s.volumes[&id].staged.is_empty())
-                .await
-                .expect("read")
-        );
+        assert!(p.node.get(&id).await.staged.is_empty());
     }
 
     #[tokio::test]
@@ -595,11 +608,9 @@ mod tests {
         // leaves the directory and the record that the plugin made it: a retry adopts it.
         let target = dir.path().join("target");
         std::fs::create_dir(&target).expect("mkdir");
-        p.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(&id) {
-                    v.created_targets.insert(target.clone());
-                }
+        p.node
+            .update(&id, true, |r| {
+                r.created_targets.insert(target.clone());
                 Ok::<_, Status>(())
             })
             .await
@@ -619,12 +630,7 @@ mod tests {
         .await
         .expect("unpublish");
         assert!(!target.exists(), "the plugin's own target goes");
-        assert!(
-            p.store
-                .read(|s| s.volumes[&id].created_targets.is_empty())
-                .await
-                .expect("read")
-        );
+        assert!(p.node.get(&id).await.created_targets.is_empty());
         p.node_unstage_volume(&pb::NodeUnstageVolumeRequest {
             volume_id: id.clone(),
             staging_target_path: staging.display().to_string(),

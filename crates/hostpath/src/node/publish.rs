@@ -3,6 +3,7 @@
 use std::{fs, io, path::Path};
 
 use berth_csi::pb;
+use berth_sys::MountEntry;
 use tonic::{Code, Status};
 
 use super::{bind_failed, remove_empty_dir};
@@ -11,8 +12,9 @@ use crate::{
     error::internal,
     files,
     locks::volume_key,
+    nodestate::NodeRecords,
     plugin::{MountAt, Plugin},
-    state::{Capability, NodePublication, VolumeRecord},
+    state::{Capability, NodePublication},
     strict,
 };
 
@@ -57,8 +59,10 @@ impl Plugin {
             )?;
             strict::volume_context(&req.volume_context)?;
         }
+        let records = self.node.get(id).await;
+        let table = self.mounts()?;
         let source = match &staging {
-            Some(path) => match self.mount_at(path, id)? {
+            Some(path) => match self.mount_in(&table, path, id) {
                 MountAt::Volume(_) => path.clone(),
                 _ => {
                     return Err(Status::failed_precondition(format!(
@@ -78,8 +82,8 @@ impl Plugin {
             staging_path: staging.clone(),
         };
         let read_only = req.readonly || caps::reader_only(&capability);
-        match self.mount_at(&target, id)? {
-            MountAt::Volume(mount) => match v.published.get(&target) {
+        match self.mount_in(&table, &target, id) {
+            MountAt::Volume(mount) => match records.published.get(&target) {
                 Some(p) if *p == wanted => return Ok(pb::NodePublishVolumeResponse {}),
                 Some(p) => {
                     return Err(Status::already_exists(format!(
@@ -108,19 +112,30 @@ impl Plugin {
             }
             MountAt::Nothing => {}
         }
-        self.check_other_targets(&v, &target, &capability)?;
+        self.check_other_targets(&table, id, &records, &target, &capability)?;
         if self.settings.strict {
-            self.require_same_capability(&v, &target, &capability)?;
+            self.require_same_capability(&table, id, &records, &target, &capability)?;
             strict::target_parent(&target)?;
         }
-        let created = self.make_target(&v, &target).await?;
+        let created = self.make_target(id, &records, &target, &wanted).await?;
         if let Err(e) = self.mounter.bind(&source, &target, read_only) {
             let status = bind_failed(&e, &target, created);
-            if created && !target.exists() {
-                self.forget_target(id, &target).await?;
-            }
+            let removed = created && !target.exists();
+            // Nothing of this call is left to record.
+            self.node
+                .update(id, false, |r| {
+                    if created {
+                        r.published.remove(&target);
+                    }
+                    if removed {
+                        r.created_targets.remove(&target);
+                    }
+                    Ok::<_, Status>(())
+                })
+                .await?;
             return Err(status);
         }
+        // Already recorded if this call made the directory.
         self.record_publication(id, &target, wanted).await?;
         tracing::info!(volume_id = %id, path = %target.display(), read_only, "published");
         Ok(pb::NodePublishVolumeResponse {})
@@ -128,10 +143,20 @@ impl Plugin {
 
     /// Makes sure the directory `target` exists, creating it if missing: the spec gives that
     /// job to the plugin. A directory it creates is recorded first (so a retry after a crash
-    /// knows whose it is), and NodeUnpublishVolume removes it. Returns whether this call
-    /// created it. In strict mode a directory that this plugin did not create is refused.
-    async fn make_target(&self, v: &VolumeRecord, target: &Path) -> Result<bool, Status> {
-        let ours = v.created_targets.contains(target);
+    /// knows whose it is; in strict mode, where a directory the plugin did not make is refused,
+    /// that record is synced to disk, so that even a crash of the machine cannot make the
+    /// plugin disown it), and NodeUnpublishVolume removes it. The `publication` about to be
+    /// made is recorded with it, in the same write: a publication record is believed only
+    /// where the volume is mounted, so one recorded ahead of its bind says nothing wrong.
+    /// Returns whether this call created the directory.
+    async fn make_target(
+        &self,
+        id: &str,
+        records: &NodeRecords,
+        target: &Path,
+        publication: &NodePublication,
+    ) -> Result<bool, Status> {
+        let ours = records.created_targets.contains(target);
         match fs::symlink_metadata(target) {
             Ok(m) if !m.is_dir() => Err(Status::invalid_argument(format!(
                 "target_path {} exists and is not a directory",
@@ -140,16 +165,15 @@ impl Plugin {
             Ok(_) if ours || !self.settings.strict => Ok(false),
             Ok(_) => Err(strict::target_made_by_co(target)),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if !ours {
-                    self.store
-                        .update(|s| {
-                            if let Some(v) = s.volumes.get_mut(&v.id) {
-                                v.created_targets.insert(target.to_path_buf());
-                            }
-                            Ok::<_, Status>(())
-                        })
-                        .await?;
-                }
+                let sync = self.settings.strict && !ours;
+                self.node
+                    .update(id, sync, |r| {
+                        r.created_targets.insert(target.to_path_buf());
+                        r.published
+                            .insert(target.to_path_buf(), publication.clone());
+                        Ok::<_, Status>(())
+                    })
+                    .await?;
                 let made = if self.settings.strict {
                     fs::create_dir(target)
                 } else {
@@ -172,37 +196,26 @@ impl Plugin {
         }
     }
 
-    /// Drops `target` from the volume's created targets (it has been removed).
-    async fn forget_target(&self, id: &str, target: &Path) -> Result<(), Status> {
-        self.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(id) {
-                    v.created_targets.remove(target);
-                }
-                Ok::<_, Status>(())
-            })
-            .await
-    }
-
     /// Strict mode: the spec asks the CO not to publish a volume a second time with another
     /// capability (and the plugin to answer `FAILED_PRECONDITION` if it does).
     fn require_same_capability(
         &self,
-        v: &VolumeRecord,
+        table: &[MountEntry],
+        id: &str,
+        records: &NodeRecords,
         target: &Path,
         capability: &Capability,
     ) -> Result<(), Status> {
-        let others = v
+        let others = records
             .published
             .iter()
             .filter(|(t, p)| t.as_path() != target && p.capability != *capability);
         for (other, p) in others {
-            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is published at {} with access mode {} and fs_type {:?}: the CSI \
+                    "volume {id} is published at {} with access mode {} and fs_type {:?}: the CSI \
                      spec asks the CO not to publish it again with another volume_capability \
                      (refused in strict mode)",
-                    v.id,
                     other.display(),
                     p.capability.access_mode,
                     p.capability.fs_type
@@ -216,19 +229,24 @@ impl Plugin {
     /// existing publication is SINGLE_NODE_SINGLE_WRITER.
     pub(super) fn check_other_targets(
         &self,
-        v: &VolumeRecord,
+        table: &[MountEntry],
+        id: &str,
+        records: &NodeRecords,
         target: &Path,
         capability: &Capability,
     ) -> Result<(), Status> {
-        for (other, p) in v.published.iter().filter(|(t, _)| t.as_path() != target) {
+        for (other, p) in records
+            .published
+            .iter()
+            .filter(|(t, _)| t.as_path() != target)
+        {
             if !caps::single_target(capability) && !caps::single_target(&p.capability) {
                 continue;
             }
-            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
+                    "volume {id} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
                      one target path per node",
-                    v.id,
                     other.display(),
                 )));
             }
@@ -242,11 +260,9 @@ impl Plugin {
         target: &Path,
         publication: NodePublication,
     ) -> Result<(), Status> {
-        self.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(id) {
-                    v.published.insert(target.to_path_buf(), publication);
-                }
+        self.node
+            .update(id, false, |r| {
+                r.published.insert(target.to_path_buf(), publication);
                 Ok::<_, Status>(())
             })
             .await
@@ -259,30 +275,34 @@ impl Plugin {
         let id = caps::id(&req.volume_id, "volume_id")?;
         let _guard = self.locks.lock(&[volume_key(id)]).await;
         let target = caps::mount_path(&req.target_path, "target_path", &self.settings.statedir);
-        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await? else {
-            return Err(self.volume_gone(id, target));
-        };
+        if !self.store.read(|s| s.volumes.contains_key(id)).await? {
+            return Err(self.volume_gone(id, target).await);
+        }
         let target = target?;
         let free = self.unmount_volume_at(&target, id)?;
-        if v.published.contains_key(&target) {
-            self.store
-                .update(|s| {
-                    if let Some(v) = s.volumes.get_mut(id) {
-                        v.published.remove(&target);
-                    }
-                    Ok::<_, Status>(())
-                })
-                .await?;
-        }
+        let records = self.node.get(id).await;
         // The spec: the plugin deletes what it created at target_path. Outside strict mode an
         // empty directory the CO made goes too.
-        let ours = v.created_targets.contains(&target);
-        if free && (ours || !self.settings.strict) {
-            let gone = remove_empty_dir(&target)?;
-            if gone && ours {
-                self.forget_target(id, &target).await?;
-            }
-        }
+        let ours = records.created_targets.contains(&target);
+        let removed = if free && (ours || !self.settings.strict) {
+            remove_empty_dir(&target)
+        } else {
+            Ok(false)
+        };
+        // One write: the publication goes (nothing of the volume is mounted there any more),
+        // and so does the claim on a directory that is gone. A kill before it leaves records
+        // that a retry finds true or harmless: nothing is mounted, the directory is gone.
+        let gone = matches!(removed, Ok(true));
+        self.node
+            .update(id, false, |r| {
+                r.published.remove(&target);
+                if gone {
+                    r.created_targets.remove(&target);
+                }
+                Ok::<_, Status>(())
+            })
+            .await?;
+        removed?;
         tracing::info!(volume_id = %id, path = %target.display(), "unpublished");
         Ok(pb::NodeUnpublishVolumeResponse {})
     }

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use berth_csi::pb;
+use berth_sys::MountEntry;
 use tonic::{Code, Status};
 
 use super::{bind_failed, ensure_dir, existing_dir, remove_empty_dir};
@@ -11,6 +12,7 @@ use crate::{
     error::internal,
     image,
     locks::volume_key,
+    nodestate::NodeRecords,
     plugin::{MountAt, Plugin, blocking},
     state::{Staging, VolumeRecord},
     strict,
@@ -50,9 +52,11 @@ impl Plugin {
             )?;
             strict::volume_context(&req.volume_context)?;
         }
-        let record = v.staged.get(&staging);
+        let records = self.node.get(id).await;
+        let record = records.staged.get(&staging);
         let read_only = caps::reader_only(&capability);
-        match self.mount_at(&staging, id)? {
+        let table = self.mounts()?;
+        match self.mount_in(&table, &staging, id) {
             MountAt::Volume(mount) => match record {
                 Some(s) if s.capability == capability => {
                     return Ok(pb::NodeStageVolumeResponse {});
@@ -86,7 +90,7 @@ impl Plugin {
             Backing::Dir => {
                 let created = if self.settings.strict {
                     strict::staging_dir(&staging)?;
-                    self.require_one_staging_path(&v, &staging)?;
+                    self.require_one_staging_path(&table, id, &records, &staging)?;
                     false
                 } else {
                     ensure_dir(&staging, "staging_target_path")?
@@ -101,7 +105,8 @@ impl Plugin {
             }
             Backing::Image => {
                 let flags = caps::mount_flags(req.volume_capability.as_ref());
-                self.mount_image_at(&v, &staging, flags, read_only).await?;
+                self.mount_image_at(&v, &records, &table, &staging, flags, read_only)
+                    .await?;
                 false
             }
         };
@@ -119,17 +124,19 @@ impl Plugin {
     async fn mount_image_at(
         &self,
         v: &VolumeRecord,
+        records: &NodeRecords,
+        table: &[MountEntry],
         staging: &Path,
         flags: &[String],
         read_only: bool,
     ) -> Result<(), Status> {
         if self.settings.strict {
             strict::staging_dir(staging)?;
-            self.require_one_staging_path(v, staging)?;
+            self.require_one_staging_path(table, &v.id, records, staging)?;
         } else {
             existing_dir(staging, "staging_target_path")?;
         }
-        if let Some(m) = self.volume_mounts(&v.id)?.first() {
+        if let Some(m) = table.iter().find(|e| self.is_volume_mount(e, &v.id)) {
             return Err(Status::failed_precondition(format!(
                 "volume {} is still mounted at {}: its image is mounted from one place at a \
                  time; unpublish and unstage it there first",
@@ -149,14 +156,19 @@ impl Plugin {
 
     /// Strict mode: the spec makes the CO keep one staging path per volume, so staging a volume
     /// that is still staged at another path is refused (`FAILED_PRECONDITION`).
-    fn require_one_staging_path(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
-        for other in v.staged.keys().filter(|p| p.as_path() != staging) {
-            if matches!(self.mount_at(other, &v.id)?, MountAt::Volume(_)) {
+    fn require_one_staging_path(
+        &self,
+        table: &[MountEntry],
+        id: &str,
+        records: &NodeRecords,
+        staging: &Path,
+    ) -> Result<(), Status> {
+        for other in records.staged.keys().filter(|p| p.as_path() != staging) {
+            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is still staged at {}: the CSI spec makes the CO keep one \
+                    "volume {id} is still staged at {}: the CSI spec makes the CO keep one \
                      staging_target_path per volume; unstage it there first (refused in strict \
                      mode)",
-                    v.id,
                     other.display()
                 )));
             }
@@ -166,18 +178,27 @@ impl Plugin {
 
     /// Strict mode: the spec makes the CO unpublish every target before unstaging, so unstaging
     /// a volume still published from `staging` is refused (`FAILED_PRECONDITION`).
-    fn require_unpublished(&self, v: &VolumeRecord, staging: &Path) -> Result<(), Status> {
-        let from_here = v
+    fn require_unpublished(
+        &self,
+        id: &str,
+        records: &NodeRecords,
+        staging: &Path,
+    ) -> Result<(), Status> {
+        let mut from_here = records
             .published
             .iter()
-            .filter(|(_, p)| p.staging_path.as_deref() == Some(staging));
+            .filter(|(_, p)| p.staging_path.as_deref() == Some(staging))
+            .peekable();
+        if from_here.peek().is_none() {
+            return Ok(());
+        }
+        let table = self.mounts()?;
         for (target, _) in from_here {
-            if matches!(self.mount_at(target, &v.id)?, MountAt::Volume(_)) {
+            if matches!(self.mount_in(&table, target, id), MountAt::Volume(_)) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {} is still published at {}: the CSI spec makes the CO call \
+                    "volume {id} is still published at {}: the CSI spec makes the CO call \
                      NodeUnpublishVolume for every target before NodeUnstageVolume (refused in \
                      strict mode)",
-                    v.id,
                     target.display()
                 )));
             }
@@ -192,15 +213,13 @@ impl Plugin {
         capability: crate::state::Capability,
         created_dir: bool,
     ) -> Result<(), Status> {
-        self.store
-            .update(|s| {
-                if let Some(v) = s.volumes.get_mut(id) {
-                    let staging = Staging {
-                        capability,
-                        created_dir,
-                    };
-                    v.staged.insert(path.to_path_buf(), staging);
-                }
+        let staging = Staging {
+            capability,
+            created_dir,
+        };
+        self.node
+            .update(id, false, |r| {
+                r.staged.insert(path.to_path_buf(), staging);
                 Ok::<_, Status>(())
             })
             .await
@@ -222,21 +241,20 @@ impl Plugin {
             "staging_target_path",
             &self.settings.statedir,
         );
-        let Some(v) = self.store.read(|s| s.volumes.get(id).cloned()).await? else {
-            return Err(self.volume_gone(id, staging));
-        };
+        if !self.store.read(|s| s.volumes.contains_key(id)).await? {
+            return Err(self.volume_gone(id, staging).await);
+        }
         let staging = staging?;
+        let records = self.node.get(id).await;
         if self.settings.strict {
-            self.require_unpublished(&v, &staging)?;
+            self.require_unpublished(id, &records, &staging)?;
         }
         let free = self.unmount_volume_at(&staging, id)?;
-        let record = v.staged.get(&staging).cloned();
+        let record = records.staged.get(&staging).cloned();
         if record.is_some() {
-            self.store
-                .update(|s| {
-                    if let Some(v) = s.volumes.get_mut(id) {
-                        v.staged.remove(&staging);
-                    }
+            self.node
+                .update(id, false, |r| {
+                    r.staged.remove(&staging);
                     Ok::<_, Status>(())
                 })
                 .await?;
