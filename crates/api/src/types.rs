@@ -298,6 +298,10 @@ pub enum EventKind {
     PluginUnhealthy,
     /// A plugin process the agent runs exited.
     PluginProcessExited,
+    /// The agent recovered a node plugin's volumes (at start, or when the plugin came back):
+    /// its records checked against the mount table and every claim of this node on them
+    /// driven to its end. The reason counts what was kept and what was done again.
+    PluginVolumesRecovered,
     /// A plugin process the agent runs was started (again).
     PluginProcessStarted,
     /// A volume entered the catalog (registered or created).

@@ -274,6 +274,19 @@ impl VolumeManager {
             })
     }
 
+    /// Every alloc in any record of one volume (in any state): reads that volume's records
+    /// only.
+    pub fn allocs_of(&self, volume_id: &str) -> Result<BTreeSet<String>, VolumeError> {
+        self.paths
+            .volume_staging_dir(volume_id)
+            .map_err(|source| invalid(volume_id, source))?;
+        Ok(self
+            .volume_records(volume_id)?
+            .into_iter()
+            .flat_map(|r| r.allocs.into_keys())
+            .collect())
+    }
+
     /// Every alloc in any record of this plugin (in any state), by volume id.
     pub fn allocs(&self) -> Result<BTreeMap<String, BTreeSet<String>>, VolumeError> {
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();

@@ -49,9 +49,22 @@ impl Volumes {
                 .map(|v| v.secrets.to_secrets())
                 .unwrap_or_default()
         };
+        let started = std::time::Instant::now();
         let report = plugin.manager.reconcile(&secrets).await;
+        // Allocs the node still publishes, mounted, as recorded: their claims need nothing.
+        let mut kept: HashSet<(String, String)> = HashSet::new();
         for a in &report.actions {
-            tracing::info!(plugin = plugin_id, action = ?a, "reconciled");
+            match a {
+                berth_volumemgr::ReconcileAction::Kept {
+                    volume_id,
+                    alloc_id,
+                    ..
+                } => {
+                    tracing::debug!(plugin = plugin_id, action = ?a, "reconciled");
+                    kept.insert((volume_id.clone(), alloc_id.clone()));
+                }
+                _ => tracing::info!(plugin = plugin_id, action = ?a, "reconciled"),
+            }
         }
         for e in &report.errors {
             tracing::warn!(plugin = plugin_id, error = %error_chain(e), "reconcile failed for a record");
@@ -64,12 +77,17 @@ impl Volumes {
             }
         };
         let mut claimed: HashSet<(String, String)> = HashSet::new();
+        let (mut driven, mut releasing) = (0usize, 0usize);
         for (vol, recs) in claims.into_iter().filter(|(v, _)| v.plugin_id == plugin_id) {
             for c in recs {
                 let alloc_id = c.claim.alloc_id.clone();
-                claimed.insert((vol.id.clone(), alloc_id.clone()));
+                let key = (vol.id.clone(), alloc_id.clone());
+                claimed.insert(key.clone());
                 match c.state {
+                    // Claimed and mounted as recorded: the claim is at its end already.
+                    ClaimState::Claimed if kept.contains(&key) => {}
                     ClaimState::Claiming | ClaimState::Claimed => {
+                        driven += 1;
                         let _lock = self.alloc_locks.lock(&alloc_key(&vol.id, &alloc_id)).await;
                         if let Err(e) = self.drive_claim(plugin, &vol.id, &c).await {
                             let text = self.scrubbed(&vol.id, &e);
@@ -79,6 +97,7 @@ impl Volumes {
                         }
                     }
                     ClaimState::Releasing => {
+                        releasing += 1;
                         self.release_in_background(vol.id.clone(), alloc_id, Duration::ZERO);
                     }
                 }
@@ -95,6 +114,17 @@ impl Volumes {
                 self.clean_in_background(plugin_id.to_string(), volume_id);
             }
         }
+        let reason = format!(
+            "{} allocs kept mounted, {} steps done again, {} records failed (retrying); {} claims driven, {} releases resumed; in {} ms",
+            kept.len(),
+            report.actions.len() - kept.len(),
+            report.errors.len(),
+            driven,
+            releasing,
+            started.elapsed().as_millis()
+        );
+        self.events
+            .emit(EventKind::PluginVolumesRecovered, plugin_id, None, reason);
     }
 
     /// Unmounts the allocs of the volume that the node publishes without a claim, and releases
@@ -105,11 +135,10 @@ impl Volumes {
         volume_id: &str,
         claimed: &HashSet<(String, String)>,
     ) -> Result<(), VolumeError> {
-        let allocs = plugin.manager.allocs()?;
-        for alloc_id in allocs.get(volume_id).into_iter().flatten() {
+        for alloc_id in plugin.manager.allocs_of(volume_id)? {
             if !claimed.contains(&(volume_id.to_string(), alloc_id.clone())) {
                 tracing::info!(volume_id, alloc_id, "unmounting an alloc without a claim");
-                plugin.manager.unmount(volume_id, alloc_id).await?;
+                plugin.manager.unmount(volume_id, &alloc_id).await?;
             }
         }
         plugin.manager.release_unused(volume_id).await.map(drop)
