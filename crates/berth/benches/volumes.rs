@@ -27,7 +27,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use berth_api::volumes::{SpecFormat, VolumeSpecRequest};
 use berth_csi::{
     CapacityRange, ControllerPublish, CreateVolume, CsiClient, Endpoint, NodePublish, NodeStage,
     model::{AccessMode, MountOptions, Secrets, VolumeCapability},
@@ -35,7 +34,7 @@ use berth_csi::{
 use berth_testkit::HostpathPlugin;
 use common::{
     Agent, CpuMeter, Options, PLUGIN, Phase, agent_cycle, claim_req, hostpath_binary, mounts_under,
-    ms, release_req, report_phase, row,
+    ms, release_req, report_phase, row, volume_spec,
 };
 
 const USAGE: &str = "\
@@ -75,18 +74,6 @@ fn parse_args() -> Result<Opts, String> {
         return Err("--samples, --volumes, --allocs and --rounds must be at least 1".into());
     }
     Ok(o)
-}
-
-fn volume_spec(id: &str, mode: AccessMode) -> VolumeSpecRequest {
-    VolumeSpecRequest {
-        spec: format!(
-            "id = \"{id}\"\nname = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\n\
-             capacity_min = \"1MiB\"\ncapability {{\n  access_mode = \"{mode}\"\n  \
-             attachment_mode = \"file-system\"\n}}\n"
-        ),
-        format: SpecFormat::Hcl,
-        file: Some(format!("{id}.hcl")),
-    }
 }
 
 /// The direct baseline: a `berth-hostpath` of its own, spoken to with `CsiClient`.

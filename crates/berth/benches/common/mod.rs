@@ -13,7 +13,7 @@ use std::{
 
 use berth_api::{
     Client,
-    volumes::{ClaimRequest, ReleaseRequest},
+    volumes::{ClaimRequest, ReleaseRequest, SpecFormat, VolumeSpecRequest},
 };
 use berth_csi::model::{AccessMode, AttachmentMode};
 
@@ -123,6 +123,9 @@ pub struct Agent {
     /// The agent's data dir.
     pub data_dir: PathBuf,
     log: PathBuf,
+    /// The namespace the agent runs in when it must outlive the agent
+    /// ([`Agent::launch_kept`]); else each start makes a private one of its own.
+    ns: Option<berth_testkit::MountNamespace>,
     // Last: removed after `drop` has killed everything.
     _tmp: tempfile::TempDir,
 }
@@ -160,30 +163,35 @@ impl Agent {
     /// (it may make files there first: the directory is private to this agent and removed
     /// with it), and waits until its API answers.
     pub async fn launch(config: impl FnOnce(&Path) -> String) -> Agent {
+        Agent::launch_in(None, config).await
+    }
+
+    /// [`Agent::launch`], in a mount namespace that outlives the agent: after
+    /// [`Agent::kill9`] its mounts stay, and [`Agent::respawn`] starts the agent there again.
+    pub async fn launch_kept(config: impl FnOnce(&Path) -> String) -> Agent {
+        let ns = berth_testkit::MountNamespace::new()
+            .expect("a mount namespace (needs util-linux's unshare, nsenter and setpriv)");
+        Agent::launch_in(Some(ns), config).await
+    }
+
+    async fn launch_in(
+        ns: Option<berth_testkit::MountNamespace>,
+        config: impl FnOnce(&Path) -> String,
+    ) -> Agent {
         let tmp = tempfile::Builder::new()
             .prefix("bv")
             .tempdir_in("/tmp")
             .expect("tmp");
         let data_dir = tmp.path().join("data");
         let log = tmp.path().join("agent.log");
-        let cfg = tmp.path().join("agent.hcl");
-        std::fs::write(&cfg, config(tmp.path())).expect("config");
-        let out = std::fs::File::create(&log).expect("agent log");
-        // Spawned from the bench's main thread: `--pdeathsig` ties the agent to that thread.
-        let child = berth_testkit::private_ns_command(Path::new(env!("CARGO_BIN_EXE_berth")))
-            .args(["--log-level", "warn", "agent", "--config"])
-            .arg(&cfg)
-            .arg("--data-dir")
-            .arg(&data_dir)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().expect("agent log"))
-            .stderr(out)
-            .spawn()
-            .expect("start berth agent (needs util-linux's setpriv and unshare)");
+        std::fs::write(tmp.path().join("agent.hcl"), config(tmp.path())).expect("config");
+        std::fs::File::create(&log).expect("agent log");
+        let child = Agent::spawn(ns.as_ref(), tmp.path());
         let mut agent = Agent {
             child,
             data_dir,
             log,
+            ns,
             _tmp: tmp,
         };
         agent
@@ -194,6 +202,42 @@ impl Agent {
             )
             .await;
         agent
+    }
+
+    /// Starts `berth agent` with the config and data dir in `tmp`, appending to its log.
+    fn spawn(ns: Option<&berth_testkit::MountNamespace>, tmp: &Path) -> Child {
+        let berth = Path::new(env!("CARGO_BIN_EXE_berth"));
+        let mut cmd = match ns {
+            Some(ns) => ns.command(berth),
+            None => berth_testkit::private_ns_command(berth),
+        };
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(tmp.join("agent.log"))
+            .expect("agent log");
+        // Spawned from the bench's main thread: `--pdeathsig` ties the agent to that thread.
+        cmd.args(["--log-level", "warn", "agent", "--config"])
+            .arg(tmp.join("agent.hcl"))
+            .arg("--data-dir")
+            .arg(tmp.join("data"))
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().expect("agent log"))
+            .stderr(out)
+            .spawn()
+            .expect("start berth agent (needs util-linux's setpriv, nsenter and unshare)")
+    }
+
+    /// Kills the agent with SIGKILL and reaps it. The plugins it runs live on, as do its
+    /// mounts when it runs in a namespace that outlives it.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the agent again, with the same config and data dir (in the same namespace when
+    /// it has one), without waiting for anything.
+    pub fn respawn(&mut self) {
+        self.child = Agent::spawn(self.ns.as_ref(), self._tmp.path());
     }
 
     /// Polls `check` with a client of the agent every 10 ms until it holds; panics with the
@@ -583,6 +627,19 @@ where
     } else {
         println!("\nresult: FAILED: {}", failures.join("; "));
         ExitCode::FAILURE
+    }
+}
+
+/// The spec of a 1 MiB file-system volume `id` of [`PLUGIN`] with the one capability `mode`.
+pub fn volume_spec(id: &str, mode: AccessMode) -> VolumeSpecRequest {
+    VolumeSpecRequest {
+        spec: format!(
+            "id = \"{id}\"\nname = \"{id}\"\ntype = \"csi\"\nplugin_id = \"{PLUGIN}\"\n\
+             capacity_min = \"1MiB\"\ncapability {{\n  access_mode = \"{mode}\"\n  \
+             attachment_mode = \"file-system\"\n}}\n"
+        ),
+        format: SpecFormat::Hcl,
+        file: Some(format!("{id}.hcl")),
     }
 }
 
