@@ -52,6 +52,12 @@ pub trait CatalogBackend: Send + Sync + std::fmt::Debug + 'static {
     fn cached(&self, id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError>;
     /// Every record as last seen, by id.
     fn list(&self) -> Result<Vec<VolumeRecord>, ControlPlaneError>;
+    /// The record as last seen with the version it had then, when reading it costs a round
+    /// trip that this view can save: a first guess for a conditional write, which finds out
+    /// when the guess is stale. `None` (the default): always [`CatalogBackend::load`].
+    fn cached_versioned(&self, _id: &str) -> Option<(VolumeRecord, Version)> {
+        None
+    }
 }
 
 /// The catalog in the agent's own store: one writer (this agent), so the version is always 0

@@ -276,11 +276,29 @@ impl<C: Controllers> Plane<C> {
     /// Applies `f` to the volume's newest record and writes the result back when it changed.
     /// When another writer changed the volume in between, `f` decides again on a fresh read;
     /// an error from `f` changes nothing. Returns `f`'s answer and the record as written.
+    ///
+    /// With a backend that keeps a versioned view (etcd), the first try decides on that view
+    /// instead of a read: its write compares the version, so it lands only when the view was
+    /// the stored record. Any other outcome (the write found it changed, `f` refused, or there
+    /// was nothing to write) is decided again on a fresh read.
     async fn modify<T>(
         &self,
         id: &str,
         mut f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
     ) -> Result<(T, VolumeRecord), ControlPlaneError> {
+        if let Some((mut rec, version)) = self.catalog.cached_versioned(id) {
+            let before = rec.clone();
+            if let Ok(out) = f(&mut rec)
+                && rec != before
+                && let Written::Done(_) = self.catalog.store(&rec, version).await?
+            {
+                return Ok((out, rec));
+            }
+            tracing::debug!(
+                volume_id = id,
+                "the cached view was stale or decided nothing; deciding on a fresh read"
+            );
+        }
         for _ in 0..MAX_RACES {
             let (mut rec, version) = self.load(id).await?;
             let before = rec.clone();

@@ -133,6 +133,12 @@ impl CatalogBackend for EtcdCatalog {
         Ok(self.volumes.get(id))
     }
 
+    fn cached_versioned(&self, id: &str) -> Option<(VolumeRecord, Version)> {
+        self.volumes
+            .get_versioned(id)
+            .map(|v| (v.value, v.mod_revision))
+    }
+
     fn list(&self) -> Result<Vec<VolumeRecord>, ControlPlaneError> {
         Ok(self.volumes.all().into_iter().map(|(_, v)| v).collect())
     }

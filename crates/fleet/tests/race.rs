@@ -30,12 +30,25 @@ struct Node {
 }
 
 async fn node(cluster: &EtcdCluster, id: &str, shutdown: &CancellationToken) -> Node {
+    node_with_view(cluster, id, shutdown, true).await
+}
+
+/// A node; with `follow` false its view of the catalog never follows etcd and holds only the
+/// node's own writes (a view that trails other nodes for as long as the test wants).
+async fn node_with_view(
+    cluster: &EtcdCluster,
+    id: &str,
+    shutdown: &CancellationToken,
+    follow: bool,
+) -> Node {
     let settings = EtcdSettings::new(cluster.endpoints()).unwrap();
     let etcd = Etcd::connect(&settings).await.unwrap();
     let membership = Membership::new(etcd.clone(), id.into(), settings.lease_ttl);
     let volumes = WatchedDir::new(EtcdCatalog::dir(&etcd));
-    tokio::spawn(Arc::clone(&volumes).run(etcd.clone(), shutdown.clone()));
-    volumes.wait_synced(shutdown).await;
+    if follow {
+        tokio::spawn(Arc::clone(&volumes).run(etcd.clone(), shutdown.clone()));
+        volumes.wait_synced(shutdown).await;
+    }
     let snapshot: berth_fleet::Snapshot = {
         let id = id.to_string();
         Arc::new(move || berth_api::nodes::FleetNode {
@@ -218,5 +231,61 @@ async fn a_node_whose_registration_lapsed_changes_nothing() {
     .expect("registered again in time")
     .unwrap();
     a.plane.claim(claim(&a, "a-1")).await.unwrap();
+    shutdown.cancel();
+}
+
+/// A node decides first on its own view of the volume and writes only if the stored record
+/// is still the one it saw: a stale view never overwrites another node's change, and a refusal
+/// or an allowance decided on a stale view is decided again on the stored record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_view_of_a_volume_never_decides_a_claim() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let shutdown = CancellationToken::new();
+    let a = node_with_view(&cluster, "node-a", &shutdown, false).await;
+    let b = node(&cluster, "node-b", &shutdown).await;
+    let etcd = Etcd::connect(&EtcdSettings::new(cluster.endpoints()).unwrap())
+        .await
+        .unwrap();
+    let fence = b.membership.fence().unwrap();
+    let put = etcd
+        .put_if(
+            &etcd.key(&["volumes", "shared"]),
+            &record(),
+            0,
+            Some(&fence),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
+    let allocs = |r: &VolumeRecord| r.claims.keys().cloned().collect::<Vec<_>>();
+
+    // Node a claims and releases; its view holds its own last write (no claims).
+    a.plane.claim(claim(&a, "a-1")).await.unwrap();
+    a.plane.confirm("shared", "a-1").await.unwrap();
+    a.plane.begin_release("shared", "a-1").await.unwrap();
+    a.plane.finish_release("shared", "a-1").await.unwrap();
+    // Behind that view, node b claims: a's view (no claims) would allow a's claim, the stored
+    // record refuses it, and b's claim stays.
+    b.plane.claim(claim(&b, "b-1")).await.unwrap();
+    let err = a.plane.claim(claim(&a, "a-2")).await.unwrap_err();
+    assert!(matches!(err, ControlPlaneError::Refused { .. }), "{err}");
+    assert!(err.to_string().contains("single-node-writer"), "{err}");
+    assert_eq!(allocs(&stored(&etcd).await), ["b-1"]);
+
+    // Node b releases behind a's view: a's claim lands on the stored record, not on its view.
+    b.plane.begin_release("shared", "b-1").await.unwrap();
+    b.plane.finish_release("shared", "b-1").await.unwrap();
+    a.plane.claim(claim(&a, "a-3")).await.unwrap();
+    assert_eq!(allocs(&stored(&etcd).await), ["a-3"]);
+
+    // Node b frees node a's claim (as for a node that is down): a's view still shows a-3,
+    // which would refuse a-4, and the stored record allows it.
+    let freed = b.plane.free_node("shared", "node-a").await.unwrap();
+    assert_eq!(freed, ["a-3"]);
+    assert!(stored(&etcd).await.claims.is_empty());
+    a.plane.claim(claim(&a, "a-4")).await.unwrap();
+    let last = stored(&etcd).await;
+    assert_eq!(allocs(&last), ["a-4"]);
+    assert_eq!(last.claims["a-4"].claim.node_id, "node-a");
     shutdown.cancel();
 }
