@@ -37,7 +37,7 @@ use berth_api::{
 use berth_csi::model::AccessMode;
 use common::{
     Agent, Options, PLUGIN, claim_req, clk_tck, cpu_ticks, hostpath_binary, mounts_under, ms,
-    volume_spec,
+    stats, volume_spec,
 };
 use futures::StreamExt as _;
 
@@ -86,12 +86,6 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
 }
 
 /// Runs `f` over `items`, `SETUP_CONCURRENCY` at a time; the first failure.
@@ -308,11 +302,11 @@ async fn run(o: Opts) -> Vec<String> {
          every volume recovered median {:.1} ms (max {:.1}); agent CPU to then median {:.3} s",
         o.restarts,
         o.volumes,
-        median(&api),
+        stats(&api).p50,
         api.iter().copied().fold(0.0, f64::max),
-        median(&rec),
+        stats(&rec).p50,
         rec.iter().copied().fold(0.0, f64::max),
-        median(&cpu)
+        stats(&cpu).p50
     );
     failures
 }

@@ -34,7 +34,7 @@ use berth_csi::{
 use berth_testkit::HostpathPlugin;
 use common::{
     Agent, CpuMeter, Options, PLUGIN, Phase, agent_cycle, claim_req, hostpath_binary, mounts_under,
-    ms, release_req, report_phase, row, volume_spec,
+    ms, release_req, report_phase, row, stats, volume_spec,
 };
 
 const USAGE: &str = "\
@@ -531,10 +531,9 @@ impl DirectParallel {
     }
 }
 
+/// The median, in ms.
 fn median_ms(v: &[Duration]) -> f64 {
-    let mut s: Vec<f64> = v.iter().map(|d| ms(*d)).collect();
-    s.sort_by(f64::total_cmp);
-    s[s.len() / 2]
+    stats(&v.iter().map(|d| ms(*d)).collect::<Vec<_>>()).p50
 }
 
 async fn bench_parallel(opts: Opts, agent: &Agent) -> Vec<String> {
