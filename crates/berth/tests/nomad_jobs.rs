@@ -207,8 +207,9 @@ async fn hcl2_variables_locals_and_functions_with_var_and_var_file() {
     run_file(&client, &spec, &[("greeting", "Hi")], &[&vars])
         .await
         .expect("run with -var");
+    // The task's shell creates the file before it writes the line: wait for the whole line.
     berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
-        volume.join("hcl2-vars/hi.txt").exists()
+        std::fs::read_to_string(volume.join("hcl2-vars/hi.txt")).is_ok_and(|s| s.ends_with('\n'))
     });
     assert_eq!(
         lines(&volume.join("hcl2-vars/hi.txt")),
