@@ -102,6 +102,14 @@ capability {
     )
 }
 
+/// Puts the volume into the catalog as `volume register` would (no controller), when it is
+/// not there yet.
+async fn put_record(etcd: &Etcd, fence: &berth_fleet::Fence) -> berth_fleet::Outcome {
+    etcd.put_if(&etcd.key(&["volumes", "shared"]), &record(), 0, Some(fence))
+        .await
+        .unwrap()
+}
+
 /// The volume's record as etcd holds it now.
 async fn stored(etcd: &Etcd) -> VolumeRecord {
     etcd.get::<VolumeRecord>(&etcd.key(&["volumes", "shared"]))
@@ -137,26 +145,10 @@ async fn two_nodes_race_fifty_times_for_one_writer_volume_and_one_wins_each_time
         .await
         .unwrap();
     let fence = a.membership.fence().unwrap();
-    let put = etcd
-        .put_if(
-            &etcd.key(&["volumes", "shared"]),
-            &record(),
-            0,
-            Some(&fence),
-        )
-        .await
-        .unwrap();
+    let put = put_record(&etcd, &fence).await;
     assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
     // The same write again finds the key there: nothing is written twice.
-    let again = etcd
-        .put_if(
-            &etcd.key(&["volumes", "shared"]),
-            &record(),
-            0,
-            Some(&fence),
-        )
-        .await
-        .unwrap();
+    let again = put_record(&etcd, &fence).await;
     assert_eq!(again, berth_fleet::Outcome::Changed);
 
     let mut wins = [0usize; 2];
@@ -206,14 +198,7 @@ async fn a_node_whose_registration_lapsed_changes_nothing() {
         .await
         .unwrap();
     let fence = a.membership.fence().unwrap();
-    etcd.put_if(
-        &etcd.key(&["volumes", "shared"]),
-        &record(),
-        0,
-        Some(&fence),
-    )
-    .await
-    .unwrap();
+    put_record(&etcd, &fence).await;
     // The lease is revoked behind the node's back (as when it expires during a pause).
     etcd.client().lease_revoke(fence.lease).await.unwrap();
     let err = a.plane.claim(claim(&a, "a-1")).await.unwrap_err();
@@ -247,15 +232,7 @@ async fn a_stale_view_of_a_volume_never_decides_a_claim() {
         .await
         .unwrap();
     let fence = b.membership.fence().unwrap();
-    let put = etcd
-        .put_if(
-            &etcd.key(&["volumes", "shared"]),
-            &record(),
-            0,
-            Some(&fence),
-        )
-        .await
-        .unwrap();
+    let put = put_record(&etcd, &fence).await;
     assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
     let allocs = |r: &VolumeRecord| r.claims.keys().cloned().collect::<Vec<_>>();
 
