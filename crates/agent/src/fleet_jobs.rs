@@ -343,7 +343,7 @@ impl FleetJobs {
                     }
                 }
                 Ok(Outcome::Fenced) => {
-                    self.membership.lapsed();
+                    self.membership.lapsed(&fence);
                     return false;
                 }
                 Err(e) => {
@@ -396,7 +396,7 @@ impl FleetJobs {
                 }
                 Outcome::Changed => continue,
                 Outcome::Fenced => {
-                    self.membership.lapsed();
+                    self.membership.lapsed(&fence);
                     return Err(ApiError::Unavailable(
                         "this agent's fleet registration lapsed; try again".into(),
                     ));
@@ -471,7 +471,7 @@ impl FleetJobs {
                 }
                 Outcome::Changed => continue,
                 Outcome::Fenced => {
-                    self.membership.lapsed();
+                    self.membership.lapsed(&fence);
                     return Err(ApiError::Unavailable(
                         "this agent's fleet registration lapsed; try again".into(),
                     ));

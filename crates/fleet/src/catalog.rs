@@ -55,6 +55,7 @@ impl EtcdCatalog {
         &self,
         id: &str,
         rec: Option<&VolumeRecord>,
+        fence: &Fence,
         o: Outcome,
     ) -> Result<Written, ControlPlaneError> {
         match o {
@@ -64,7 +65,7 @@ impl EtcdCatalog {
             }
             Outcome::Changed => Ok(Written::Changed),
             Outcome::Fenced => {
-                self.membership.lapsed();
+                self.membership.lapsed(fence);
                 Err(ControlPlaneError::Backend(
                     "this node's fleet registration lapsed; nothing was changed".into(),
                 ))
@@ -109,7 +110,7 @@ impl CatalogBackend for EtcdCatalog {
                 .put_if(&self.key(&rec.id), rec, version, Some(&fence))
                 .await
                 .map_err(backend)?;
-            self.written(&rec.id, Some(rec), o)
+            self.written(&rec.id, Some(rec), &fence, o)
         })
     }
 
@@ -125,7 +126,7 @@ impl CatalogBackend for EtcdCatalog {
                 .delete_if(&self.key(id), version, Some(&fence))
                 .await
                 .map_err(backend)?;
-            self.written(id, None, o)
+            self.written(id, None, &fence, o)
         })
     }
 

@@ -88,10 +88,14 @@ impl Membership {
 
     /// The fence of this node's writes, while it is registered.
     pub fn fence(&self) -> Option<Fence> {
-        (*self.lease.borrow()).map(|lease| Fence {
+        (*self.lease.borrow()).map(|lease| self.fence_of(lease))
+    }
+
+    fn fence_of(&self, lease: i64) -> Fence {
+        Fence {
             key: self.alive_key(),
             lease,
-        })
+        }
     }
 
     /// Changes whenever this node registers or its registration lapses.
@@ -99,10 +103,21 @@ impl Membership {
         self.lease.subscribe()
     }
 
-    /// Called when a fenced write found the registration gone: the node stops acting now,
-    /// and its run loop registers it again.
-    pub fn lapsed(&self) {
-        self.lease.send_replace(None);
+    /// Called when a write fenced on `fence` found the registration gone: the node stops
+    /// acting now, and its run loop registers it again. A fence of an older lease than the
+    /// one held now changes nothing.
+    pub fn lapsed(&self, fence: &Fence) {
+        self.lapse(fence.lease);
+    }
+
+    fn lapse(&self, lease: i64) {
+        self.lease.send_if_modified(|held| {
+            let ours = *held == Some(lease);
+            if ours {
+                *held = None;
+            }
+            ours
+        });
     }
 
     fn alive_key(&self) -> String {
@@ -183,14 +198,20 @@ impl Membership {
             .await?;
         *self.written.lock().unwrap_or_else(|p| p.into_inner()) = None;
         self.lease.send_replace(Some(lease));
-        self.write_record(snapshot, alive.since_ms).await?;
+        self.write_record(lease, snapshot, alive.since_ms).await?;
         tracing::info!(node_id = %self.node_id, lease, ttl_s = ttl, "registered with the fleet");
         Ok(lease)
     }
 
     /// Writes the node record when it differs from the last one written, keeping what an
-    /// operator set on it (`drain`).
-    async fn write_record(&self, snapshot: &Snapshot, since_ms: u64) -> Result<(), FleetError> {
+    /// operator set on it (`drain`). The write is fenced on `lease`: once that lease is gone it
+    /// writes nothing and marks the registration lapsed.
+    async fn write_record(
+        &self,
+        lease: i64,
+        snapshot: &Snapshot,
+        since_ms: u64,
+    ) -> Result<(), FleetError> {
         let mut rec = snapshot();
         rec.id.clone_from(&self.node_id);
         rec.status = NodeState::Ready;
@@ -215,7 +236,12 @@ impl Membership {
             let expected = current.map_or(0, |c| c.mod_revision);
             match self
                 .etcd
-                .put_if(&self.node_key(), &next, expected, self.fence().as_ref())
+                .put_if(
+                    &self.node_key(),
+                    &next,
+                    expected,
+                    Some(&self.fence_of(lease)),
+                )
                 .await?
             {
                 Outcome::Done(revision) => {
@@ -225,7 +251,7 @@ impl Membership {
                 }
                 Outcome::Changed => continue,
                 Outcome::Fenced => {
-                    self.lapsed();
+                    self.lapse(lease);
                     return Ok(());
                 }
             }
@@ -240,6 +266,11 @@ impl Membership {
     async fn keep(&self, lease: i64, snapshot: &Snapshot, shutdown: &CancellationToken) -> String {
         let mut client = self.etcd.client();
         let mut lapsed = self.subscribe();
+        // A write may have found the lease gone while it was being registered, before this
+        // subscription: that lapse must not wait for a keepalive to notice it.
+        if *lapsed.borrow_and_update() != Some(lease) {
+            return "a write found the registration gone".into();
+        }
         let mut tick = tokio::time::interval(self.ttl / 3);
         tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
         let mut last_answer = Instant::now();
@@ -263,6 +294,11 @@ impl Membership {
                             }
                             stream.insert((keeper, answers))
                         }
+                        Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) => {
+                            // etcd answered the stream's first keepalive: no such lease.
+                            self.lease.send_replace(None);
+                            return "the lease expired".into();
+                        }
                         Ok(Err(e)) => {
                             tracing::warn!(error = %e, "cannot open the keepalive stream; trying again");
                             tokio::select! {
@@ -285,7 +321,7 @@ impl Membership {
                     return "stopping".into();
                 }
                 _ = lapsed.changed() => {
-                    if lapsed.borrow().is_none() {
+                    if *lapsed.borrow_and_update() != Some(lease) {
                         return "a write found the registration gone".into();
                     }
                 }
@@ -298,7 +334,7 @@ impl Membership {
                         stream = None;
                         continue;
                     }
-                    if let Err(e) = self.write_record(snapshot, 0).await {
+                    if let Err(e) = self.write_record(lease, snapshot, 0).await {
                         tracing::warn!(error = %e, "cannot update the node record");
                     }
                 }
@@ -347,5 +383,62 @@ impl Membership {
             }
         }
         Ok(self.node(node_id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EtcdSettings;
+    use berth_testkit::EtcdCluster;
+
+    /// A membership holding a fresh lease, as `register` leaves it, without a run loop.
+    async fn holding_a_lease(cluster: &EtcdCluster) -> (Arc<Membership>, i64, Snapshot) {
+        let settings = EtcdSettings::new(cluster.endpoints()).unwrap();
+        let etcd = Etcd::connect(&settings).await.unwrap();
+        let m = Membership::new(etcd, "node-a".into(), settings.lease_ttl);
+        let snapshot: Snapshot = Arc::new(FleetNode::default);
+        let lease = m.register(&snapshot).await.unwrap();
+        assert_eq!(*m.subscribe().borrow(), Some(lease));
+        (m, lease, snapshot)
+    }
+
+    /// Well under the ten-second TTL: a lapse is seen from what etcd says, not from a TTL
+    /// without answers.
+    const PROMPT: Duration = Duration::from_secs(4);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lapse_before_the_keepalive_starts_is_not_lost() {
+        let cluster = EtcdCluster::single().expect("etcd");
+        let (m, lease, snapshot) = holding_a_lease(&cluster).await;
+        m.lapsed(&m.fence_of(lease));
+        let why = tokio::time::timeout(PROMPT, m.keep(lease, &snapshot, &CancellationToken::new()))
+            .await
+            .expect("keep returned at once");
+        assert!(why.contains("registration gone"), "{why}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_revoked_before_the_keepalive_starts_ends_it_at_once() {
+        let cluster = EtcdCluster::single().expect("etcd");
+        let (m, lease, snapshot) = holding_a_lease(&cluster).await;
+        m.etcd.client().lease_revoke(lease).await.unwrap();
+        let why = tokio::time::timeout(PROMPT, m.keep(lease, &snapshot, &CancellationToken::new()))
+            .await
+            .expect("keep returned well before the TTL");
+        assert!(why.contains("expired"), "{why}");
+        assert_eq!(*m.subscribe().borrow(), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_fenced_on_an_older_lease_leaves_the_new_one() {
+        let cluster = EtcdCluster::single().expect("etcd");
+        let (m, old, snapshot) = holding_a_lease(&cluster).await;
+        let new = m.register(&snapshot).await.unwrap();
+        assert_ne!(old, new);
+        m.lapsed(&m.fence_of(old));
+        assert_eq!(*m.subscribe().borrow(), Some(new));
+        m.lapsed(&m.fence_of(new));
+        assert_eq!(*m.subscribe().borrow(), None);
     }
 }

@@ -611,7 +611,7 @@ impl Router {
         let revision = match i.etcd.put_if(&key, &req, 0, Some(&fence)).await {
             Ok(Outcome::Done(r)) => r,
             Ok(Outcome::Fenced) => {
-                i.membership.lapsed();
+                i.membership.lapsed(&fence);
                 return Err(fail(
                     Code::Unavailable,
                     "this node's fleet registration lapsed; nothing was sent".into(),
@@ -790,7 +790,7 @@ impl Router {
             Ok((Outcome::Changed, _)) => {
                 tracing::info!(%rpc, from = %req.from, "the asking node withdrew its controller request before the answer");
             }
-            Ok((Outcome::Fenced, _)) => i.membership.lapsed(),
+            Ok((Outcome::Fenced, _)) => i.membership.lapsed(&fence),
             Err(e) => {
                 tracing::warn!(%rpc, error = %e, "cannot write a controller result; the request is answered again")
             }
