@@ -209,6 +209,38 @@ pub fn create_dir_with_mode(dir: &Path, mode: u32) -> io::Result<()> {
     Ok(())
 }
 
+/// What [`remove_empty_unmounted`] did with a path.
+#[derive(Debug)]
+pub enum Removal {
+    /// It was removed, or was not there.
+    Gone,
+    /// Something of this mount namespace is mounted on it: it stays, with its mount.
+    Mounted,
+    /// It stays: it is not an empty directory or an empty file, or removing it failed.
+    Kept(io::Error),
+}
+
+/// Removes `path` when it is an empty directory or an empty regular file and nothing of the
+/// caller's mount namespace is mounted on it. No mount table is read: the kernel refuses to
+/// remove a mount point of the caller's namespace (EBUSY). A mount of another namespace on
+/// it is no protection (the kernel detaches such mounts): a caller that must respect those
+/// has to look at that namespace's table first.
+pub fn remove_empty_unmounted(path: &Path) -> Removal {
+    let removed = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(m) if m.is_dir() => std::fs::remove_dir(path),
+        Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(path),
+        Ok(_) => Err(io::Error::other("not an empty file or directory")),
+    };
+    match removed {
+        Ok(()) => Removal::Gone,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Removal::Gone,
+        Err(e) if e.kind() == io::ErrorKind::ResourceBusy => Removal::Mounted,
+        Err(e) => Removal::Kept(e),
+    }
+}
+
 /// Writes `bytes` as `dir/name` with exactly `mode`, where `dir` is a path relative to `root`
 /// that must resolve beneath it without a symlink or `..` in it (a missing last component of
 /// `dir` is made, 0700, never through a symlink): a file a task could tamper

@@ -18,8 +18,9 @@ pub mod slot;
 
 pub use duration::{now_ms, short_duration};
 pub use fs::{
-    AtomicWriteError, FsStats, FsStatsError, WriteStep, create_dir_with_mode, create_private_dir,
-    fs_stats, hostname, write_atomic, write_file_beneath,
+    AtomicWriteError, FsStats, FsStatsError, Removal, WriteStep, create_dir_with_mode,
+    create_private_dir, fs_stats, hostname, remove_empty_unmounted, write_atomic,
+    write_file_beneath,
 };
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, is_unprintable, validate_path_segment};
 pub use mount::{

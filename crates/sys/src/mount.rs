@@ -1142,6 +1142,59 @@ mod linux_tests {
         );
     }
 
+    #[test]
+    fn a_mount_point_of_this_namespace_is_never_removed() {
+        const NAME: &str = "mount::linux_tests::a_mount_point_of_this_namespace_is_never_removed";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let src = dir.path().join("src");
+        let target = dir.path().join("target");
+        let file_src = dir.path().join("file-src");
+        let file_target = dir.path().join("file-target");
+        fs::create_dir(&src).expect("mkdir");
+        fs::create_dir(&target).expect("mkdir");
+        fs::write(&file_src, b"").expect("write");
+        fs::write(&file_target, b"").expect("write");
+        let m = LinuxMounter;
+        m.bind(&src, &target, false).expect("bind a directory");
+        m.bind(&file_src, &file_target, false).expect("bind a file");
+
+        // Both look removable (an empty directory, an empty file); the kernel refuses.
+        for path in [&target, &file_target] {
+            let r = crate::remove_empty_unmounted(path);
+            assert!(
+                matches!(r, crate::Removal::Mounted),
+                "{}: {r:?}",
+                path.display()
+            );
+            assert!(path.exists(), "{}", path.display());
+            assert!(m.mount_at(path).expect("mountinfo").is_some());
+        }
+
+        // Unmounted, they go; absent, they are gone already; with data, a path stays.
+        m.unmount(&target).expect("unmount");
+        m.unmount(&file_target).expect("unmount");
+        for path in [&target, &file_target] {
+            let r = crate::remove_empty_unmounted(path);
+            assert!(
+                matches!(r, crate::Removal::Gone),
+                "{}: {r:?}",
+                path.display()
+            );
+            assert!(!path.exists(), "{}", path.display());
+            let again = crate::remove_empty_unmounted(path);
+            assert!(matches!(again, crate::Removal::Gone), "{again:?}");
+        }
+        fs::write(src.join("data"), b"x").expect("write");
+        let r = crate::remove_empty_unmounted(&src);
+        assert!(matches!(r, crate::Removal::Kept(_)), "{r:?}");
+        let r = crate::remove_empty_unmounted(&src.join("data"));
+        assert!(matches!(r, crate::Removal::Kept(_)), "{r:?}");
+        assert!(src.join("data").exists());
+    }
+
     /// The loop devices whose backing file is under `dir`.
     fn loops_under(dir: &Path) -> Vec<PathBuf> {
         let Ok(entries) = fs::read_dir("/sys/block") else {

@@ -12,7 +12,7 @@ use berth_csi::{
     model::{ExternalId, NodeCapabilities, NodeCapability, Secrets, VolumeStats},
 };
 use berth_state::{Batch, KeyedLocks, Store, Table};
-use berth_sys::{MountEntry, top_mount_at};
+use berth_sys::{MountEntry, Removal, top_mount_at};
 use berth_volume::{PathError, PluginDir, PluginPaths, Usage, UsageKey};
 
 use crate::{
@@ -29,29 +29,46 @@ pub const CO_DIR_MODE: u32 = 0o750;
 pub trait MountTable: Send + Sync {
     /// Every mount, as `/proc/<pid>/mountinfo` lists them.
     fn mounts(&self) -> io::Result<Vec<MountEntry>>;
+
+    /// Whether this is the table of the manager's own mount namespace. There the kernel
+    /// refuses to remove a mount point, so removing a path needs no read of the table first.
+    fn is_own_namespace(&self) -> bool {
+        false
+    }
 }
 
 /// The mount table of a process: `/proc/self/mountinfo` by default.
 #[derive(Debug, Clone)]
 pub struct ProcMountTable {
     path: PathBuf,
+    own: bool,
 }
 
 impl ProcMountTable {
     /// `/proc/self/mountinfo`: plugins that share the agent's mount namespace.
     pub fn current() -> Self {
-        Self::at("/proc/self/mountinfo")
+        Self {
+            path: "/proc/self/mountinfo".into(),
+            own: true,
+        }
     }
 
     /// Any mountinfo file, e.g. `/proc/<pid>/mountinfo` of a plugin in its own namespace.
     pub fn at(path: impl Into<PathBuf>) -> Self {
-        Self { path: path.into() }
+        Self {
+            path: path.into(),
+            own: false,
+        }
     }
 }
 
 impl MountTable for ProcMountTable {
     fn mounts(&self) -> io::Result<Vec<MountEntry>> {
         berth_sys::read_mountinfo(&self.path).map_err(io::Error::other)
+    }
+
+    fn is_own_namespace(&self) -> bool {
+        self.own
     }
 }
 
@@ -1230,31 +1247,32 @@ impl VolumeManager {
     /// target the plugin should have removed: an empty directory, or the empty file of a block
     /// volume) unless something is still mounted there or it holds data, then up to `parents`
     /// of its now empty parent directories. Never fails the operation: what stays is logged.
+    /// In the manager's own mount namespace the kernel refuses to remove a mount point, so
+    /// the table is read only when it is another namespace's.
     fn remove_co_path(&self, ctx: &Ctx<'_>, path: &Path, parents: usize) {
-        let mounted = match self.mounts.mounts() {
-            Ok(table) => top_mount_at(&table, path).is_some(),
-            Err(e) => {
-                tracing::warn!(volume_id = ctx.volume_id, path = %path.display(), error = %e,
-                    "cannot read the mount table; leaving the path in place");
-                return;
-            }
-        };
-        if mounted {
+        let left_mounted = || {
             tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage, path = %path.display(),
                 "the plugin answered OK but left a mount there; leaving it in place");
-            return;
-        }
-        let removed = match std::fs::symlink_metadata(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-            Ok(m) if m.is_dir() => std::fs::remove_dir(path),
-            Ok(m) if m.is_file() && m.len() == 0 => std::fs::remove_file(path),
-            Ok(_) => Err(io::Error::other("not an empty file or directory")),
         };
-        if let Err(e) = removed {
-            tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage, path = %path.display(),
-                error = %e, "leaving a path the plugin did not clean up");
-            return;
+        if !self.mounts.is_own_namespace() {
+            match self.mounts.mounts() {
+                Ok(table) if top_mount_at(&table, path).is_some() => return left_mounted(),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(volume_id = ctx.volume_id, path = %path.display(), error = %e,
+                        "cannot read the mount table; leaving the path in place");
+                    return;
+                }
+            }
+        }
+        match berth_sys::remove_empty_unmounted(path) {
+            Removal::Gone => {}
+            Removal::Mounted => return left_mounted(),
+            Removal::Kept(e) => {
+                tracing::warn!(volume_id = ctx.volume_id, usage = %ctx.usage, path = %path.display(),
+                    error = %e, "leaving a path the plugin did not clean up");
+                return;
+            }
         }
         let mut dir = path.parent();
         for _ in 0..parents {
