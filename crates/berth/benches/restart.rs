@@ -26,14 +26,10 @@ use std::{
     collections::BTreeMap,
     path::Path,
     process::ExitCode,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
-use berth_api::{
-    Client,
-    stream::{StreamLine, TopicFilter},
-    volumes::ClaimState,
-};
+use berth_api::{Client, stream::TopicFilter, volumes::ClaimState};
 use berth_csi::model::AccessMode;
 use common::{
     Agent, Options, PLUGIN, claim_req, clk_tck, cpu_ticks, hostpath_binary, mounts_under, ms,
@@ -82,12 +78,6 @@ fn parse_args() -> Result<Opts, String> {
     Ok(o)
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Runs `f` over `items`, `SETUP_CONCURRENCY` at a time; the first failure.
 async fn all<T, F, Fut>(items: &[T], f: F) -> Result<(), String>
 where
@@ -111,16 +101,12 @@ async fn recovered_event(client: &Client, since_ms: u64) -> Result<String, Strin
         .event_stream(&filter, Some(0), None)
         .await
         .map_err(|e| format!("event stream: {e}"))?;
-    while let Some(line) = stream.next().await {
-        if let StreamLine::Events { events, .. } = line.map_err(|e| e.to_string())? {
-            for e in events {
-                if e.kind == "PluginVolumesRecovered" && e.time_ms >= since_ms {
-                    return Ok(e.payload["Message"].as_str().unwrap_or_default().into());
-                }
-            }
-        }
-    }
-    Err("the event stream ended".into())
+    let event = stream
+        .first_event(|e| e.kind == "PluginVolumesRecovered" && e.time_ms >= since_ms)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or("the event stream ended")?;
+    Ok(event.payload["Message"].as_str().unwrap_or_default().into())
 }
 
 /// One restart's figures.
@@ -137,7 +123,7 @@ async fn restart(agent: &mut Agent, calls_log: &Path) -> Restart {
         .expect("call log")
         .len();
     agent.kill9();
-    let since_ms = now_ms();
+    let since_ms = berth_sys::now_ms();
     let t0 = Instant::now();
     agent.respawn();
     let client = agent.client();

@@ -8,13 +8,13 @@ mod agent_support;
 use std::{
     collections::BTreeSet,
     path::{Path, PathBuf},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::Duration,
 };
 
 use agent_support::AgentProcess;
 use berth_api::{
     Client,
-    stream::{StreamLine, TopicFilter},
+    stream::TopicFilter,
     volumes::{
         ClaimRequest, ClaimResponse, ClaimState, DetachRequest, FlagsInput, MountOptionsInput,
         ReleaseRequest, SpecFormat, VolumeSpecRequest, VolumeStatus,
@@ -640,12 +640,6 @@ async fn crash_at(agent: &mut AgentProcess, step: &str, action: impl AsyncFnOnce
     agent.wait_ready().await;
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 /// The message of the plugin's `PluginVolumesRecovered` event stamped at `since_ms` or later,
 /// read from the event stream (waits at most 30 s).
 async fn recovered(client: &Client, since_ms: u64) -> String {
@@ -654,21 +648,13 @@ async fn recovered(client: &Client, since_ms: u64) -> String {
         .event_stream(&filter, Some(0), None)
         .await
         .expect("event stream");
-    let read = async {
-        while let Some(line) = stream.next().await {
-            if let StreamLine::Events { events, .. } = line.expect("event line")
-                && let Some(e) = events
-                    .into_iter()
-                    .find(|e| e.kind == "PluginVolumesRecovered" && e.time_ms >= since_ms)
-            {
-                return e.payload["Message"].as_str().unwrap_or_default().into();
-            }
-        }
-        panic!("the event stream ended");
-    };
-    tokio::time::timeout(Duration::from_secs(30), read)
+    let read = stream.first_event(|e| e.kind == "PluginVolumesRecovered" && e.time_ms >= since_ms);
+    let event = tokio::time::timeout(Duration::from_secs(30), read)
         .await
         .expect("no PluginVolumesRecovered event within 30 s")
+        .expect("event stream")
+        .expect("the event stream ended");
+    event.payload["Message"].as_str().unwrap_or_default().into()
 }
 
 /// Usage sets as the status shows them: (usage, alloc) pairs.
@@ -842,7 +828,7 @@ async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     let b = claim(&client, "keep", "a2", AccessMode::SingleNodeMultiWriter).await;
     let before = volume_calls(&agent).len();
     agent.kill9();
-    let since = now_ms();
+    let since = berth_sys::now_ms();
     agent.respawn();
     agent.wait_ready().await;
     let client = agent.client();

@@ -33,6 +33,23 @@ pub struct LineStream<T> {
     _line: std::marker::PhantomData<fn() -> T>,
 }
 
+impl LineStream<crate::stream::StreamLine> {
+    /// Reads on until an event for which `matches` holds; `None` when the stream ends first.
+    pub async fn first_event(
+        &mut self,
+        mut matches: impl FnMut(&crate::stream::StreamEvent) -> bool,
+    ) -> Result<Option<crate::stream::StreamEvent>, ClientError> {
+        while let Some(line) = self.next().await {
+            if let crate::stream::StreamLine::Events { events, .. } = line?
+                && let Some(e) = events.into_iter().find(&mut matches)
+            {
+                return Ok(Some(e));
+            }
+        }
+        Ok(None)
+    }
+}
+
 impl<T: DeserializeOwned + Send> LineStream<T> {
     pub(super) fn new(
         address: String,
