@@ -3,7 +3,7 @@
 //! The client connects lazily: creating one never touches the socket, and a plugin that
 //! restarts behind the same socket is reconnected to on the next attempt.
 
-use std::{collections::HashMap, fmt, future::Future, io, sync::Arc, time::Duration};
+use std::{fmt, future::Future, io, sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use tokio::{net::UnixStream, time::Instant};
@@ -27,10 +27,11 @@ use crate::{
         NodeStage, model_map, opt_path_str, path_str, sensitive, wire_map,
     },
     retry::{RetryPolicy, Rpc},
+    transport::PluginChannel,
 };
 
-/// A lazily connecting, reconnecting gRPC channel to the socket; what the client uses, and
-/// what bare generated stubs can use too.
+/// A lazily connecting, reconnecting tonic `Channel` to the socket, for bare generated stubs
+/// that should use tonic's own transport. The client sends on a [`PluginChannel`].
 pub fn channel(endpoint: &Endpoint) -> Channel {
     let ep = endpoint.clone();
     let connector = tower::service_fn(move |_: tonic::transport::Uri| {
@@ -56,7 +57,7 @@ pub trait CallObserver: Send + Sync + 'static {
 /// Builds a [`CsiClient`] with non-default policies, a cancellation token or an observer.
 pub struct ClientBuilder {
     endpoint: Endpoint,
-    overrides: HashMap<Rpc, RetryPolicy>,
+    overrides: Vec<(Rpc, RetryPolicy)>,
     cancel: Option<CancellationToken>,
     observer: Option<Arc<dyn CallObserver>>,
 }
@@ -72,7 +73,8 @@ impl fmt::Debug for ClientBuilder {
 impl ClientBuilder {
     /// Uses `policy` for `rpc` instead of the table's.
     pub fn policy(mut self, rpc: Rpc, policy: RetryPolicy) -> Self {
-        self.overrides.insert(rpc, policy);
+        self.overrides.retain(|(r, _)| *r != rpc);
+        self.overrides.push((rpc, policy));
         self
     }
 
@@ -92,8 +94,7 @@ impl ClientBuilder {
     pub fn build(self) -> CsiClient {
         CsiClient {
             inner: Arc::new(Inner {
-                channel: channel(&self.endpoint),
-                endpoint: self.endpoint,
+                channel: PluginChannel::new(self.endpoint),
                 overrides: self.overrides,
                 cancel: self.cancel,
                 observer: self.observer,
@@ -109,9 +110,9 @@ pub struct CsiClient {
 }
 
 struct Inner {
-    endpoint: Endpoint,
-    channel: Channel,
-    overrides: HashMap<Rpc, RetryPolicy>,
+    channel: PluginChannel,
+    /// A few entries at most: a scan beats hashing.
+    overrides: Vec<(Rpc, RetryPolicy)>,
     /// None when nothing can cancel the calls (no token given): no waiter to register per call.
     cancel: Option<CancellationToken>,
     observer: Option<Arc<dyn CallObserver>>,
@@ -120,7 +121,7 @@ struct Inner {
 impl fmt::Debug for CsiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CsiClient")
-            .field("endpoint", &self.inner.endpoint)
+            .field("endpoint", self.endpoint())
             .finish_non_exhaustive()
     }
 }
@@ -164,7 +165,7 @@ impl CsiClient {
     pub fn builder(endpoint: Endpoint) -> ClientBuilder {
         ClientBuilder {
             endpoint,
-            overrides: HashMap::new(),
+            overrides: Vec::new(),
             cancel: None,
             observer: None,
         }
@@ -172,12 +173,18 @@ impl CsiClient {
 
     /// The socket this client talks to.
     pub fn endpoint(&self) -> &Endpoint {
-        &self.inner.endpoint
+        self.inner.channel.endpoint()
+    }
+
+    /// How many connections this client has opened: a change means the last one ended (the
+    /// plugin may have restarted) and a call opened another.
+    pub fn connections(&self) -> u64 {
+        self.inner.channel.connections()
     }
 
     /// The channel this client sends on (a clone shares its connection): for bare generated
     /// stubs that should take the same path, as benchmarks comparing the two do.
-    pub fn channel(&self) -> Channel {
+    pub fn channel(&self) -> PluginChannel {
         self.inner.channel.clone()
     }
 
@@ -185,9 +192,9 @@ impl CsiClient {
     pub fn policy(&self, rpc: Rpc) -> RetryPolicy {
         self.inner
             .overrides
-            .get(&rpc)
-            .copied()
-            .unwrap_or_else(|| rpc.policy())
+            .iter()
+            .find(|(r, _)| *r == rpc)
+            .map_or_else(|| rpc.policy(), |(_, p)| *p)
     }
 
     fn observe(&self, rpc: Rpc, attempt: u32, outcome: Result<(), Code>, sent_at: Instant) {
@@ -206,13 +213,12 @@ impl CsiClient {
     ) -> Result<Resp, CsiError>
     where
         Req: Clone + fmt::Debug,
-        F: Fn(Channel, tonic::Request<Req>) -> Fut,
+        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
     {
         let policy = self.policy(rpc);
         let cancel = self.inner.cancel.as_ref();
-        let span =
-            tracing::debug_span!("csi", %rpc, endpoint = %self.inner.endpoint.path().display());
+        let span = tracing::debug_span!("csi", %rpc, endpoint = %self.endpoint().path().display());
         async move {
             let start = Instant::now();
             let deadline = start + policy.overall_timeout;
@@ -225,9 +231,8 @@ impl CsiClient {
                 request.set_timeout(attempt_timeout);
                 trace!(attempt = attempts, request = ?req, "sending");
                 let sent_at = Instant::now();
-                // tonic enforces the grpc-timeout it sends only until the answer's headers; this
-                // timer bounds the whole attempt. Both are armed before the runtime parks again,
-                // so the second adds next to nothing (bench csi_client).
+                // The plugin gets the deadline as `grpc-timeout`; this timer is the only one
+                // that bounds the attempt on this side.
                 let sent = tokio::select! {
                     biased;
                     () = cancelled(cancel) => {
@@ -241,13 +246,6 @@ impl CsiClient {
                         trace!(attempt = attempts, "ok");
                         self.observe(rpc, attempts, Ok(()), sent_at);
                         return Ok(resp.into_inner());
-                    }
-                    // tonic reports its own expiry of `grpc-timeout` as CANCELLED.
-                    Ok(Err(status))
-                        if status.code() == Code::Cancelled
-                            && sent_at.elapsed() >= attempt_timeout =>
-                    {
-                        attempt_deadline_exceeded(attempt_timeout)
                     }
                     Ok(Err(status)) => status,
                     Err(_) => attempt_deadline_exceeded(attempt_timeout),

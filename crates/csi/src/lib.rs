@@ -22,6 +22,7 @@ pub mod model;
 mod redact;
 mod requests;
 pub mod retry;
+mod transport;
 
 pub use client::{CallObserver, ClientBuilder, CsiClient, ListedVolume, Page, Validation, channel};
 pub use endpoint::{Endpoint, EndpointError, MAX_SOCKET_PATH};
@@ -34,3 +35,4 @@ pub use requests::{
 pub use retry::{RetryPolicy, Rpc};
 /// gRPC status codes, as the errors report them.
 pub use tonic::Code;
+pub use transport::PluginChannel;

@@ -9,11 +9,11 @@
 //!   for that cycle (bind the volume directory onto a staging path, bind that onto a target,
 //!   unmount both), made by the bench itself with the plugin's own `LinuxMounter`; (a)/(b) is
 //!   what the plugin adds to the RPCs and the mounts;
-//! - (c) Probe through the client and through a bare generated stub over the client's channel,
-//!   and through that stub sending the same `grpc-timeout` as the client (the deadline the
-//!   client always sends costs a timer in each process; the difference to the last one is
-//!   the client's own overhead);
-//! - (d) the cycle of (a) through bare generated stubs;
+//! - (c) Probe through the client; through a bare generated stub over tonic's own `Channel`,
+//!   without and with the `grpc-timeout` the client always sends (that deadline costs a timer
+//!   in each process); and through a bare stub over the client's own transport with that
+//!   deadline (the difference to it is the client's own overhead);
+//! - (d) the cycle of (a) through bare generated stubs over tonic's `Channel`;
 //! - (e) the directory work CSI gives the plugin in a cycle, made by the bench: creating and
 //!   removing the target directory;
 //! - (f) four reads of the mount table, made by the bench: what the plugin reads once per RPC
@@ -233,9 +233,10 @@ async fn bench(samples: usize) {
         .spawn()
         .await;
     let endpoint = Endpoint::parse(&plugin.endpoint()).expect("endpoint");
-    let client = CsiClient::new(endpoint);
-    let mut identity = IdentityClient::new(client.channel());
-    let mut node = NodeClient::new(client.channel());
+    let client = CsiClient::new(endpoint.clone());
+    let mut identity = IdentityClient::new(berth_csi::channel(&endpoint));
+    let mut node = NodeClient::new(berth_csi::channel(&endpoint));
+    let mut own_identity = IdentityClient::new(client.channel());
     let probe_timeout = client.policy(Rpc::Probe).attempt_timeout;
     let mounter = LinuxMounter;
 
@@ -264,6 +265,7 @@ async fn bench(samples: usize) {
         Series::new("(c) Probe, berth client"),
         Series::new("(c) Probe, bare tonic stub"),
         Series::new("(c) Probe, bare stub + grpc-timeout"),
+        Series::new("(c) Probe, stub on client transport + grpc-timeout"),
         Series::new("(d) node cycle, bare tonic stubs"),
         Series::new("(e) mkdir + rmdir of a target"),
         Series::new("(f) 4 mount table reads"),
@@ -286,8 +288,13 @@ async fn bench(samples: usize) {
                     request.set_timeout(probe_timeout);
                     drop(identity.probe(request).await.expect("probe"));
                 }
-                5 => bare_cycle(&mut node, id.as_str(), &pb_cap, &bare_paths).await,
-                6 => {
+                5 => {
+                    let mut request = tonic::Request::new(pb::ProbeRequest {});
+                    request.set_timeout(probe_timeout);
+                    drop(own_identity.probe(request).await.expect("probe"));
+                }
+                6 => bare_cycle(&mut node, id.as_str(), &pb_cap, &bare_paths).await,
+                7 => {
                     std::fs::create_dir(&dir_work).expect("mkdir");
                     std::fs::remove_dir(&dir_work).expect("rmdir");
                 }
@@ -314,6 +321,7 @@ async fn bench(samples: usize) {
         probe_c,
         probe_b,
         probe_t,
+        probe_o,
         cycle_b,
         dirs,
         reads,
@@ -334,6 +342,10 @@ async fn bench(samples: usize) {
     println!(
         "ratio (c)            Probe, client / stub + grpc-timeout: {:.3}",
         ratio(probe_c, probe_t)
+    );
+    println!(
+        "ratio (c)            Probe, client / stub on its transport: {:.3}",
+        ratio(probe_c, probe_o)
     );
     println!(
         "ratio (a)/(d)        node cycle, client / bare stubs:    {:.3}",
