@@ -284,15 +284,22 @@ impl HealthLoop {
         // Quick re-checks left for the current socket: a socket file exists from bind(2), a
         // moment before the plugin listens, so a check right after it appears may be refused.
         let mut quick = 0u32;
+        // Whether the socket file may have been replaced since it was last looked at: at the
+        // start, after the watcher woke the loop or a check failed, and after the client had
+        // to open a new connection (the old one ended). Otherwise the file is left alone.
+        let mut restat = true;
         loop {
             // Read before the check: a socket replaced during the check is fingerprinted again
             // on the next round.
-            let current = socket_identity(&self.record.socket);
-            if current != socket_id {
-                socket_id = current;
-                fingerprinted = false;
-                quick = QUICK_RECHECKS;
+            if restat || !self.sockets.is_watching(&self.record.socket) {
+                let current = socket_identity(&self.record.socket);
+                if current != socket_id {
+                    socket_id = current;
+                    fingerprinted = false;
+                    quick = QUICK_RECHECKS;
+                }
             }
+            let connections = client.connections();
             let check = tokio::select! {
                 biased;
                 () = self.cancel.cancelled() => break,
@@ -326,6 +333,7 @@ impl HealthLoop {
                     }
                 }
             }
+            restat = failures > 0 || client.connections() != connections;
             if !self.sockets.is_watching(&self.record.socket) {
                 // The directory may exist now.
                 self.sockets
@@ -343,16 +351,16 @@ impl HealthLoop {
                 biased;
                 () = self.cancel.cancelled() => break,
                 () = tokio::time::sleep_until(due) => {}
-                () = wake.notified() => {}
+                () = wake.notified() => restat = true,
             }
         }
     }
 
-    /// A client whose calls make one attempt each: the loop is the retry.
+    /// A client whose calls make one attempt each: the loop is the retry. It needs no
+    /// cancellation token of its own: the loop drops a call in flight when it is cancelled.
     fn client(&self, endpoint: Endpoint) -> CsiClient {
         let once = |timeout: Duration| Rpc::Probe.policy().single_attempt(timeout);
         let mut b = CsiClient::builder(endpoint)
-            .cancellation(self.cancel.clone())
             .observer(self.metrics.observer(&self.record.id))
             .policy(Rpc::Probe, once(PROBE_TIMEOUT));
         for rpc in [
@@ -369,7 +377,8 @@ impl HealthLoop {
 
     async fn check(&self, client: &CsiClient, fingerprint: bool) -> Check {
         let fp = if fingerprint {
-            match self.fingerprint(client).await {
+            // Boxed: rare, and its future is most of the loop's size otherwise (one per plugin).
+            match Box::pin(self.fingerprint(client)).await {
                 Ok(fp) => Some(fp),
                 Err(e) => return Check::Failed(e.to_string()),
             }
@@ -415,9 +424,16 @@ impl HealthLoop {
     }
 
     /// Sets health; on a change (or the first check) emits an event and updates the gauge.
+    /// A check that changes nothing (the usual probe) touches nothing.
     fn transition(&self, healthy: bool, description: String) {
-        let first = self.state.borrow().health.last_transition_ms == 0;
-        let changed = first || self.state.borrow().health.healthy != healthy;
+        let changed = {
+            let s = self.state.borrow();
+            let first = s.health.last_transition_ms == 0;
+            if !first && s.health.healthy == healthy && s.health.description == description {
+                return;
+            }
+            first || s.health.healthy != healthy
+        };
         self.state.send_modify(|s| {
             s.health.healthy = healthy;
             s.health.description = description.clone();

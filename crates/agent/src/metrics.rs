@@ -2,7 +2,10 @@
 //! plugins' state, device health, holders and latest statistics (read from the device manager
 //! at each scrape).
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, OnceLock},
+    time::Duration,
+};
 
 use berth_csi::{CallObserver, Code, Rpc};
 use prometheus_client::{
@@ -111,6 +114,7 @@ impl Metrics {
         Arc::new(RpcObserver {
             plugin: plugin.to_string(),
             metrics: Arc::clone(self),
+            probe_ok: OnceLock::new(),
         })
     }
 
@@ -126,10 +130,29 @@ impl Metrics {
 struct RpcObserver {
     plugin: String,
     metrics: Arc<Metrics>,
+    /// The series a successful Probe updates, looked up on the first one: the health loop
+    /// makes one a second per plugin, and the lookup costs more than the update.
+    probe_ok: OnceLock<(Counter, Histogram)>,
 }
 
 impl CallObserver for RpcObserver {
     fn on_attempt(&self, rpc: Rpc, _attempt: u32, outcome: Result<(), Code>, latency: Duration) {
+        if rpc == Rpc::Probe && outcome.is_ok() {
+            let (count, seconds) = self.probe_ok.get_or_init(|| {
+                let count = self.metrics.rpcs.get_or_create(&RpcLabels {
+                    plugin: self.plugin.clone(),
+                    method: rpc.to_string(),
+                    code: "OK".into(),
+                });
+                let seconds = self.metrics.probe_seconds.get_or_create(&PluginLabels {
+                    plugin: self.plugin.clone(),
+                });
+                (count.clone(), seconds.clone())
+            });
+            count.inc();
+            seconds.observe(latency.as_secs_f64());
+            return;
+        }
         let code = match outcome {
             Ok(()) => "OK".to_string(),
             Err(c) => berth_csi::code_name(c),

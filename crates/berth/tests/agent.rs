@@ -54,6 +54,49 @@ async fn a_plugin_started_after_the_agent_is_healthy_at_once_not_at_the_next_int
 }
 
 #[tokio::test]
+async fn a_plugin_restarted_behind_the_same_socket_is_fingerprinted_again() {
+    let dir = tempfile::Builder::new()
+        .prefix("bp")
+        .tempdir_in("/tmp")
+        .expect("tmp");
+    let socket = dir.path().join("csi.sock");
+    let spawn = |node: &'static str| {
+        berth_testkit::HostpathPlugin::builder()
+            .socket(&socket)
+            .strict(true)
+            .nodeid(node)
+            .spawn()
+    };
+    let mut first = spawn("node-before").await;
+    // A 30 s interval: only noticing the new socket can take the new fingerprint in time.
+    let agent = AgentProcess::start(&format!(
+        "health {{\n  interval = \"30s\"\n}}\n{}",
+        external("hp", &socket)
+    ))
+    .await;
+    let node_of = |p: &berth_api::PluginStatus| {
+        p.fingerprint
+            .as_ref()
+            .and_then(|f| f.node_info.as_ref())
+            .map(|n| n.node_id.clone())
+    };
+    agent
+        .wait_plugin("hp", Duration::from_secs(10), |p| {
+            node_of(p).as_deref() == Some("node-before")
+        })
+        .await;
+
+    first.kill();
+    let _second = spawn("node-after").await;
+    let p = agent
+        .wait_plugin("hp", Duration::from_secs(10), |p| {
+            node_of(p).as_deref() == Some("node-after")
+        })
+        .await;
+    assert!(p.health.healthy, "{:?}", p.health);
+}
+
+#[tokio::test]
 async fn killed_plugin_turns_unhealthy_after_the_failures_and_healthy_when_back() {
     let dir = tempfile::Builder::new()
         .prefix("bp")
