@@ -3,7 +3,7 @@
 //! The client connects lazily: creating one never touches the socket, and a plugin that
 //! restarts behind the same socket is reconnected to on the next attempt.
 
-use std::{fmt, future::Future, io, sync::Arc, time::Duration};
+use std::{fmt, io, sync::Arc, time::Duration};
 
 use hyper_util::rt::TokioIo;
 use tokio::{net::UnixStream, time::Instant};
@@ -18,10 +18,7 @@ use crate::{
         ControllerCapabilities, ExternalId, ModelError, NodeCapabilities, NodeInfo,
         PluginCapabilities, PluginInfo, Secrets, Snapshot, Volume, VolumeCapability, VolumeStats,
     },
-    pb::{
-        self, controller_client::ControllerClient, identity_client::IdentityClient,
-        node_client::NodeClient,
-    },
+    pb,
     requests::{
         CapacityRange, ContentSource, ControllerPublish, CreateVolume, NodeExpand, NodePublish,
         NodeStage, model_map, opt_path_str, path_str, sensitive, wire_map,
@@ -47,6 +44,50 @@ pub fn channel(endpoint: &Endpoint) -> Channel {
     tonic::transport::Endpoint::from_static("http://csi.invalid")
         .connect_with_connector_lazy(connector)
 }
+
+/// A CSI request: the RPC it is, and the message its answer carries.
+trait Answered: prost::Message + fmt::Debug {
+    const RPC: Rpc;
+    type Answer: prost::Message + Default;
+}
+
+macro_rules! answered {
+    ($($rpc:ident: $request:ident => $answer:ident),+ $(,)?) => {
+        $(impl Answered for pb::$request {
+            const RPC: Rpc = Rpc::$rpc;
+            type Answer = pb::$answer;
+        })+
+    };
+}
+
+answered!(
+    GetPluginInfo: GetPluginInfoRequest => GetPluginInfoResponse,
+    GetPluginCapabilities: GetPluginCapabilitiesRequest => GetPluginCapabilitiesResponse,
+    Probe: ProbeRequest => ProbeResponse,
+    CreateVolume: CreateVolumeRequest => CreateVolumeResponse,
+    DeleteVolume: DeleteVolumeRequest => DeleteVolumeResponse,
+    ControllerPublishVolume: ControllerPublishVolumeRequest => ControllerPublishVolumeResponse,
+    ControllerUnpublishVolume: ControllerUnpublishVolumeRequest => ControllerUnpublishVolumeResponse,
+    ValidateVolumeCapabilities: ValidateVolumeCapabilitiesRequest => ValidateVolumeCapabilitiesResponse,
+    ListVolumes: ListVolumesRequest => ListVolumesResponse,
+    GetCapacity: GetCapacityRequest => GetCapacityResponse,
+    ControllerGetCapabilities: ControllerGetCapabilitiesRequest => ControllerGetCapabilitiesResponse,
+    CreateSnapshot: CreateSnapshotRequest => CreateSnapshotResponse,
+    DeleteSnapshot: DeleteSnapshotRequest => DeleteSnapshotResponse,
+    ListSnapshots: ListSnapshotsRequest => ListSnapshotsResponse,
+    GetSnapshot: GetSnapshotRequest => GetSnapshotResponse,
+    ControllerExpandVolume: ControllerExpandVolumeRequest => ControllerExpandVolumeResponse,
+    ControllerGetVolume: ControllerGetVolumeRequest => ControllerGetVolumeResponse,
+    ControllerModifyVolume: ControllerModifyVolumeRequest => ControllerModifyVolumeResponse,
+    NodeStageVolume: NodeStageVolumeRequest => NodeStageVolumeResponse,
+    NodeUnstageVolume: NodeUnstageVolumeRequest => NodeUnstageVolumeResponse,
+    NodePublishVolume: NodePublishVolumeRequest => NodePublishVolumeResponse,
+    NodeUnpublishVolume: NodeUnpublishVolumeRequest => NodeUnpublishVolumeResponse,
+    NodeGetVolumeStats: NodeGetVolumeStatsRequest => NodeGetVolumeStatsResponse,
+    NodeExpandVolume: NodeExpandVolumeRequest => NodeExpandVolumeResponse,
+    NodeGetCapabilities: NodeGetCapabilitiesRequest => NodeGetCapabilitiesResponse,
+    NodeGetInfo: NodeGetInfoRequest => NodeGetInfoResponse,
+);
 
 /// Sees every attempt of every call: for metrics, and for tests that count attempts.
 pub trait CallObserver: Send + Sync + 'static {
@@ -204,18 +245,12 @@ impl CsiClient {
     }
 
     /// Sends `req` until it succeeds, fails for good, runs out of time or is cancelled.
-    async fn call<Req, Resp, F, Fut>(
+    async fn call<Req: Answered>(
         &self,
-        rpc: Rpc,
         req: Req,
         sensitive: &[String],
-        send: F,
-    ) -> Result<Resp, CsiError>
-    where
-        Req: Clone + fmt::Debug,
-        F: Fn(PluginChannel, tonic::Request<Req>) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
-    {
+    ) -> Result<Req::Answer, CsiError> {
+        let rpc = Req::RPC;
         let policy = self.policy(rpc);
         let cancel = self.inner.cancel.as_ref();
         let span = tracing::debug_span!("csi", %rpc, endpoint = %self.endpoint().path().display());
@@ -227,8 +262,6 @@ impl CsiClient {
                 attempts += 1;
                 let remaining = deadline.saturating_duration_since(Instant::now());
                 let attempt_timeout = policy.attempt_timeout.min(remaining);
-                let mut request = tonic::Request::new(req.clone());
-                request.set_timeout(attempt_timeout);
                 trace!(attempt = attempts, request = ?req, "sending");
                 let sent_at = Instant::now();
                 // The plugin gets the deadline as `grpc-timeout`; this timer is the only one
@@ -239,13 +272,16 @@ impl CsiClient {
                         self.observe(rpc, attempts, Err(Code::Cancelled), sent_at);
                         return Err(CsiError::Cancelled { rpc, attempts });
                     }
-                    r = tokio::time::timeout(attempt_timeout, send(self.inner.channel.clone(), request)) => r,
+                    r = tokio::time::timeout(
+                        attempt_timeout,
+                        self.inner.channel.unary(rpc.path(), &req, attempt_timeout),
+                    ) => r,
                 };
                 let status = match sent {
                     Ok(Ok(resp)) => {
                         trace!(attempt = attempts, "ok");
                         self.observe(rpc, attempts, Ok(()), sent_at);
-                        return Ok(resp.into_inner());
+                        return Ok(resp);
                     }
                     Ok(Err(status)) => status,
                     Err(_) => attempt_deadline_exceeded(attempt_timeout),
@@ -264,7 +300,13 @@ impl CsiClient {
                 if !policy.retries(code) {
                     debug!(attempt = attempts, ?code, %message, "failed");
                     let already_done = code == Code::NotFound && policy.not_found_is_done;
-                    return Err(CsiError::Rpc { rpc, code, message, attempts, already_done });
+                    return Err(CsiError::Rpc {
+                        rpc,
+                        code,
+                        message,
+                        attempts,
+                        already_done,
+                    });
                 }
                 let wait = policy.backoff(attempts);
                 if Instant::now() + wait >= deadline {
@@ -298,11 +340,7 @@ impl CsiClient {
     /// GetPluginInfo: the plugin's name and version.
     pub async fn plugin_info(&self) -> Result<PluginInfo, CsiError> {
         let rpc = Rpc::GetPluginInfo;
-        let r = self
-            .call(rpc, pb::GetPluginInfoRequest {}, &[], |ch, r| async move {
-                IdentityClient::new(ch).get_plugin_info(r).await
-            })
-            .await?;
+        let r = self.call(pb::GetPluginInfoRequest {}, &[]).await?;
         if r.name.is_empty() {
             return Err(CsiError::InvalidResponse {
                 rpc,
@@ -318,24 +356,13 @@ impl CsiClient {
 
     /// GetPluginCapabilities.
     pub async fn plugin_capabilities(&self) -> Result<PluginCapabilities, CsiError> {
-        let r = self
-            .call(
-                Rpc::GetPluginCapabilities,
-                pb::GetPluginCapabilitiesRequest {},
-                &[],
-                |ch, r| async move { IdentityClient::new(ch).get_plugin_capabilities(r).await },
-            )
-            .await?;
+        let r = self.call(pb::GetPluginCapabilitiesRequest {}, &[]).await?;
         Ok(PluginCapabilities::from_pb(&r.capabilities))
     }
 
     /// Probe: whether the plugin is ready. An absent `ready` means ready.
     pub async fn probe(&self) -> Result<bool, CsiError> {
-        let r = self
-            .call(Rpc::Probe, pb::ProbeRequest {}, &[], |ch, r| async move {
-                IdentityClient::new(ch).probe(r).await
-            })
-            .await?;
+        let r = self.call(pb::ProbeRequest {}, &[]).await?;
         Ok(r.ready.is_none_or(|b| b))
     }
 
@@ -344,16 +371,7 @@ impl CsiClient {
     /// ControllerGetCapabilities.
     pub async fn controller_capabilities(&self) -> Result<ControllerCapabilities, CsiError> {
         let r = self
-            .call(
-                Rpc::ControllerGetCapabilities,
-                pb::ControllerGetCapabilitiesRequest {},
-                &[],
-                |ch, r| async move {
-                    ControllerClient::new(ch)
-                        .controller_get_capabilities(r)
-                        .await
-                },
-            )
+            .call(pb::ControllerGetCapabilitiesRequest {}, &[])
             .await?;
         Ok(ControllerCapabilities::from_pb(&r.capabilities))
     }
@@ -396,11 +414,7 @@ impl CsiClient {
             mutable_parameters: Default::default(),
         };
         let hidden = sensitive(&req.secrets, &req.capabilities);
-        let r = self
-            .call(rpc, wire, &hidden, |ch, r| async move {
-                ControllerClient::new(ch).create_volume(r).await
-            })
-            .await?;
+        let r = self.call(wire, &hidden).await?;
         let v = r.volume.ok_or(CsiError::InvalidResponse {
             rpc,
             source: ModelError::Missing { field: "volume" },
@@ -414,14 +428,7 @@ impl CsiClient {
             volume_id: id.as_str().into(),
             secrets: secrets.to_wire(),
         };
-        self.call(
-            Rpc::DeleteVolume,
-            wire,
-            &sensitive(secrets, []),
-            |ch, r| async move { ControllerClient::new(ch).delete_volume(r).await },
-        )
-        .await
-        .map(drop)
+        self.call(wire, &sensitive(secrets, [])).await.map(drop)
     }
 
     /// ControllerPublishVolume: returns the publish context for the node calls.
@@ -445,12 +452,7 @@ impl CsiClient {
             volume_context: wire_map(&req.volume_context),
         };
         let r = self
-            .call(
-                rpc,
-                wire,
-                &sensitive(&req.secrets, [&req.capability]),
-                |ch, r| async move { ControllerClient::new(ch).controller_publish_volume(r).await },
-            )
+            .call(wire, &sensitive(&req.secrets, [&req.capability]))
             .await?;
         Ok(model_map(&r.publish_context))
     }
@@ -467,18 +469,7 @@ impl CsiClient {
             node_id: node_id.into(),
             secrets: secrets.to_wire(),
         };
-        self.call(
-            Rpc::ControllerUnpublishVolume,
-            wire,
-            &sensitive(secrets, []),
-            |ch, r| async move {
-                ControllerClient::new(ch)
-                    .controller_unpublish_volume(r)
-                    .await
-            },
-        )
-        .await
-        .map(drop)
+        self.call(wire, &sensitive(secrets, [])).await.map(drop)
     }
 
     /// ValidateVolumeCapabilities.
@@ -508,13 +499,7 @@ impl CsiClient {
             mutable_parameters: Default::default(),
         };
         let hidden = sensitive(secrets, capabilities);
-        let r = self
-            .call(rpc, wire, &hidden, |ch, r| async move {
-                ControllerClient::new(ch)
-                    .validate_volume_capabilities(r)
-                    .await
-            })
-            .await?;
+        let r = self.call(wire, &hidden).await?;
         Ok(match r.confirmed {
             Some(_) => Validation::Confirmed,
             None => Validation::NotConfirmed(sanitize(&r.message, &hidden)),
@@ -532,11 +517,7 @@ impl CsiClient {
             max_entries,
             starting_token: starting_token.into(),
         };
-        let r = self
-            .call(rpc, wire, &[], |ch, r| async move {
-                ControllerClient::new(ch).list_volumes(r).await
-            })
-            .await?;
+        let r = self.call(wire, &[]).await?;
         let mut entries = Vec::with_capacity(r.entries.len());
         for e in &r.entries {
             let v = e.volume.as_ref().ok_or(CsiError::InvalidResponse {
@@ -579,11 +560,7 @@ impl CsiClient {
             }),
         };
         let hidden = sensitive(&Secrets::default(), capabilities);
-        let r = self
-            .call(Rpc::GetCapacity, wire, &hidden, |ch, r| async move {
-                ControllerClient::new(ch).get_capacity(r).await
-            })
-            .await?;
+        let r = self.call(wire, &hidden).await?;
         Ok(r.available_capacity)
     }
 
@@ -608,11 +585,7 @@ impl CsiClient {
             secrets: secrets.to_wire(),
             parameters: wire_map(parameters),
         };
-        let r = self
-            .call(rpc, wire, &sensitive(secrets, []), |ch, r| async move {
-                ControllerClient::new(ch).create_snapshot(r).await
-            })
-            .await?;
+        let r = self.call(wire, &sensitive(secrets, [])).await?;
         let s = r.snapshot.ok_or(CsiError::InvalidResponse {
             rpc,
             source: ModelError::Missing { field: "snapshot" },
@@ -639,11 +612,7 @@ impl CsiClient {
             snapshot_id: snapshot_id.into(),
             secrets: secrets.to_wire(),
         };
-        self.call(rpc, wire, &sensitive(secrets, []), |ch, r| async move {
-            ControllerClient::new(ch).delete_snapshot(r).await
-        })
-        .await
-        .map(drop)
+        self.call(wire, &sensitive(secrets, [])).await.map(drop)
     }
 
     /// ListSnapshots: one page, optionally filtered by source volume or snapshot id.
@@ -662,14 +631,7 @@ impl CsiClient {
             snapshot_id: snapshot_id.unwrap_or_default().into(),
             secrets: secrets.to_wire(),
         };
-        let r = self
-            .call(
-                Rpc::ListSnapshots,
-                wire,
-                &sensitive(secrets, []),
-                |ch, r| async move { ControllerClient::new(ch).list_snapshots(r).await },
-            )
-            .await?;
+        let r = self.call(wire, &sensitive(secrets, [])).await?;
         Ok(Page {
             entries: r
                 .entries
@@ -695,14 +657,7 @@ impl CsiClient {
             secrets: secrets.to_wire(),
             volume_capability: capability.map(VolumeCapability::to_pb),
         };
-        let r = self
-            .call(
-                Rpc::ControllerExpandVolume,
-                wire,
-                &sensitive(secrets, capability),
-                |ch, r| async move { ControllerClient::new(ch).controller_expand_volume(r).await },
-            )
-            .await?;
+        let r = self.call(wire, &sensitive(secrets, capability)).await?;
         Ok((r.capacity_bytes, r.node_expansion_required))
     }
 
@@ -710,25 +665,14 @@ impl CsiClient {
 
     /// NodeGetCapabilities.
     pub async fn node_capabilities(&self) -> Result<NodeCapabilities, CsiError> {
-        let r = self
-            .call(
-                Rpc::NodeGetCapabilities,
-                pb::NodeGetCapabilitiesRequest {},
-                &[],
-                |ch, r| async move { NodeClient::new(ch).node_get_capabilities(r).await },
-            )
-            .await?;
+        let r = self.call(pb::NodeGetCapabilitiesRequest {}, &[]).await?;
         Ok(NodeCapabilities::from_pb(&r.capabilities))
     }
 
     /// NodeGetInfo.
     pub async fn node_info(&self) -> Result<NodeInfo, CsiError> {
         let rpc = Rpc::NodeGetInfo;
-        let r = self
-            .call(rpc, pb::NodeGetInfoRequest {}, &[], |ch, r| async move {
-                NodeClient::new(ch).node_get_info(r).await
-            })
-            .await?;
+        let r = self.call(pb::NodeGetInfoRequest {}, &[]).await?;
         if r.node_id.is_empty() {
             return Err(CsiError::InvalidResponse {
                 rpc,
@@ -754,14 +698,9 @@ impl CsiClient {
             secrets: req.secrets.to_wire(),
             volume_context: wire_map(&req.volume_context),
         };
-        self.call(
-            rpc,
-            wire,
-            &sensitive(&req.secrets, [&req.capability]),
-            |ch, r| async move { NodeClient::new(ch).node_stage_volume(r).await },
-        )
-        .await
-        .map(drop)
+        self.call(wire, &sensitive(&req.secrets, [&req.capability]))
+            .await
+            .map(drop)
     }
 
     /// NodeUnstageVolume. `NOT_FOUND` is reported as already done.
@@ -776,11 +715,7 @@ impl CsiClient {
             staging_target_path: path_str("staging_target_path", staging_path)
                 .map_err(|source| CsiError::InvalidRequest { rpc, source })?,
         };
-        self.call(rpc, wire, &[], |ch, r| async move {
-            NodeClient::new(ch).node_unstage_volume(r).await
-        })
-        .await
-        .map(drop)
+        self.call(wire, &[]).await.map(drop)
     }
 
     /// NodePublishVolume.
@@ -798,14 +733,9 @@ impl CsiClient {
             secrets: req.secrets.to_wire(),
             volume_context: wire_map(&req.volume_context),
         };
-        self.call(
-            rpc,
-            wire,
-            &sensitive(&req.secrets, [&req.capability]),
-            |ch, r| async move { NodeClient::new(ch).node_publish_volume(r).await },
-        )
-        .await
-        .map(drop)
+        self.call(wire, &sensitive(&req.secrets, [&req.capability]))
+            .await
+            .map(drop)
     }
 
     /// NodeUnpublishVolume. `NOT_FOUND` is reported as already done.
@@ -820,11 +750,7 @@ impl CsiClient {
             target_path: path_str("target_path", target_path)
                 .map_err(|source| CsiError::InvalidRequest { rpc, source })?,
         };
-        self.call(rpc, wire, &[], |ch, r| async move {
-            NodeClient::new(ch).node_unpublish_volume(r).await
-        })
-        .await
-        .map(drop)
+        self.call(wire, &[]).await.map(drop)
     }
 
     /// NodeGetVolumeStats for a path where the volume is published (or staged).
@@ -842,11 +768,7 @@ impl CsiClient {
             staging_target_path: opt_path_str("staging_target_path", staging_path)
                 .map_err(invalid)?,
         };
-        let r = self
-            .call(rpc, wire, &[], |ch, r| async move {
-                NodeClient::new(ch).node_get_volume_stats(r).await
-            })
-            .await?;
+        let r = self.call(wire, &[]).await?;
         Ok(VolumeStats::from(&r))
     }
 
@@ -864,12 +786,7 @@ impl CsiClient {
             secrets: req.secrets.to_wire(),
         };
         let r = self
-            .call(
-                rpc,
-                wire,
-                &sensitive(&req.secrets, req.capability.as_ref()),
-                |ch, r| async move { NodeClient::new(ch).node_expand_volume(r).await },
-            )
+            .call(wire, &sensitive(&req.secrets, req.capability.as_ref()))
             .await?;
         Ok(r.capacity_bytes)
     }

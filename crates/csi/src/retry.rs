@@ -16,50 +16,65 @@ use std::{fmt, time::Duration};
 use rand::Rng as _;
 use tonic::Code;
 
-/// Declares [`Rpc`] and [`Rpc::ALL`] from one list, so the two cannot drift.
+/// Declares [`Rpc`], [`Rpc::ALL`] and [`Rpc::path`] from one list, so they cannot drift.
 macro_rules! rpcs {
-    ($($name:ident),+ $(,)?) => {
+    ($($service:ident { $($name:ident),+ $(,)? })+) => {
         /// Every RPC of the Identity, Controller and Node services.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
         #[allow(missing_docs)]
         pub enum Rpc {
-            $($name,)+
+            $($($name,)+)+
         }
 
         impl Rpc {
             /// Every RPC, in service order.
-            pub const ALL: [Rpc; [$(Rpc::$name),+].len()] = [$(Rpc::$name,)+];
+            pub const ALL: [Rpc; [$($(Rpc::$name),+),+].len()] = [$($(Rpc::$name,)+)+];
+
+            /// The RPC's gRPC path, e.g. `/csi.v1.Identity/Probe`.
+            pub const fn path(self) -> &'static str {
+                match self {
+                    $($(Rpc::$name => {
+                        concat!("/csi.v1.", stringify!($service), "/", stringify!($name))
+                    })+)+
+                }
+            }
         }
     };
 }
 
 rpcs!(
-    GetPluginInfo,
-    GetPluginCapabilities,
-    Probe,
-    CreateVolume,
-    DeleteVolume,
-    ControllerPublishVolume,
-    ControllerUnpublishVolume,
-    ValidateVolumeCapabilities,
-    ListVolumes,
-    GetCapacity,
-    ControllerGetCapabilities,
-    CreateSnapshot,
-    DeleteSnapshot,
-    ListSnapshots,
-    GetSnapshot,
-    ControllerExpandVolume,
-    ControllerGetVolume,
-    ControllerModifyVolume,
-    NodeStageVolume,
-    NodeUnstageVolume,
-    NodePublishVolume,
-    NodeUnpublishVolume,
-    NodeGetVolumeStats,
-    NodeExpandVolume,
-    NodeGetCapabilities,
-    NodeGetInfo,
+    Identity {
+        GetPluginInfo,
+        GetPluginCapabilities,
+        Probe,
+    }
+    Controller {
+        CreateVolume,
+        DeleteVolume,
+        ControllerPublishVolume,
+        ControllerUnpublishVolume,
+        ValidateVolumeCapabilities,
+        ListVolumes,
+        GetCapacity,
+        ControllerGetCapabilities,
+        CreateSnapshot,
+        DeleteSnapshot,
+        ListSnapshots,
+        GetSnapshot,
+        ControllerExpandVolume,
+        ControllerGetVolume,
+        ControllerModifyVolume,
+    }
+    Node {
+        NodeStageVolume,
+        NodeUnstageVolume,
+        NodePublishVolume,
+        NodeUnpublishVolume,
+        NodeGetVolumeStats,
+        NodeExpandVolume,
+        NodeGetCapabilities,
+        NodeGetInfo,
+    }
 );
 
 impl fmt::Display for Rpc {

@@ -11,25 +11,30 @@
 //! CSI's calls are all unary: a request's message is read whole before it is sent.
 
 use std::{
+    collections::HashMap,
     fmt,
     future::Future,
     pin::Pin,
     sync::{
-        Arc, Mutex,
+        Arc, Mutex, OnceLock,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll, ready},
+    time::Duration,
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut as _, Bytes, BytesMut};
 use h2::{RecvStream, client::SendRequest};
 use http_body::Frame;
 use http_body_util::BodyExt as _;
+use percent_encoding::percent_decode;
 use tokio::net::UnixStream;
 use tonic::{
-    Status,
+    Code, Status,
     body::Body,
-    codegen::http::{HeaderMap, Request, Response, Uri, uri},
+    codegen::http::{
+        HeaderMap, HeaderValue, Method, Request, Response, StatusCode, Uri, header, uri,
+    },
 };
 use tracing::debug;
 
@@ -103,10 +108,108 @@ impl PluginChannel {
         self.shared.opened.load(Ordering::Acquire)
     }
 
+    /// Makes one unary call of `path` (e.g. `/csi.v1.Identity/Probe`) and decodes its answer.
+    /// `timeout` goes to the plugin as `grpc-timeout`; bounding the wait is the caller's.
+    ///
+    /// The codes are gRPC's: a transport failure is `UNAVAILABLE` (or what the reset stream
+    /// said), an answer that ends without a status is `UNKNOWN`, a malformed one `INTERNAL`.
+    pub async fn unary<Req, Resp>(
+        &self,
+        path: &'static str,
+        request: &Req,
+        timeout: Duration,
+    ) -> Result<Resp, Status>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let len = request.encoded_len();
+        let mut message = BytesMut::with_capacity(PREFIX + len);
+        message.put_u8(0);
+        message.put_u32(u32::try_from(len).map_err(|_| {
+            Status::resource_exhausted(format!("request of {len} bytes is too large to send"))
+        })?);
+        // Cannot fail: the buffer has room for the whole message.
+        request
+            .encode(&mut message)
+            .map_err(|e| Status::internal(format!("encoding the request: {e}")))?;
+        let uri = path_uri(path)?;
+        let timeout = grpc_timeout(timeout);
+        let head = || {
+            let mut head = Request::new(());
+            *head.method_mut() = Method::POST;
+            *head.uri_mut() = uri.clone();
+            let h = head.headers_mut();
+            h.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+            h.insert(header::TE, HeaderValue::from_static("trailers"));
+            h.insert("grpc-timeout", timeout.clone());
+            head
+        };
+        let response = self.exchange(head, message.freeze()).await?;
+        let (parts, recv) = response.into_parts();
+        if let Some(status) = status_of(&parts.headers) {
+            // Trailers-only: the status came with the headers, and no message.
+            return Err(status.err().unwrap_or_else(|| {
+                Status::internal("the answer carries no message (trailers only)")
+            }));
+        }
+        if parts.status != StatusCode::OK {
+            return Err(http_status(parts.status));
+        }
+        let mut body = H2Body {
+            recv,
+            state: BodyState::Data,
+        };
+        let mut data = BytesMut::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            match frame.map_err(status)?.into_data() {
+                Ok(chunk) => {
+                    if data.len() + chunk.len() > PREFIX + MAX_MESSAGE {
+                        return Err(Status::resource_exhausted(format!(
+                            "the answer is larger than {MAX_MESSAGE} bytes"
+                        )));
+                    }
+                    data.extend_from_slice(&chunk);
+                }
+                Err(frame) => trailers = frame.into_trailers().ok(),
+            }
+        }
+        match trailers.as_ref().and_then(status_of) {
+            Some(Ok(())) => decode(&data),
+            Some(Err(status)) => Err(status),
+            None => Err(Status::unknown(
+                "the answer ended without a grpc-status (the plugin may have stopped)",
+            )),
+        }
+    }
+
     /// Sends one request and waits for the answer's headers.
     ///
     /// A request that found its connection gone before any of it was sent is sent once more
     /// on a new connection: the plugin has not seen it, so this cannot run anything twice.
+    async fn exchange(
+        &self,
+        head: impl Fn() -> Request<()>,
+        message: Bytes,
+    ) -> Result<Response<RecvStream>, Status> {
+        let connection = self.shared.connection().await?;
+        let response = match start(&connection, head(), message.clone()).await {
+            Ok(response) => response,
+            Err(e) if connection.is_closed() || e.is_go_away() || e.is_io() => {
+                debug!(endpoint = %self.shared.endpoint, "connection closed; reconnecting");
+                let connection = self.shared.connection().await?;
+                start(&connection, head(), message).await.map_err(status)?
+            }
+            Err(e) => return Err(status(e)),
+        };
+        response.await.map_err(status)
+    }
+
+    /// What a generated stub's request goes through.
     async fn send(self, request: Request<Body>) -> Result<Response<H2Body>, Status> {
         let (parts, body) = request.into_parts();
         let message = read_whole(body).await?;
@@ -118,22 +221,101 @@ impl PluginChannel {
             *head.headers_mut() = parts.headers.clone();
             head
         };
-        let connection = self.shared.connection().await?;
-        let response = match start(&connection, head(), message.clone()).await {
-            Ok(response) => response,
-            Err(e) if connection.is_closed() || e.is_go_away() || e.is_io() => {
-                debug!(endpoint = %self.shared.endpoint, "connection closed; reconnecting");
-                let connection = self.shared.connection().await?;
-                start(&connection, head(), message).await.map_err(status)?
-            }
-            Err(e) => return Err(status(e)),
-        };
-        let response = response.await.map_err(status)?;
+        let response = self.exchange(head, message).await?;
         Ok(response.map(|recv| H2Body {
             recv,
             state: BodyState::Data,
         }))
     }
+}
+
+/// The length of gRPC's message prefix: a compression flag and a 4-byte length.
+const PREFIX: usize = 5;
+/// The largest answer decoded, as tonic's default.
+const MAX_MESSAGE: usize = 4 * 1024 * 1024;
+
+/// `path` as a whole URI, parsed once per path.
+fn path_uri(path: &'static str) -> Result<Uri, Status> {
+    static URIS: OnceLock<Mutex<HashMap<&'static str, Uri>>> = OnceLock::new();
+    let mut uris = URIS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if let Some(uri) = uris.get(path) {
+        return Ok(uri.clone());
+    }
+    let uri = Uri::try_from(format!("http://{AUTHORITY}{path}"))
+        .map_err(|e| Status::internal(format!("{path} is not a valid request path: {e}")))?;
+    uris.insert(path, uri.clone());
+    Ok(uri)
+}
+
+/// `timeout` as gRPC writes it: at most 8 digits and a unit, rounded up.
+fn grpc_timeout(timeout: Duration) -> HeaderValue {
+    const MAX: u128 = 99_999_999;
+    let micros = timeout.as_micros().max(1);
+    let value = if micros <= MAX {
+        format!("{micros}u")
+    } else if micros.div_ceil(1000) <= MAX {
+        format!("{}m", micros.div_ceil(1000))
+    } else {
+        format!("{}S", timeout.as_secs().min(MAX as u64))
+    };
+    HeaderValue::try_from(value).expect("digits and a letter")
+}
+
+/// The gRPC status in `headers`, if there is one: `Ok(())` for OK.
+fn status_of(headers: &HeaderMap) -> Option<Result<(), Status>> {
+    let code = Code::from_bytes(headers.get("grpc-status")?.as_bytes());
+    if code == Code::Ok {
+        return Some(Ok(()));
+    }
+    let message = headers
+        .get("grpc-message")
+        .map(|m| {
+            percent_decode(m.as_bytes())
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+        .unwrap_or_default();
+    Some(Err(Status::new(code, message)))
+}
+
+/// The status of an answer that is not HTTP 200 and has no gRPC status, as gRPC maps them.
+fn http_status(code: StatusCode) -> Status {
+    let grpc = match code {
+        StatusCode::BAD_REQUEST => Code::Internal,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::Unimplemented,
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    Status::new(grpc, format!("the plugin answered HTTP {code}"))
+}
+
+/// Decodes the one message of a unary answer.
+fn decode<Resp: prost::Message + Default>(data: &[u8]) -> Result<Resp, Status> {
+    let Some((head, rest)) = data.split_first_chunk::<PREFIX>() else {
+        return Err(Status::internal("the answer carries no message"));
+    };
+    if head[0] != 0 {
+        // No grpc-accept-encoding was sent, so a plugin must not compress.
+        return Err(Status::internal(
+            "the answer is compressed, which was not offered",
+        ));
+    }
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if rest.len() != len {
+        return Err(Status::internal(format!(
+            "the answer's message is {} bytes where its prefix says {len}",
+            rest.len()
+        )));
+    }
+    Resp::decode(rest).map_err(|e| Status::internal(format!("decoding the answer: {e}")))
 }
 
 /// Opens a stream on `connection` and queues the request's headers and message on it, to go
@@ -318,5 +500,88 @@ impl tower::Service<Request<Body>> for PluginChannel {
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         Box::pin(self.clone().send(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+    use crate::pb;
+
+    #[test]
+    fn deadlines_are_written_in_at_most_eight_digits_and_never_shorter() {
+        let t = |d: Duration| grpc_timeout(d).to_str().expect("ascii").to_owned();
+        assert_eq!(t(Duration::from_secs(2)), "2000000u");
+        assert_eq!(t(Duration::ZERO), "1u");
+        assert_eq!(t(Duration::from_micros(99_999_999)), "99999999u");
+        // Past 8 digits of microseconds, milliseconds rounded up.
+        assert_eq!(t(Duration::from_micros(100_000_001)), "100001m");
+        assert_eq!(t(Duration::from_secs(200_000)), "200000S");
+        assert_eq!(t(Duration::from_secs(u64::MAX)), "99999999S");
+    }
+
+    #[test]
+    fn a_status_is_read_from_grpc_status_and_its_percent_encoded_message() {
+        let mut h = HeaderMap::new();
+        assert!(status_of(&h).is_none());
+        h.insert("grpc-status", HeaderValue::from_static("0"));
+        assert!(matches!(status_of(&h), Some(Ok(()))));
+        h.insert("grpc-status", HeaderValue::from_static("5"));
+        h.insert(
+            "grpc-message",
+            HeaderValue::from_static("volume %22v1%22 not found: 100%25"),
+        );
+        let s = status_of(&h).expect("present").expect_err("not ok");
+        assert_eq!(s.code(), Code::NotFound);
+        assert_eq!(s.message(), "volume \"v1\" not found: 100%");
+        h.insert("grpc-status", HeaderValue::from_static("banana"));
+        let s = status_of(&h).expect("present").expect_err("not ok");
+        assert_eq!(s.code(), Code::Unknown);
+    }
+
+    #[test]
+    fn an_answer_is_one_uncompressed_message_of_the_length_its_prefix_says() {
+        let probe = pb::ProbeResponse { ready: Some(true) };
+        let body = probe.encode_to_vec();
+        let framed = |flag: u8, len: usize, body: &[u8]| {
+            let mut v = vec![flag];
+            v.extend_from_slice(&u32::try_from(len).expect("small").to_be_bytes());
+            v.extend_from_slice(body);
+            v
+        };
+        let ok: pb::ProbeResponse = decode(&framed(0, body.len(), &body)).expect("decodes");
+        assert_eq!(ok, probe);
+        let code = |data: &[u8]| decode::<pb::ProbeResponse>(data).expect_err("bad").code();
+        assert_eq!(code(&[]), Code::Internal, "no message");
+        assert_eq!(
+            code(&framed(1, body.len(), &body)),
+            Code::Internal,
+            "compressed"
+        );
+        assert_eq!(
+            code(&framed(0, body.len() + 1, &body)),
+            Code::Internal,
+            "short"
+        );
+        assert_eq!(
+            code(&framed(0, 2, &[0xff, 0xff])),
+            Code::Internal,
+            "garbage"
+        );
+    }
+
+    #[test]
+    fn http_errors_without_a_grpc_status_map_as_grpc_says() {
+        assert_eq!(
+            http_status(StatusCode::NOT_FOUND).code(),
+            Code::Unimplemented
+        );
+        assert_eq!(
+            http_status(StatusCode::SERVICE_UNAVAILABLE).code(),
+            Code::Unavailable
+        );
+        assert_eq!(http_status(StatusCode::IM_A_TEAPOT).code(), Code::Unknown);
     }
 }
