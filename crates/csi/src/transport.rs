@@ -111,8 +111,11 @@ impl PluginChannel {
     /// Makes one unary call of `path` (e.g. `/csi.v1.Identity/Probe`) and decodes its answer.
     /// `timeout` goes to the plugin as `grpc-timeout`; bounding the wait is the caller's.
     ///
-    /// The codes are gRPC's: a transport failure is `UNAVAILABLE` (or what the reset stream
-    /// said), an answer that ends without a status is `UNKNOWN`, a malformed one `INTERNAL`.
+    /// Codes: a socket that cannot be connected to is `UNAVAILABLE` (with the
+    /// [`EndpointError`](crate::EndpointError) as its source); a stream the plugin reset
+    /// carries its reason's code, and a connection lost mid-call is `UNKNOWN`, as tonic
+    /// reports both; an answer that ends without a status is `UNKNOWN`, a malformed one
+    /// `INTERNAL`.
     pub async fn unary<Req, Resp>(
         &self,
         path: &'static str,
