@@ -308,11 +308,14 @@ impl HealthLoop {
             if self.cancel.is_cancelled() {
                 break;
             }
+            // Whether this check took the fingerprint.
+            let mut fresh = false;
             match check {
                 Check::Ok(fp) => {
                     failures = 0;
                     quick = 0;
                     if let Some(fp) = fp {
+                        fresh = true;
                         fingerprinted = true;
                         self.state.send_modify(|s| s.fingerprint = Some(fp));
                     }
@@ -333,7 +336,14 @@ impl HealthLoop {
                     }
                 }
             }
-            restat = failures > 0 || client.connections() != connections;
+            // A new connection may lead to another plugin process (a socket file recreated
+            // at once can even get the old inode back): fingerprint it before the next probe.
+            let reconnected = client.connections() != connections;
+            restat = failures > 0 || reconnected;
+            let stale = reconnected && failures == 0 && !fresh;
+            if stale {
+                fingerprinted = false;
+            }
             if !self.sockets.is_watching(&self.record.socket) {
                 // The directory may exist now.
                 self.sockets
@@ -341,7 +351,9 @@ impl HealthLoop {
             }
             let now = tokio::time::Instant::now();
             let regular = self.grid.next_after(&key, now);
-            let due = if failures > 0 && socket_id.is_some() && quick > 0 {
+            let due = if stale {
+                now
+            } else if failures > 0 && socket_id.is_some() && quick > 0 {
                 quick -= 1;
                 (now + QUICK_RECHECK_FIRST * 2u32.pow(QUICK_RECHECKS - quick - 1)).min(regular)
             } else {
@@ -459,9 +471,12 @@ impl HealthLoop {
     }
 }
 
-/// The socket file's identity: a new one means the plugin restarted.
-fn socket_identity(path: &std::path::Path) -> Option<(u64, u64)> {
-    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+/// The socket file's identity: a new one means the plugin restarted. The change time is part
+/// of it because a file recreated at once may get the old inode number back.
+fn socket_identity(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
 }
 
 #[cfg(test)]
