@@ -11,12 +11,11 @@
 //! CSI's calls are all unary: a request's message is read whole before it is sent.
 
 use std::{
-    collections::HashMap,
     fmt,
     future::Future,
     pin::Pin,
     sync::{
-        Arc, Mutex, OnceLock,
+        Arc, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll, ready},
@@ -237,20 +236,11 @@ const PREFIX: usize = 5;
 /// The largest answer decoded, as tonic's default.
 const MAX_MESSAGE: usize = 4 * 1024 * 1024;
 
-/// `path` as a whole URI, parsed once per path.
+/// `path` as a whole URI (no copy of the path is made).
 fn path_uri(path: &'static str) -> Result<Uri, Status> {
-    static URIS: OnceLock<Mutex<HashMap<&'static str, Uri>>> = OnceLock::new();
-    let mut uris = URIS
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    if let Some(uri) = uris.get(path) {
-        return Ok(uri.clone());
-    }
-    let uri = Uri::try_from(format!("http://{AUTHORITY}{path}"))
+    let uri = Uri::from_maybe_shared(Bytes::from_static(path.as_bytes()))
         .map_err(|e| Status::internal(format!("{path} is not a valid request path: {e}")))?;
-    uris.insert(path, uri.clone());
-    Ok(uri)
+    with_authority(uri)
 }
 
 /// `timeout` as gRPC writes it: at most 8 digits and a unit, rounded up.
@@ -385,29 +375,8 @@ impl Shared {
 }
 
 /// Reads a request body to its end: the one message of a unary call.
-async fn read_whole(mut body: Body) -> Result<Bytes, Status> {
-    let mut first: Option<Bytes> = None;
-    let mut rest: Option<BytesMut> = None;
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        match (&mut first, &mut rest) {
-            (None, _) => first = Some(data),
-            (Some(f), None) => {
-                let mut joined = BytesMut::from(&f[..]);
-                joined.extend_from_slice(&data);
-                rest = Some(joined);
-            }
-            (Some(_), Some(r)) => r.extend_from_slice(&data),
-        }
-    }
-    Ok(match (first, rest) {
-        (_, Some(r)) => r.freeze(),
-        (Some(f), None) => f,
-        (None, None) => Bytes::new(),
-    })
+async fn read_whole(body: Body) -> Result<Bytes, Status> {
+    Ok(body.collect().await?.to_bytes())
 }
 
 /// Gives a request from a generated stub (which carries only a path) the scheme and authority

@@ -5,7 +5,7 @@
 
 use std::{
     io,
-    path::Path,
+    path::{Path, PathBuf},
     pin::Pin,
     sync::{
         Arc,
@@ -160,6 +160,15 @@ impl Server {
     }
 }
 
+/// A served socket in a fresh directory, and a client of it.
+fn served(manifest_len: usize) -> (tempfile::TempDir, PathBuf, Server, CsiClient) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sock = dir.path().join("p.sock");
+    let server = Server::start(&sock, manifest_len);
+    let client = CsiClient::new(Endpoint::from_path(&sock).expect("endpoint"));
+    (dir, sock, server, client)
+}
+
 /// Polls `cond` every few milliseconds for up to 5 s.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -171,10 +180,7 @@ async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_calls_share_one_connection() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("p.sock");
-    let server = Server::start(&sock, 0);
-    let client = CsiClient::new(Endpoint::from_path(&sock).expect("endpoint"));
+    let (_dir, _sock, server, client) = served(0);
     assert_eq!(
         client.connections(),
         0,
@@ -198,10 +204,7 @@ async fn concurrent_first_calls_share_one_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_restarted_behind_the_same_socket_is_reconnected_to() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("p.sock");
-    let first = Server::start(&sock, 0);
-    let client = CsiClient::new(Endpoint::from_path(&sock).expect("endpoint"));
+    let (_dir, sock, first, client) = served(0);
     assert!(client.probe().await.expect("probe"));
     first.stop().await;
     std::fs::remove_file(&sock).expect("remove the old socket");
@@ -221,10 +224,7 @@ async fn a_plugin_restarted_behind_the_same_socket_is_reconnected_to() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_larger_than_the_flow_control_window_arrives_whole() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("p.sock");
-    let server = Server::start(&sock, BIG);
-    let client = CsiClient::new(Endpoint::from_path(&sock).expect("endpoint"));
+    let (_dir, _sock, server, client) = served(BIG);
     // Several in a row: the window the first answer used up must have been given back.
     for _ in 0..4 {
         let info = client.plugin_info().await.expect("plugin info");
@@ -237,10 +237,7 @@ async fn an_answer_larger_than_the_flow_control_window_arrives_whole() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_client_closes_its_connection() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let sock = dir.path().join("p.sock");
-    let server = Server::start(&sock, 0);
-    let client = CsiClient::new(Endpoint::from_path(&sock).expect("endpoint"));
+    let (_dir, _sock, server, client) = served(0);
     let clone = client.clone();
     assert!(client.probe().await.expect("probe"));
     assert_eq!(server.counters.open.load(Ordering::SeqCst), 1);
