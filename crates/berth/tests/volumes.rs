@@ -819,6 +819,61 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
     }
 }
 
+/// A release writes its node records deferred (no fsync of their own): a kill -9 right after
+/// its unmounts may lose them, and the restarted agent finds the alloc published as before.
+/// Its claim is being released, so recovery unmounts what is left and never mounts the volume
+/// again (no stage or publish after the crash).
+#[tokio::test]
+async fn a_release_killed_after_its_unmounts_is_never_mounted_again() {
+    let mut agent = start().await;
+    for (i, step) in [
+        "NodeUnpublishVolume:after",
+        "NodeUnstageVolume:before",
+        "NodeUnstageVolume:after",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let vol = format!("r{i}");
+        let client = agent.client();
+        create(&client, &vol, "single-node-writer").await;
+        claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
+        let before = volume_calls(&agent).len();
+        let v = vol.clone();
+        crash_at(&mut agent, step, async move |c: &Client| {
+            let _ = c
+                .release_volume(
+                    &v,
+                    &ReleaseRequest {
+                        alloc_id: "a1".into(),
+                    },
+                )
+                .await;
+        })
+        .await;
+        let client = agent.client();
+        berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
+            client
+                .volume(&vol)
+                .await
+                .is_ok_and(|s| s.claims.is_empty() && s.usages.is_empty())
+        });
+        let after: Vec<(String, String)> = volume_calls(&agent).split_off(before);
+        assert!(
+            after.iter().all(|(rpc, _)| !matches!(
+                rpc.as_str(),
+                "NodeStageVolume" | "NodePublishVolume" | "ControllerPublishVolume"
+            )),
+            "{step}: mounted again: {after:?}"
+        );
+        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+            .into_iter()
+            .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
+            .collect();
+        assert!(left.is_empty(), "{step}: leaked {left:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     let mut agent = start().await;

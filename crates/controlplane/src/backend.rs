@@ -41,6 +41,16 @@ pub trait CatalogBackend: Send + Sync + std::fmt::Debug + 'static {
         rec: &'a VolumeRecord,
         version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>>;
+    /// [`CatalogBackend::store`] of a result that a crash may lose, because the intent written
+    /// before it is redone idempotently at recovery: a backend may answer before it is durable,
+    /// as long as its next durable write makes it durable too. The default is `store`.
+    fn store_deferred<'a>(
+        &'a self,
+        rec: &'a VolumeRecord,
+        version: Version,
+    ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
+        self.store(rec, version)
+    }
     /// Removes the record when its version is still `version`.
     fn remove<'a>(
         &'a self,
@@ -74,6 +84,18 @@ impl StoreCatalog {
     }
 }
 
+impl StoreCatalog {
+    async fn put(&self, rec: &VolumeRecord, deferred: bool) -> Result<Written, ControlPlaneError> {
+        let mut b = Batch::new();
+        b.put(Table::VOLUMES, &rec.id, rec);
+        if deferred {
+            b.deferred();
+        }
+        self.store.commit(b).await?;
+        Ok(Written::Done(0))
+    }
+}
+
 impl CatalogBackend for StoreCatalog {
     fn load<'a>(
         &'a self,
@@ -92,12 +114,15 @@ impl CatalogBackend for StoreCatalog {
         rec: &'a VolumeRecord,
         _version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
-        Box::pin(async move {
-            let mut b = Batch::new();
-            b.put(Table::VOLUMES, &rec.id, rec);
-            self.store.commit(b).await?;
-            Ok(Written::Done(0))
-        })
+        Box::pin(self.put(rec, false))
+    }
+
+    fn store_deferred<'a>(
+        &'a self,
+        rec: &'a VolumeRecord,
+        _version: Version,
+    ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
+        Box::pin(self.put(rec, true))
     }
 
     fn remove<'a>(

@@ -284,13 +284,39 @@ impl<C: Controllers> Plane<C> {
     async fn modify<T>(
         &self,
         id: &str,
+        f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
+    ) -> Result<(T, VolumeRecord), ControlPlaneError> {
+        self.modify_as(id, false, f).await
+    }
+
+    /// [`Plane::modify`] of a result that a crash may lose (see
+    /// [`CatalogBackend::store_deferred`]): the intent before it is redone at recovery.
+    async fn modify_deferred<T>(
+        &self,
+        id: &str,
+        f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
+    ) -> Result<(T, VolumeRecord), ControlPlaneError> {
+        self.modify_as(id, true, f).await
+    }
+
+    async fn modify_as<T>(
+        &self,
+        id: &str,
+        deferred: bool,
         mut f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
     ) -> Result<(T, VolumeRecord), ControlPlaneError> {
+        let store = async |rec: &VolumeRecord, version| {
+            if deferred {
+                self.catalog.store_deferred(rec, version).await
+            } else {
+                self.catalog.store(rec, version).await
+            }
+        };
         if let Some((mut rec, version)) = self.catalog.cached_versioned(id) {
             let before = rec.clone();
             if let Ok(out) = f(&mut rec)
                 && rec != before
-                && let Written::Done(_) = self.catalog.store(&rec, version).await?
+                && let Written::Done(_) = store(&rec, version).await?
             {
                 return Ok((out, rec));
             }
@@ -306,7 +332,7 @@ impl<C: Controllers> Plane<C> {
             if rec == before {
                 return Ok((out, rec));
             }
-            match self.catalog.store(&rec, version).await? {
+            match store(&rec, version).await? {
                 Written::Done(_) => return Ok((out, rec)),
                 Written::Changed => {
                     tracing::debug!(
@@ -735,6 +761,9 @@ impl<C: Controllers> Plane<C> {
                 });
             }
         };
+        // Durable: a claim on the node must not find the publication published once this call
+        // may have detached the volume. With the embedded store it also makes the node's
+        // deferred records of the release durable before the controller step.
         let ((), rec) = self
             .modify(volume_id, |r| {
                 if let Some(p) = r.publications.get_mut(node_id) {
@@ -962,8 +991,10 @@ impl<C: Controllers> ControlPlane for Plane<C> {
             .await
             .map_err(|e| self.controller_err(&rec, &req.claim.alloc_id, e))?;
         self.step("ControllerPublishVolume:after");
+        // A crash may lose this result: the publication's intent is durable, and recovery
+        // sends ControllerPublishVolume again (idempotent) before any node step.
         let ((), rec) = self
-            .modify(&req.volume_id, |r| {
+            .modify_deferred(&req.volume_id, |r| {
                 if let Some(p) = r.publications.get_mut(&node_id) {
                     p.state = PublicationState::Published;
                     p.publish_context = context.clone();

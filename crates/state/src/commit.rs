@@ -5,6 +5,15 @@
 //! Each [`Batch`] is still all-or-nothing and durable before its writer is answered; batches of
 //! one group are applied in the order they arrived. A batch that fails is answered with its own
 //! error and does not fail the others of its group (they are committed again without it).
+//!
+//! A [deferred](Batch::deferred) batch is the exception: it is answered once it is written and
+//! readable, without an fsync of its own, and becomes durable with the next durable commit: a
+//! writer's, or the commit thread's own once it has been idle for [`FLUSH_AFTER`] (or has
+//! committed [`MAX_DEFERRED`] deferred transactions in a row, or the store closes).
+//! Transactions are committed in order, so a crash keeps a prefix of them: it may lose the
+//! deferred batches of the last few milliseconds, never a batch that a durable commit
+//! followed. Callers use it for a result that a crash may lose because recovery redoes the
+//! idempotent step after the intent before it.
 
 use std::{
     path::{Path, PathBuf},
@@ -24,12 +33,22 @@ use crate::{StateError, Table, db_err};
 /// Most batches one transaction takes; the rest wait for the next one.
 const MAX_GROUP: usize = 512;
 
+/// Most deferred transactions in a row: the next one is durable, so what a crash may lose (and
+/// what redb holds for the next durable commit) stays bounded.
+const MAX_DEFERRED: u32 = 64;
+
+/// How long deferred writes wait for a durable commit to come: when none has come by then, the
+/// commit thread makes them durable itself, so a crash loses at most this much of them.
+const FLUSH_AFTER: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Changes of any tables, committed together: all of them or none.
 #[derive(Debug, Default)]
 pub struct Batch {
     ops: Vec<Op>,
     /// The first record that did not encode: reported by the commit, which then writes nothing.
     bad: Option<(Table, String, serde_json::Error)>,
+    /// Answered before it is durable (see [`Batch::deferred`]).
+    deferred: bool,
 }
 
 #[derive(Debug)]
@@ -72,6 +91,15 @@ impl Batch {
             table,
             key: key.to_string(),
         });
+        self
+    }
+
+    /// Makes the batch deferred: its commit answers once the batch is written and readable,
+    /// without waiting for an fsync; it is durable once a later durable commit is (at most
+    /// [`FLUSH_AFTER`] later when the store is idle). A crash before that may lose it, with
+    /// every deferred batch after it, never one that a durable commit followed.
+    pub fn deferred(&mut self) -> &mut Self {
+        self.deferred = true;
         self
     }
 
@@ -119,14 +147,34 @@ type HookRef<'a> = Option<&'a (dyn Fn(CommitPoint, &CommitGroup) + Send + Sync)>
 pub(crate) struct Counters {
     submitted: AtomicU64,
     commits: AtomicU64,
+    durable: AtomicU64,
     batches: AtomicU64,
+}
+
+impl Counters {
+    /// Counts a committed transaction of `batches`; `pending` counts the deferred ones since
+    /// the last durable one.
+    fn committed(&self, durability: Durability, batches: usize, pending: &mut u32) {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        self.batches.fetch_add(batches as u64, Ordering::Relaxed);
+        match durability {
+            Durability::Durable => {
+                self.durable.fetch_add(1, Ordering::Relaxed);
+                *pending = 0;
+            }
+            Durability::Deferred => *pending += 1,
+        }
+    }
 }
 
 /// How many transactions the store committed, and how many batches they carried.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CommitStats {
-    /// Transactions committed (each one fsync of the file).
+    /// Transactions committed.
     pub commits: u64,
+    /// Of them, the durable ones (each one fsync of the file); the others held only deferred
+    /// batches.
+    pub durable: u64,
     /// Batches written by them.
     pub batches: u64,
 }
@@ -186,6 +234,7 @@ impl Committer {
     pub(crate) fn stats(&self) -> CommitStats {
         CommitStats {
             commits: self.counters.commits.load(Ordering::Relaxed),
+            durable: self.counters.durable.load(Ordering::Relaxed),
             batches: self.counters.batches.load(Ordering::Relaxed),
         }
     }
@@ -220,7 +269,22 @@ fn run(
     counters: &Counters,
     hook: HookRef<'_>,
 ) {
-    while let Ok(first) = rx.recv() {
+    // Deferred transactions committed since the last durable commit.
+    let mut pending = 0u32;
+    loop {
+        let first = if pending == 0 {
+            rx.recv().map_err(|_| mpsc::RecvTimeoutError::Disconnected)
+        } else {
+            rx.recv_timeout(FLUSH_AFTER)
+        };
+        let first = match first {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                flush(db, path, counters, hook, &mut pending);
+                continue;
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        };
         let mut group = vec![first];
         while group.len() < MAX_GROUP {
             match rx.try_recv() {
@@ -228,7 +292,45 @@ fn run(
                 Err(_) => break,
             }
         }
-        commit_group(db, path, group, counters, hook);
+        commit_group(db, path, group, counters, hook, &mut pending);
+    }
+    // Closed: what was deferred becomes durable now.
+    flush(db, path, counters, hook, &mut pending);
+}
+
+/// Makes the deferred writes durable (one empty durable commit), if there are any.
+fn flush(
+    db: &redb::Database,
+    path: &Path,
+    counters: &Counters,
+    hook: HookRef<'_>,
+    pending: &mut u32,
+) {
+    if *pending == 0 {
+        return;
+    }
+    match write(db, path, &[], hook, Durability::Durable) {
+        Ok(_) => counters.committed(Durability::Durable, 0, pending),
+        Err(e) => tracing::warn!(error = %e, "cannot make deferred writes durable"),
+    }
+}
+
+/// Whether a transaction waits for its fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Durable,
+    Deferred,
+}
+
+impl Durability {
+    /// Durable when any of the batches is, or when `pending` deferred transactions came
+    /// before.
+    fn of(batches: &[&Batch], pending: u32) -> Self {
+        if pending < MAX_DEFERRED && batches.iter().all(|b| b.deferred) {
+            Self::Deferred
+        } else {
+            Self::Durable
+        }
     }
 }
 
@@ -240,6 +342,7 @@ fn commit_group(
     group: Vec<Request>,
     counters: &Counters,
     hook: HookRef<'_>,
+    pending: &mut u32,
 ) {
     let (bad, good): (Vec<Request>, Vec<Request>) =
         group.into_iter().partition(|r| r.batch.bad.is_some());
@@ -256,22 +359,20 @@ fn commit_group(
         return;
     }
     let batches: Vec<&Batch> = good.iter().map(|r| &r.batch).collect();
-    match write(db, path, &batches, hook) {
+    let durability = Durability::of(&batches, *pending);
+    match write(db, path, &batches, hook, durability) {
         Ok(results) => {
-            counters.commits.fetch_add(1, Ordering::Relaxed);
-            counters
-                .batches
-                .fetch_add(good.len() as u64, Ordering::Relaxed);
+            counters.committed(durability, good.len(), pending);
             for (r, res) in good.into_iter().zip(results) {
                 let _ = r.done.send(Ok(res));
             }
         }
         Err(_) if good.len() > 1 => {
             for r in good {
-                let res = write(db, path, &[&r.batch], hook).map(|mut v| v.remove(0));
+                let durability = Durability::of(&[&r.batch], *pending);
+                let res = write(db, path, &[&r.batch], hook, durability).map(|mut v| v.remove(0));
                 if res.is_ok() {
-                    counters.commits.fetch_add(1, Ordering::Relaxed);
-                    counters.batches.fetch_add(1, Ordering::Relaxed);
+                    counters.committed(durability, 1, pending);
                 }
                 let _ = r.done.send(res);
             }
@@ -289,13 +390,19 @@ fn write(
     path: &Path,
     batches: &[&Batch],
     hook: HookRef<'_>,
+    durability: Durability,
 ) -> Result<Vec<Committed>, StateError> {
     let action = || match batches {
+        [] => "make deferred writes durable".to_string(),
         [b] => describe(b),
         _ => format!("commit {} batches together", batches.len()),
     };
     let err = |e: redb::Error| db_err(path, &action(), e);
-    let txn = db.begin_write().map_err(|e| err(e.into()))?;
+    let mut txn = db.begin_write().map_err(|e| err(e.into()))?;
+    if durability == Durability::Deferred {
+        txn.set_durability(redb::Durability::None)
+            .map_err(|e| err(redb::Error::from(e)))?;
+    }
     let mut out = Vec::with_capacity(batches.len());
     for b in batches {
         let mut done = Committed::default();
@@ -315,7 +422,7 @@ fn write(
         }
         out.push(done);
     }
-    let group = hook.map(|_| {
+    let group = hook.filter(|_| !batches.is_empty()).map(|_| {
         let mut tables: Vec<Table> = Vec::new();
         for op in batches.iter().flat_map(|b| &b.ops) {
             let (Op::Put { table, .. } | Op::Delete { table, .. }) = op;

@@ -1,8 +1,9 @@
 //! berth's store: one redb file (`state.redb` in the data dir) holding plain JSON records in
 //! named tables, with a schema version and a migration step.
 //!
-//! Every write is one [`Batch`], all-or-nothing and durable when its call returns: after a crash
-//! the store holds either the old records or the new ones, never a torn one. Callers write a
+//! Every write is one [`Batch`], all-or-nothing and durable when its call returns (a
+//! [deferred](Batch::deferred) one: with the next durable commit): after a crash the store holds
+//! either the old records or the new ones, never a torn one. Callers write a
 //! record before they act and again after. Writes go through one commit thread that commits
 //! the batches waiting together in one transaction (see [`commit`]), so concurrent writers
 //! share fsyncs; async callers wait for it without holding a runtime thread.

@@ -188,11 +188,20 @@ enum Plan {
     },
 }
 
-/// Whether a step writes its result at once, or leaves it to the step that follows, whose
-/// intent (or delete) is then written with it in one commit.
+/// How a step writes its result.
+///
+/// A result may be deferred (see [`Batch::deferred`]) when a crash that loses it leaves the
+/// intent before it, which recovery redoes: every node RPC is idempotent, and a record whose
+/// alloc has no live claim is unpublished, never published again (see
+/// [`VolumeManager::reconcile`]). Intents that come before a mount are durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Save {
+    /// Durable before the call returns.
     Now,
+    /// Written, durable with the next durable commit.
+    Deferred,
+    /// Deferred, or left to the release that follows when the record's last alloc left (the
+    /// release writes or deletes the record next).
     WithNext,
 }
 
@@ -400,16 +409,29 @@ impl VolumeManager {
         if rec.allocs.get(&req.alloc_id) == Some(&PublishState::Published) {
             return Ok(target);
         }
-        if rec.staging.is_some_and(|s| s != StageState::Staged) {
-            // "Staged" is written with the publish intent that follows: one commit less, and a
-            // crash in between finds "staging", which is staged again (NodeStageVolume is
-            // idempotent), as before.
-            self.stage(&ctx, &mut rec, &staging, &req.secrets, Save::WithNext)
-                .await?;
-        }
         rec.allocs
             .insert(req.alloc_id.clone(), PublishState::Publishing);
-        self.save(&ctx, &rec).await?;
+        if rec.staging.is_some_and(|s| s != StageState::Staged) {
+            // One durable intent for both steps ("staging", the alloc "publishing"): a crash
+            // finds it and stages, then publishes, again (both idempotent). "Staged" may be
+            // lost the same way.
+            rec.staging = Some(StageState::Staging);
+            self.save(&ctx, &rec).await?;
+            if let Err(e) = self.send_stage(&ctx, &rec, &staging, &req.secrets).await {
+                // Failed: the alloc leaves the intent, which stays "staging" for the volume
+                // (a crash first leaves both, and recovery redoes both).
+                rec.allocs.remove(&req.alloc_id);
+                if let Err(w) = self.save_as(&ctx, &rec, Save::Deferred).await {
+                    tracing::warn!(volume_id, alloc_id = %req.alloc_id, error = %w,
+                        "cannot take the alloc out of a failed stage's intent");
+                }
+                return Err(e);
+            }
+            rec.staging = Some(StageState::Staged);
+            self.save_as(&ctx, &rec, Save::Deferred).await?;
+        } else {
+            self.save(&ctx, &rec).await?;
+        }
         // The volume is staged and the intent durable: NodePublishVolume of other allocs of the
         // volume (other targets) may run at the same time, so the lock is not held for it.
         drop(_guard);
@@ -430,7 +452,7 @@ impl VolumeManager {
             &rec,
             &req.alloc_id,
             Some(PublishState::Published),
-            Save::Now,
+            Save::Deferred,
         )
         .await?;
         tracing::info!(volume_id, alloc_id = %req.alloc_id, usage = %key, "published");
@@ -466,8 +488,8 @@ impl VolumeManager {
                 now.allocs.remove(alloc_id);
             }
         }
-        if save == Save::Now || !now.allocs.is_empty() {
-            self.save(ctx, &now).await?;
+        if save != Save::WithNext || !now.allocs.is_empty() {
+            self.save_as(ctx, &now, save).await?;
         }
         Ok(now)
     }
@@ -602,7 +624,9 @@ impl VolumeManager {
                             volume_id,
                             usage: rec.usage,
                         };
-                        self.save(&ctx, &rec).await?;
+                        // Deferred: the caller's durable release (or the absence of a claim)
+                        // is what recovery unpublishes by.
+                        self.save_as(&ctx, &rec, Save::Deferred).await?;
                     }
                 }
                 leaving.push(rec);
@@ -777,11 +801,14 @@ impl VolumeManager {
     /// interrupted publishes, stages, unpublishes and unstages are sent again (stages and
     /// publishes with `secrets(volume_id)`, asked at most once per record and only for records
     /// that send one: the agent's catalog holds them); published
-    /// targets or staging dirs that are no longer mounted are mounted again. Unused usages are
-    /// released.
+    /// targets or staging dirs that are no longer mounted are mounted again, except for allocs
+    /// that are `leaving(volume_id, alloc_id)` (their claim is being released, or gone): those
+    /// are unpublished instead, since a release's records are written deferred and a crash may
+    /// have lost them after its unmounts. Unused usages are released.
     pub async fn reconcile(
         &self,
         secrets: &(dyn Fn(&str) -> Secrets + Send + Sync),
+        leaving: &(dyn Fn(&str, &str) -> bool + Send + Sync),
     ) -> ReconcileReport {
         let mut report = ReconcileReport::default();
         let records = match self.records() {
@@ -808,7 +835,7 @@ impl VolumeManager {
             };
             let before = report.actions.len();
             if let Err(e) = self
-                .reconcile_one(rec, secrets, &t, &mut report.actions)
+                .reconcile_one(rec, secrets, leaving, &t, &mut report.actions)
                 .await
             {
                 report.errors.push(e);
@@ -828,6 +855,7 @@ impl VolumeManager {
         &self,
         rec: UsageRecord,
         secrets_of: &(dyn Fn(&str) -> Secrets + Send + Sync),
+        leaving: &(dyn Fn(&str, &str) -> bool + Send + Sync),
         table: &[MountEntry],
         actions: &mut Vec<ReconcileAction>,
     ) -> Result<(), VolumeError> {
@@ -852,19 +880,28 @@ impl VolumeManager {
                 .clone()
         };
 
-        // Interrupted unpublishes first.
+        let mounted = |p: &Path| top_mount_at(table, p).is_some();
+        let target_of = |alloc_id: &str| {
+            self.paths
+                .publish(&volume_id, alloc_id, usage)
+                .map_err(bad_path)
+        };
+        // Interrupted unpublishes first, and allocs that leave (not published and mounted as
+        // recorded: those are left to their release).
         let mut unpublished = false;
-        let leaving: Vec<String> = rec
-            .allocs
-            .iter()
-            .filter(|(_, s)| **s == PublishState::Unpublishing)
-            .map(|(a, _)| a.clone())
-            .collect();
-        for alloc_id in leaving {
-            let target = self
-                .paths
-                .publish(&volume_id, &alloc_id, usage)
-                .map_err(bad_path)?;
+        let mut going: Vec<String> = Vec::new();
+        for (alloc_id, state) in &rec.allocs {
+            let goes = match state {
+                PublishState::Unpublishing => true,
+                PublishState::Published if mounted(&target_of(alloc_id)?) => false,
+                _ => leaving(&volume_id, alloc_id),
+            };
+            if goes {
+                going.push(alloc_id.clone());
+            }
+        }
+        for alloc_id in going {
+            let target = target_of(&alloc_id)?;
             self.unpublish(&ctx, &mut rec, &alloc_id, &target).await?;
             unpublished = true;
             actions.push(ReconcileAction::Unpublished {
@@ -899,7 +936,6 @@ impl VolumeManager {
             return Ok(());
         }
 
-        let mounted = |p: &Path| top_mount_at(table, p).is_some();
         let restage = match rec.staging {
             None => false,
             Some(StageState::Staged) => !mounted(&staging),
@@ -918,10 +954,7 @@ impl VolumeManager {
         let (publish_context, volume_context) =
             (rec.publish_context.clone(), rec.volume_context.clone());
         for (alloc_id, state) in allocs {
-            let target = self
-                .paths
-                .publish(&volume_id, &alloc_id, usage)
-                .map_err(bad_path)?;
+            let target = target_of(&alloc_id)?;
             if state == PublishState::Published && mounted(&target) {
                 actions.push(ReconcileAction::Kept {
                     volume_id: volume_id.clone(),
@@ -962,6 +995,21 @@ impl VolumeManager {
     ) -> Result<(), VolumeError> {
         rec.staging = Some(StageState::Staging);
         self.save(ctx, rec).await?;
+        self.send_stage(ctx, rec, staging, secrets).await?;
+        rec.staging = Some(StageState::Staged);
+        self.save_as(ctx, rec, save).await?;
+        tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
+        Ok(())
+    }
+
+    /// NodeStageVolume of `rec`'s volume at `staging` (made first); no record is written.
+    async fn send_stage(
+        &self,
+        ctx: &Ctx<'_>,
+        rec: &UsageRecord,
+        staging: &Path,
+        secrets: &Secrets,
+    ) -> Result<(), VolumeError> {
         // The CO's duty (CSI, NodeStageVolume): the staging directory exists before the call.
         self.co_dir(ctx, staging)?;
         let usage = rec.full_usage();
@@ -979,11 +1027,6 @@ impl VolumeManager {
             .await
             .map_err(|e| self.csi_err(ctx, None, e))?;
         self.step(StepRpc::NodeStageVolume, Phase::After);
-        rec.staging = Some(StageState::Staged);
-        if save == Save::Now {
-            self.save(ctx, rec).await?;
-        }
-        tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
         Ok(())
     }
 
@@ -1117,7 +1160,7 @@ impl VolumeManager {
         if rec.staging.is_some() && !shared_in_use {
             let staging = self.staging_path(rec)?;
             rec.staging = Some(StageState::Unstaging);
-            self.save(ctx, rec).await?;
+            self.save_as(ctx, rec, Save::Deferred).await?;
             self.step(StepRpc::NodeUnstageVolume, Phase::Before);
             match self
                 .client
@@ -1134,8 +1177,11 @@ impl VolumeManager {
             self.remove_co_path(ctx, &staging, 1);
             tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "unstaged");
         }
+        // Deferred: a crash that loses it finds the record unused (or its alloc without a
+        // claim), which recovery unpublishes and unstages again (`NOT_FOUND` is done). The
+        // controller step that follows a release writes durably first.
         let mut b = Batch::new();
-        b.delete(Table::USAGES, &rec.key());
+        b.delete(Table::USAGES, &rec.key()).deferred();
         self.store
             .commit(b)
             .await
@@ -1224,8 +1270,21 @@ impl VolumeManager {
     /// Writes the record; durable when it returns (the commit may be shared with other
     /// volumes' writes, and the caller's runtime thread is not held while it waits).
     async fn save(&self, ctx: &Ctx<'_>, rec: &UsageRecord) -> Result<(), VolumeError> {
+        self.save_as(ctx, rec, Save::Now).await
+    }
+
+    /// Writes the record, durable when it returns only with [`Save::Now`].
+    async fn save_as(
+        &self,
+        ctx: &Ctx<'_>,
+        rec: &UsageRecord,
+        save: Save,
+    ) -> Result<(), VolumeError> {
         let mut b = Batch::new();
         b.put(Table::USAGES, &rec.key(), rec);
+        if save != Save::Now {
+            b.deferred();
+        }
         self.store
             .commit(b)
             .await

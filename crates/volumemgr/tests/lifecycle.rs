@@ -237,7 +237,7 @@ async fn a_new_manager_on_the_same_store_keeps_the_other_alloc() {
         (t1, t2)
     };
     let mgr = env.manager().await;
-    let report = mgr.reconcile(&no_secrets).await;
+    let report = mgr.reconcile(&no_secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(
         report.actions,
@@ -284,7 +284,7 @@ async fn reconcile_finishes_an_interrupted_publish() {
     };
     env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
     let mgr = env.manager().await;
-    let report = mgr.reconcile(&no_secrets).await;
+    let report = mgr.reconcile(&no_secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(report.actions.len(), 2, "{:?}", report.actions);
     let target = mgr.paths().publish("v", "a1", key).unwrap();
@@ -329,7 +329,7 @@ async fn a_failed_unpublish_stays_pending_until_reconcile_finishes_it() {
     assert!(env.mounted(&target));
 
     env.plugin.set_faults(&[]);
-    let report = mgr.reconcile(&no_secrets).await;
+    let report = mgr.reconcile(&no_secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(
         report.actions,
@@ -636,7 +636,7 @@ async fn reconcile_asks_for_secrets_only_for_what_it_drives_again() {
     env.store.put(Table::USAGES, &rec.key(), &rec).expect("put");
 
     let mgr = env.manager().await;
-    let report = mgr.reconcile(&secrets).await;
+    let report = mgr.reconcile(&secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     // Asked once for the volume it drove again (stage + two publishes), never for the kept one.
     assert_eq!(*asked.lock().unwrap(), ["v"]);
@@ -646,7 +646,7 @@ async fn reconcile_asks_for_secrets_only_for_what_it_drives_again() {
 
     // Everything in place: nothing to drive, nothing asked.
     asked.lock().unwrap().clear();
-    let report = mgr.reconcile(&secrets).await;
+    let report = mgr.reconcile(&secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(
         report
@@ -713,7 +713,7 @@ async fn the_hook_sees_every_step_in_order() {
     env.plugin.set_faults(&[]);
 
     // Reconcile drives the interrupted stage through the same steps.
-    let report = mgr.reconcile(&no_secrets).await;
+    let report = mgr.reconcile(&no_secrets, &|_, _| false).await;
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(
         hook.take(),
@@ -847,7 +847,7 @@ fn futures_are_send() {
     fn check(mgr: &VolumeManager, ext: &ExternalId) {
         send(mgr.mount(req("v", ext, "a", usage(false))));
         send(mgr.unmount("v", "a"));
-        send(mgr.reconcile(&no_secrets));
+        send(mgr.reconcile(&no_secrets, &|_, _| false));
         send(mgr.stats("v", "a"));
         send(mgr.expand("v", CapacityRange::default(), &Secrets::default()));
     }

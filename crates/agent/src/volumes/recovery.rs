@@ -50,7 +50,25 @@ impl Volumes {
                 .unwrap_or_default()
         };
         let started = std::time::Instant::now();
-        let report = plugin.manager.reconcile(&secrets).await;
+        // The claims first: an alloc whose claim is being released (or gone) is unpublished by
+        // the reconcile, never published again. Unreadable claims: every recorded alloc is
+        // mounted as recorded, and nothing is driven.
+        let claims = self.cp.node_claims(&self.node_id);
+        let held: Option<HashSet<(String, String)>> = claims.as_ref().ok().map(|claims| {
+            claims
+                .iter()
+                .flat_map(|(v, recs)| {
+                    recs.iter()
+                        .filter(|c| c.state != ClaimState::Releasing)
+                        .map(|c| (v.id.clone(), c.claim.alloc_id.clone()))
+                })
+                .collect()
+        });
+        let leaving = |volume_id: &str, alloc_id: &str| {
+            held.as_ref()
+                .is_some_and(|h| !h.contains(&(volume_id.to_string(), alloc_id.to_string())))
+        };
+        let report = plugin.manager.reconcile(&secrets, &leaving).await;
         // Allocs the node still publishes, mounted, as recorded: their claims need nothing.
         let mut kept: HashSet<(String, String)> = HashSet::new();
         for a in &report.actions {
@@ -69,7 +87,7 @@ impl Volumes {
         for e in &report.errors {
             tracing::warn!(plugin = plugin_id, error = %error_chain(e), "reconcile failed for a record");
         }
-        let claims = match self.cp.node_claims(&self.node_id) {
+        let claims = match claims {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(error = %e, "cannot read the claims of this node");
