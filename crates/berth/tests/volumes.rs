@@ -781,6 +781,7 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
         let client = agent.client();
         create(&client, &vol, "single-node-writer").await;
         let a = claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
+        let before = volume_calls(&agent).len();
         let v = vol.clone();
         crash_at(&mut agent, step, async move |c: &Client| {
             let _ = c
@@ -816,48 +817,9 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
         let last_cu = seq.iter().rposition(|r| r == "ControllerUnpublishVolume");
         let last_nu = seq.iter().rposition(|r| r == "NodeUnstageVolume");
         assert!(last_cu > last_nu, "{step}: {seq:?}");
-    }
-}
-
-/// A release writes its node records deferred (no fsync of their own): a kill -9 right after
-/// its unmounts may lose them, and the restarted agent finds the alloc published as before.
-/// Its claim is being released, so recovery unmounts what is left and never mounts the volume
-/// again (no stage or publish after the crash).
-#[tokio::test]
-async fn a_release_killed_after_its_unmounts_is_never_mounted_again() {
-    let mut agent = start().await;
-    for (i, step) in [
-        "NodeUnpublishVolume:after",
-        "NodeUnstageVolume:before",
-        "NodeUnstageVolume:after",
-    ]
-    .iter()
-    .enumerate()
-    {
-        let vol = format!("r{i}");
-        let client = agent.client();
-        create(&client, &vol, "single-node-writer").await;
-        claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
-        let before = volume_calls(&agent).len();
-        let v = vol.clone();
-        crash_at(&mut agent, step, async move |c: &Client| {
-            let _ = c
-                .release_volume(
-                    &v,
-                    &ReleaseRequest {
-                        alloc_id: "a1".into(),
-                    },
-                )
-                .await;
-        })
-        .await;
-        let client = agent.client();
-        berth_testkit::assert_eventually!(Duration::from_secs(30), || async {
-            client
-                .volume(&vol)
-                .await
-                .is_ok_and(|s| s.claims.is_empty() && s.usages.is_empty())
-        });
+        // A release's node records are deferred, so a kill -9 after its unmounts may lose them
+        // and the alloc looks published again: its claim is releasing, so recovery unmounts,
+        // never mounts the volume again.
         let after: Vec<(String, String)> = volume_calls(&agent).split_off(before);
         assert!(
             after.iter().all(|(rpc, _)| !matches!(
@@ -866,11 +828,6 @@ async fn a_release_killed_after_its_unmounts_is_never_mounted_again() {
             )),
             "{step}: mounted again: {after:?}"
         );
-        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
-            .into_iter()
-            .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
-            .collect();
-        assert!(left.is_empty(), "{step}: leaked {left:?}");
     }
 }
 

@@ -289,16 +289,8 @@ impl<C: Controllers> Plane<C> {
         self.modify_as(id, false, f).await
     }
 
-    /// [`Plane::modify`] of a result that a crash may lose (see
-    /// [`CatalogBackend::store_deferred`]): the intent before it is redone at recovery.
-    async fn modify_deferred<T>(
-        &self,
-        id: &str,
-        f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
-    ) -> Result<(T, VolumeRecord), ControlPlaneError> {
-        self.modify_as(id, true, f).await
-    }
-
+    /// [`Plane::modify`]; with `deferred`, of a result that a crash may lose (see
+    /// [`CatalogBackend::store_deferred`]) because the intent before it is redone at recovery.
     async fn modify_as<T>(
         &self,
         id: &str,
@@ -994,7 +986,7 @@ impl<C: Controllers> ControlPlane for Plane<C> {
         // A crash may lose this result: the publication's intent is durable, and recovery
         // sends ControllerPublishVolume again (idempotent) before any node step.
         let ((), rec) = self
-            .modify_deferred(&req.volume_id, |r| {
+            .modify_as(&req.volume_id, true, |r| {
                 if let Some(p) = r.publications.get_mut(&node_id) {
                     p.state = PublicationState::Published;
                     p.publish_context = context.clone();
