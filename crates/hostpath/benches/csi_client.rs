@@ -16,8 +16,10 @@
 //! - (d) the cycle of (a) through bare generated stubs over tonic's `Channel`;
 //! - (e) the directory work CSI gives the plugin in a cycle, made by the bench: creating and
 //!   removing the target directory;
-//! - (f) four reads of the mount table, made by the bench: what the plugin reads once per RPC
-//!   to learn what is mounted. (a) − (b) − (e) − (f) is what is left to the plugin itself.
+//! - (f) four reads of the mount table, made by the bench: what the plugin once read per RPC
+//!   to learn what is mounted, before it asked `statx` about each path instead (kept to show
+//!   what that saves; the plugin reads the table now only where `statx` cannot tell).
+//!   (a) − (b) − (e) is what is left to the plugin itself.
 //!
 //! The bench plays a CO that keeps to the CSI spec: it makes each staging directory once, as
 //! the CO must before NodeStageVolume; the target directory is the plugin's to make and remove.

@@ -5,7 +5,8 @@
 //! `<statedir>/snapshots/<id>`. NodeStageVolume bind-mounts the volume directory onto the staging
 //! path, NodePublishVolume bind-mounts the staged path (or the volume directory when staging is
 //! disabled) onto the target path, read-only when asked. Whether something is mounted is always
-//! read from the real mount table. What the plugin knows of its volumes and snapshots is in
+//! asked of the kernel: a `statx` of the path (is it a mount root, and is the volume's directory
+//! its root), and the real mount table when that cannot tell. What the plugin knows of its volumes and snapshots is in
 //! `<statedir>/state.json`, rewritten atomically (and synced) on every change, so it survives
 //! restarts and crashes of the machine. What the node knows of its stagings and publications
 //! (their capabilities, and which directories the plugin made) is appended, one line per change,

@@ -3,8 +3,8 @@
 //! the node's directory (the state directory, or `<statedir>/nodes/<nodeid>` with `--shared`),
 //! apart from `state.json`, because they need no fsync:
 //!
-//! - Whether something is mounted is always read from the mount table; a record only adds what
-//!   the table cannot say (the capability asked for, and who made a directory), and is believed
+//! - Whether something is mounted is always asked of the kernel; a record only adds what the
+//!   kernel cannot say (the capability asked for, and who made a directory), and is believed
 //!   only for a path where the volume is mounted, except for directory ownership.
 //! - Every change is appended with `write(2)` on an `O_APPEND` file before the RPC is answered,
 //!   so it survives a kill of the plugin at any point: the written bytes are the kernel's.

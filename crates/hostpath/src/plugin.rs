@@ -5,13 +5,14 @@ use std::{
     ffi::OsString,
     fmt::Debug,
     future::Future,
+    os::unix::fs::MetadataExt as _,
     path::{Path, PathBuf},
     sync::Arc,
     task::Poll,
 };
 
 use berth_csi::Rpc;
-use berth_sys::{MountEntry, Mounter};
+use berth_sys::{MountEntry, Mounter, PathProbe};
 use tokio::time::{Duration, Instant};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 use tonic::{Request, Response, Status, codegen::http};
@@ -128,9 +129,81 @@ pub(crate) fn parse_grpc_timeout(value: &str) -> Option<Duration> {
 pub(crate) enum MountAt {
     Nothing,
     /// The volume's directory (directly or through its staging mount).
-    Volume(MountEntry),
+    Volume,
     /// Something else.
     Other(MountEntry),
+}
+
+/// One request's view of what is mounted where, as far as volume `id` is concerned. A path is
+/// looked up with one `statx` ([`Mounter::probe`]): nothing mounted there, or the volume's own
+/// directory bound there, is known from that alone. The mount table, which costs far more to
+/// read than any mount call, is read only when the probe cannot tell (another mount, a volume
+/// directory removed since, image backing, a kernel that does not report mount roots), and then
+/// once for the whole view. A view answers for the moment it is read: after a mount call,
+/// take a new one.
+pub(crate) struct MountView<'p> {
+    plugin: &'p Plugin,
+    id: &'p str,
+    /// Device and inode of the volume's directory, once looked up (`None` inside: it is gone).
+    volume_dir: Option<Option<(u64, u64)>>,
+    table: Option<Vec<MountEntry>>,
+}
+
+impl<'p> MountView<'p> {
+    /// The volume the view is for.
+    pub fn id(&self) -> &'p str {
+        self.id
+    }
+
+    /// What is mounted at `path`: the top-most mount there, as mount(2) and umount(2) see it.
+    pub fn at(&mut self, path: &Path) -> Result<MountAt, Status> {
+        match self.plugin.mounter.probe(path).map_err(|e| internal(&e))? {
+            Some(PathProbe::Absent | PathProbe::Plain) => return Ok(MountAt::Nothing),
+            Some(PathProbe::MountRoot { dev, ino })
+                if self.plugin.settings.backing == Backing::Dir
+                    && self.volume_dir()? == Some((dev, ino)) =>
+            {
+                return Ok(MountAt::Volume);
+            }
+            _ => {}
+        }
+        let (plugin, id) = (self.plugin, self.id);
+        Ok(plugin.mount_in(self.table()?, path, id))
+    }
+
+    /// The whole mount table, read once per view.
+    pub fn table(&mut self) -> Result<&[MountEntry], Status> {
+        if self.table.is_none() {
+            self.table = Some(self.plugin.mounts()?);
+        }
+        Ok(self.table.as_deref().unwrap_or_default())
+    }
+
+    /// Forgets the mount table read so far (after a mount call changed it); what the volume's
+    /// directory is stays known.
+    pub fn forget_table(&mut self) {
+        self.table = None;
+    }
+
+    fn volume_dir(&mut self) -> Result<Option<(u64, u64)>, Status> {
+        if let Some(known) = self.volume_dir {
+            return Ok(known);
+        }
+        let path = self.plugin.volume_path(self.id);
+        let known = match std::fs::symlink_metadata(&path) {
+            Ok(m) => Some((m.dev(), m.ino())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(source) => {
+                return Err(internal(&crate::files::FsError {
+                    action: "inspecting",
+                    path,
+                    source,
+                }));
+            }
+        };
+        self.volume_dir = Some(known);
+        Ok(known)
+    }
 }
 
 impl Plugin {
@@ -320,23 +393,28 @@ impl Plugin {
     }
 
     /// The real mount table of this plugin's mount namespace. Reading it costs more than any
-    /// mount call: an RPC reads it once and looks up every path it needs in that copy.
+    /// mount call: an RPC looks paths up through a [`MountView`], which reads it at most once.
     pub fn mounts(&self) -> Result<Vec<MountEntry>, Status> {
         self.mounter.mounts().map_err(|e| internal(&e))
     }
 
-    /// What `table` (from [`mounts`](Self::mounts)) has mounted at `path` (the top-most mount).
-    pub fn mount_in(&self, table: &[MountEntry], path: &Path, id: &str) -> MountAt {
-        match berth_sys::top_mount_at(table, path) {
-            None => MountAt::Nothing,
-            Some(e) if self.is_volume_mount(e, id) => MountAt::Volume(e.clone()),
-            Some(e) => MountAt::Other(e.clone()),
+    /// A fresh view of what is mounted, for lookups concerning volume `id`.
+    pub fn view<'p>(&'p self, id: &'p str) -> MountView<'p> {
+        MountView {
+            plugin: self,
+            id,
+            volume_dir: None,
+            table: None,
         }
     }
 
-    /// What is mounted at `path` (the top-most mount), read from the real mount table.
-    pub fn mount_at(&self, path: &Path, id: &str) -> Result<MountAt, Status> {
-        Ok(self.mount_in(&self.mounts()?, path, id))
+    /// What `table` (from [`mounts`](Self::mounts)) has mounted at `path` (the top-most mount).
+    fn mount_in(&self, table: &[MountEntry], path: &Path, id: &str) -> MountAt {
+        match berth_sys::top_mount_at(table, path) {
+            None => MountAt::Nothing,
+            Some(e) if self.is_volume_mount(e, id) => MountAt::Volume,
+            Some(e) => MountAt::Other(e.clone()),
+        }
     }
 
     /// Every mount of volume `id` in this plugin's mount namespace.

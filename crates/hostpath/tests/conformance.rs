@@ -1497,6 +1497,77 @@ async fn unstage_keeps_a_staging_dir_it_did_not_create() {
     assert!(staging.is_dir(), "the CO's directory stays");
 }
 
+/// Runs `mount <args>` in the plugin's mount namespace.
+fn mount_in_plugin_ns(plugin: &HostpathPlugin, args: &[&std::ffi::OsStr]) {
+    let out = std::process::Command::new("nsenter")
+        .args([
+            "--target",
+            &plugin.pid().to_string(),
+            "--mount",
+            "--",
+            "mount",
+        ])
+        .args(args)
+        .output()
+        .expect("running nsenter (util-linux)");
+    assert!(
+        out.status.success(),
+        "mount {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test]
+async fn unpublish_takes_every_stacked_mount_of_the_volume_and_publish_refuses_a_foreign_one() {
+    let plugin = HostpathPlugin::builder().attach(false).spawn().await;
+    let mut c = clients(&plugin).await;
+    let id = create(&mut c, "v").await.volume_id;
+    let staging = plugin.tmp().join("staging");
+    let target = plugin.tmp().join("target");
+    ok(c.node
+        .node_stage_volume(stage_req(&id, &staging, rw()))
+        .await);
+    ok(c.node
+        .node_publish_volume(node_publish_req(&id, Some(&staging), &target, rw(), false))
+        .await);
+    // Two more binds of the volume stacked on the plugin's own.
+    for _ in 0..2 {
+        mount_in_plugin_ns(
+            &plugin,
+            &["--bind".as_ref(), staging.as_ref(), target.as_ref()],
+        );
+    }
+    assert_eq!(mounts_at(&plugin, &target).len(), 3);
+    ok(c.node
+        .node_unpublish_volume(node_unpublish_req(&id, &target))
+        .await);
+    assert_not_mounted(&plugin, &target);
+    assert!(!target.exists(), "the plugin's target directory goes");
+
+    // Something else mounted at the target: publish refuses it and leaves it.
+    fs::create_dir(&target).expect("mkdir");
+    mount_in_plugin_ns(
+        &plugin,
+        &[
+            "-t".as_ref(),
+            "tmpfs".as_ref(),
+            "x".as_ref(),
+            target.as_ref(),
+        ],
+    );
+    let message = fails(
+        c.node
+            .node_publish_volume(node_publish_req(&id, Some(&staging), &target, rw(), false))
+            .await,
+        Code::FailedPrecondition,
+    );
+    assert!(message.contains("another mount (tmpfs)"), "{message}");
+    let at = mounts_at(&plugin, &target);
+    assert_eq!(at.len(), 1, "{at:#?}");
+    assert_eq!(at[0].fs_type, "tmpfs");
+    assert_mounted(&plugin, &staging, &id, false);
+}
+
 #[tokio::test]
 async fn reader_only_access_modes_mount_read_only() {
     let plugin = HostpathPlugin::builder().attach(false).spawn().await;

@@ -24,8 +24,8 @@ pub use fs::{
 };
 pub use ids::{IdRule, InvalidId, MAX_SEGMENT_LEN, is_unprintable, validate_path_segment};
 pub use mount::{
-    LinuxMounter, MountCall, MountEntry, MountError, Mounter, RecordingMounter, containing_mount,
-    ensure_shared_mount, top_mount_at, unmount_all_under,
+    LinuxMounter, MountCall, MountEntry, MountError, Mounter, PathProbe, RecordingMounter,
+    containing_mount, ensure_shared_mount, top_mount_at, unmount_all_under,
 };
 pub use mountinfo::{MountinfoError, parse_mountinfo, read_mountinfo};
 /// The errno type of mount errors, re-exported so callers need not depend on `nix`.

@@ -103,6 +103,15 @@ pub enum MountError {
         #[source]
         errno: Errno,
     },
+    /// `statx` of a path failed (for another reason than its absence).
+    #[error("inspecting {}", path.display())]
+    Probe {
+        /// The path.
+        path: PathBuf,
+        /// The errno of the syscall.
+        #[source]
+        errno: Errno,
+    },
     /// The mount table could not be read.
     #[error("reading the mount table {}", path.display())]
     ReadMountinfo {
@@ -217,6 +226,32 @@ pub trait Mounter: Send + Sync + fmt::Debug {
     fn mount_at(&self, path: &Path) -> Result<Option<MountEntry>, MountError> {
         Ok(top_mount_at(&self.mounts()?, path).cloned())
     }
+
+    /// What path resolution finds at `path` (a final symlink is not followed), from one
+    /// `statx` and without the mount table; `None` when this mounter or the kernel cannot
+    /// tell whether it is the root of a mount (callers then read the table). The answer is
+    /// the one mount(2) and umount(2) act on: the top-most mount at `path`, reached through
+    /// the mounts and symlinks of its parents.
+    fn probe(&self, _path: &Path) -> Result<Option<PathProbe>, MountError> {
+        Ok(None)
+    }
+}
+
+/// What is at a path, as [`Mounter::probe`] finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathProbe {
+    /// Nothing is there.
+    Absent,
+    /// Something that is not the root of a mount.
+    Plain,
+    /// The root of a mount: the top-most one mounted there, whose root is the file `ino` on the
+    /// device `dev` (for a bind mount, the directory that was bound).
+    MountRoot {
+        /// Device of the mount's filesystem, as `st_dev`.
+        dev: u64,
+        /// Inode of the mount's root, as `st_ino`.
+        ino: u64,
+    },
 }
 
 /// The top-most entry of `entries` mounted at `path`: of the entries whose mount point equals
@@ -381,6 +416,32 @@ impl Mounter for LinuxMounter {
 
     fn mounts(&self) -> Result<Vec<MountEntry>, MountError> {
         read_mountinfo(Path::new(Self::MOUNTINFO))
+    }
+
+    fn probe(&self, path: &Path) -> Result<Option<PathProbe>, MountError> {
+        use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags, makedev, statx};
+        let st = match statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::INO) {
+            Ok(st) => st,
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR) => {
+                return Ok(Some(PathProbe::Absent));
+            }
+            Err(e) => {
+                return Err(MountError::Probe {
+                    path: path.to_path_buf(),
+                    errno: Errno::from_raw(e.raw_os_error()),
+                });
+            }
+        };
+        if !st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT) {
+            return Ok(None);
+        }
+        if !st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT) {
+            return Ok(Some(PathProbe::Plain));
+        }
+        Ok(Some(PathProbe::MountRoot {
+            dev: makedev(st.stx_dev_major, st.stx_dev_minor),
+            ino: st.stx_ino,
+        }))
     }
 }
 
@@ -1140,6 +1201,59 @@ mod linux_tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn probe_sees_the_top_mount_at_a_path_without_the_table() {
+        const NAME: &str =
+            "mount::linux_tests::probe_sees_the_top_mount_at_a_path_without_the_table";
+        if std::env::var_os(IN_NS).is_none() {
+            return rerun_in_private_ns(NAME);
+        }
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (a, b, at) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("at"),
+        );
+        for d in [&a, &b, &at] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&at, &link).expect("symlink");
+        let root_of = |p: &Path| {
+            let m = fs::metadata(p).expect("stat");
+            Some(PathProbe::MountRoot {
+                dev: m.dev(),
+                ino: m.ino(),
+            })
+        };
+        let (root_a, root_b) = (root_of(&a), root_of(&b));
+        let m = LinuxMounter;
+
+        assert_eq!(m.probe(&at).expect("probe"), Some(PathProbe::Plain));
+        assert_eq!(
+            m.probe(&dir.path().join("missing/x")).expect("probe"),
+            Some(PathProbe::Absent)
+        );
+        m.bind(&a, &at, false).expect("bind a");
+        assert_eq!(m.probe(&at).expect("probe"), root_a);
+        // A final symlink is not followed: the link itself is no mount.
+        assert_eq!(m.probe(&link).expect("probe"), Some(PathProbe::Plain));
+        // Stacked: the top-most mount is the one seen, as umount(2) would take it.
+        m.bind(&b, &at, true).expect("bind b");
+        assert_eq!(m.probe(&at).expect("probe"), root_b);
+        m.unmount(&at).expect("unmount b");
+        assert_eq!(m.probe(&at).expect("probe"), root_a);
+        // The table agrees with each answer.
+        let top = m.mount_at(&at).expect("table").expect("mounted");
+        assert!(top.root.ends_with("a"), "{top:?}");
+        m.unmount(&at).expect("unmount a");
+        assert_eq!(m.probe(&at).expect("probe"), Some(PathProbe::Plain));
+        assert_eq!(m.mount_at(&at).expect("table"), None);
+        // The fake cannot tell: its callers read its table.
+        assert_eq!(RecordingMounter::new().probe(&at).expect("probe"), None);
     }
 
     #[test]

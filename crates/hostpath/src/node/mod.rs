@@ -11,7 +11,7 @@ use berth_csi::pb::{
     self, NodeServiceCapability,
     node_service_capability::{self, rpc},
 };
-use berth_sys::{MountEntry, MountError};
+use berth_sys::MountError;
 use tonic::Status;
 
 use crate::{
@@ -161,19 +161,22 @@ impl Plugin {
         Ok(())
     }
 
-    /// Whether `mount`, an unrecorded mount of volume `id` at `field` = `path`, may be adopted
-    /// for a request that wants a mount with `read_only`. A writable mount where a read-only
-    /// one is wanted (left, for one, by a bind whose read-only remount could not be undone) is
-    /// never adopted: it is unmounted, and `false` tells the caller to mount afresh.
+    /// Whether the unrecorded mount of volume `id` at `field` = `path` may be adopted for a
+    /// request that wants a mount with `read_only`. A writable mount where a read-only one is
+    /// wanted (left, for one, by a bind whose read-only remount could not be undone) is never
+    /// adopted: it is unmounted, and `false` tells the caller to mount afresh.
     fn adoptable(
         &self,
         path: &Path,
         field: &str,
         id: &str,
-        mount: &MountEntry,
         read_only: bool,
     ) -> Result<bool, Status> {
-        if mount.read_only || !read_only {
+        if !read_only {
+            return Ok(true);
+        }
+        let table = self.mounts()?;
+        if berth_sys::top_mount_at(&table, path).is_some_and(|m| m.read_only) {
             return Ok(true);
         }
         tracing::warn!(
@@ -193,31 +196,22 @@ impl Plugin {
 
     /// Unmounts every mount of volume `id` stacked at `path`. Returns whether `path` is free of
     /// mounts afterwards (false when something else is mounted there, which is left alone).
-    /// The mount table is read again only when the copy read before an unmount had another
-    /// mount at `path`, or the mount was gone already.
+    /// What is at `path` is looked up afresh before each unmount.
     fn unmount_volume_at(&self, path: &Path, id: &str) -> Result<bool, Status> {
-        let mut table = self.mounts()?;
+        let mut view = self.view(id);
         for _ in 0..MAX_STACKED_MOUNTS {
-            let top = match self.mount_in(&table, path, id) {
+            view.forget_table();
+            match view.at(path)? {
                 MountAt::Nothing => return Ok(true),
                 MountAt::Other(_) => return Ok(false),
-                MountAt::Volume(top) => top,
-            };
-            let unmounted = match self.mounter.unmount(path) {
-                Ok(()) => {
-                    tracing::debug!(path = %path.display(), "unmounted");
-                    true
-                }
-                Err(e) if e.is_not_mounted() => false,
-                Err(e) => return Err(internal(&e)),
-            };
-            let stacked = table
-                .iter()
-                .any(|e| e.mount_point == path && e.mount_id != top.mount_id);
-            if unmounted && !stacked {
-                return Ok(true);
+                MountAt::Volume => {}
             }
-            table = self.mounts()?;
+            match self.mounter.unmount(path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "unmounted"),
+                // Gone in the meantime: the next look says what is left.
+                Err(e) if e.is_not_mounted() => {}
+                Err(e) => return Err(internal(&e)),
+            }
         }
         Err(Status::internal(format!(
             "more than {MAX_STACKED_MOUNTS} mounts of volume {id} are stacked at {}",
@@ -252,8 +246,8 @@ impl Plugin {
             return Ok(());
         }
         let path = caps::node_path(value, "staging_target_path")?;
-        match self.mount_at(&path, id)? {
-            MountAt::Volume(_) => Ok(()),
+        match self.view(id).at(&path)? {
+            MountAt::Volume => Ok(()),
             _ => Err(Status::failed_precondition(format!(
                 "volume {id} is not staged at staging_target_path {}: the CO must stage it \
                  there first (refused in strict mode)",
@@ -264,8 +258,8 @@ impl Plugin {
 
     /// The volume's mount at `field` = `path`, or `NOT_FOUND`.
     fn require_mounted(&self, id: &str, path: &Path, field: &str) -> Result<(), Status> {
-        match self.mount_at(path, id)? {
-            MountAt::Volume(_) => Ok(()),
+        match self.view(id).at(path)? {
+            MountAt::Volume => Ok(()),
             _ => Err(Status::not_found(format!(
                 "volume {id} is not staged or published at {field} {}",
                 path.display()

@@ -3,7 +3,6 @@
 use std::{fs, io, path::Path};
 
 use berth_csi::pb;
-use berth_sys::MountEntry;
 use tonic::{Code, Status};
 
 use super::{bind_failed, remove_empty_dir};
@@ -13,7 +12,7 @@ use crate::{
     files,
     locks::volume_key,
     nodestate::NodeRecords,
-    plugin::{MountAt, Plugin},
+    plugin::{MountAt, MountView, Plugin},
     state::{Capability, NodePublication},
     strict,
 };
@@ -60,10 +59,10 @@ impl Plugin {
             strict::volume_context(&req.volume_context)?;
         }
         let records = self.node.get(id).await;
-        let table = self.mounts()?;
+        let mut view = self.view(id);
         let source = match &staging {
-            Some(path) => match self.mount_in(&table, path, id) {
-                MountAt::Volume(_) => path.clone(),
+            Some(path) => match view.at(path)? {
+                MountAt::Volume => path.clone(),
                 _ => {
                     return Err(Status::failed_precondition(format!(
                         "volume {id} is not staged at {}; call NodeStageVolume first",
@@ -82,8 +81,8 @@ impl Plugin {
             staging_path: staging.clone(),
         };
         let read_only = req.readonly || caps::reader_only(&capability);
-        match self.mount_in(&table, &target, id) {
-            MountAt::Volume(mount) => match records.published.get(&target) {
+        match view.at(&target)? {
+            MountAt::Volume => match records.published.get(&target) {
                 Some(p) if *p == wanted => return Ok(pb::NodePublishVolumeResponse {}),
                 Some(p) => {
                     return Err(Status::already_exists(format!(
@@ -97,7 +96,7 @@ impl Plugin {
                 None => {
                     // Mounted but not recorded (the record was lost): adopt the mount if it
                     // is what is asked for.
-                    if self.adoptable(&target, "target_path", id, &mount, read_only)? {
+                    if self.adoptable(&target, "target_path", id, read_only)? {
                         self.record_publication(id, &target, wanted).await?;
                         return Ok(pb::NodePublishVolumeResponse {});
                     }
@@ -112,9 +111,9 @@ impl Plugin {
             }
             MountAt::Nothing => {}
         }
-        self.check_other_targets(&table, id, &records, &target, &capability)?;
+        self.check_other_targets(&mut view, &records, &target, &capability)?;
         if self.settings.strict {
-            self.require_same_capability(&table, id, &records, &target, &capability)?;
+            self.require_same_capability(&mut view, &records, &target, &capability)?;
             strict::target_parent(&target)?;
         }
         let created = self.make_target(id, &records, &target, &wanted).await?;
@@ -200,8 +199,7 @@ impl Plugin {
     /// capability (and the plugin to answer `FAILED_PRECONDITION` if it does).
     fn require_same_capability(
         &self,
-        table: &[MountEntry],
-        id: &str,
+        view: &mut MountView<'_>,
         records: &NodeRecords,
         target: &Path,
         capability: &Capability,
@@ -211,11 +209,12 @@ impl Plugin {
             .iter()
             .filter(|(t, p)| t.as_path() != target && p.capability != *capability);
         for (other, p) in others {
-            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
+            if matches!(view.at(other)?, MountAt::Volume) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {id} is published at {} with access mode {} and fs_type {:?}: the CSI \
+                    "volume {} is published at {} with access mode {} and fs_type {:?}: the CSI \
                      spec asks the CO not to publish it again with another volume_capability \
                      (refused in strict mode)",
+                    view.id(),
                     other.display(),
                     p.capability.access_mode,
                     p.capability.fs_type
@@ -229,8 +228,7 @@ impl Plugin {
     /// existing publication is SINGLE_NODE_SINGLE_WRITER.
     pub(super) fn check_other_targets(
         &self,
-        table: &[MountEntry],
-        id: &str,
+        view: &mut MountView<'_>,
         records: &NodeRecords,
         target: &Path,
         capability: &Capability,
@@ -243,10 +241,11 @@ impl Plugin {
             if !caps::single_target(capability) && !caps::single_target(&p.capability) {
                 continue;
             }
-            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
+            if matches!(view.at(other)?, MountAt::Volume) {
                 return Err(Status::failed_precondition(format!(
-                    "volume {id} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
+                    "volume {} is already published at {} and SINGLE_NODE_SINGLE_WRITER allows \
                      one target path per node",
+                    view.id(),
                     other.display(),
                 )));
             }

@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use berth_csi::pb;
-use berth_sys::MountEntry;
 use tonic::{Code, Status};
 
 use super::{bind_failed, ensure_dir, existing_dir, remove_empty_dir};
@@ -13,7 +12,7 @@ use crate::{
     image,
     locks::volume_key,
     nodestate::NodeRecords,
-    plugin::{MountAt, Plugin, blocking},
+    plugin::{MountAt, MountView, Plugin, blocking},
     state::{Staging, VolumeRecord},
     strict,
 };
@@ -55,9 +54,9 @@ impl Plugin {
         let records = self.node.get(id).await;
         let record = records.staged.get(&staging);
         let read_only = caps::reader_only(&capability);
-        let table = self.mounts()?;
-        match self.mount_in(&table, &staging, id) {
-            MountAt::Volume(mount) => match record {
+        let mut view = self.view(id);
+        match view.at(&staging)? {
+            MountAt::Volume => match record {
                 Some(s) if s.capability == capability => {
                     return Ok(pb::NodeStageVolumeResponse {});
                 }
@@ -71,7 +70,7 @@ impl Plugin {
                 None => {
                     // Mounted but not recorded (the record was lost): adopt the mount if it
                     // is what is asked for.
-                    if self.adoptable(&staging, "staging_target_path", id, &mount, read_only)? {
+                    if self.adoptable(&staging, "staging_target_path", id, read_only)? {
                         self.record_staging(id, &staging, capability, false).await?;
                         return Ok(pb::NodeStageVolumeResponse {});
                     }
@@ -90,7 +89,7 @@ impl Plugin {
             Backing::Dir => {
                 let created = if self.settings.strict {
                     strict::staging_dir(&staging)?;
-                    self.require_one_staging_path(&table, id, &records, &staging)?;
+                    self.require_one_staging_path(&mut view, &records, &staging)?;
                     false
                 } else {
                     ensure_dir(&staging, "staging_target_path")?
@@ -105,7 +104,7 @@ impl Plugin {
             }
             Backing::Image => {
                 let flags = caps::mount_flags(req.volume_capability.as_ref());
-                self.mount_image_at(&v, &records, &table, &staging, flags, read_only)
+                self.mount_image_at(&v, &records, &mut view, &staging, flags, read_only)
                     .await?;
                 false
             }
@@ -125,18 +124,22 @@ impl Plugin {
         &self,
         v: &VolumeRecord,
         records: &NodeRecords,
-        table: &[MountEntry],
+        view: &mut MountView<'_>,
         staging: &Path,
         flags: &[String],
         read_only: bool,
     ) -> Result<(), Status> {
         if self.settings.strict {
             strict::staging_dir(staging)?;
-            self.require_one_staging_path(table, &v.id, records, staging)?;
+            self.require_one_staging_path(view, records, staging)?;
         } else {
             existing_dir(staging, "staging_target_path")?;
         }
-        if let Some(m) = table.iter().find(|e| self.is_volume_mount(e, &v.id)) {
+        if let Some(m) = view
+            .table()?
+            .iter()
+            .find(|e| self.is_volume_mount(e, &v.id))
+        {
             return Err(Status::failed_precondition(format!(
                 "volume {} is still mounted at {}: its image is mounted from one place at a \
                  time; unpublish and unstage it there first",
@@ -158,13 +161,13 @@ impl Plugin {
     /// that is still staged at another path is refused (`FAILED_PRECONDITION`).
     fn require_one_staging_path(
         &self,
-        table: &[MountEntry],
-        id: &str,
+        view: &mut MountView<'_>,
         records: &NodeRecords,
         staging: &Path,
     ) -> Result<(), Status> {
+        let id = view.id();
         for other in records.staged.keys().filter(|p| p.as_path() != staging) {
-            if matches!(self.mount_in(table, other, id), MountAt::Volume(_)) {
+            if matches!(view.at(other)?, MountAt::Volume) {
                 return Err(Status::failed_precondition(format!(
                     "volume {id} is still staged at {}: the CSI spec makes the CO keep one \
                      staging_target_path per volume; unstage it there first (refused in strict \
@@ -192,9 +195,9 @@ impl Plugin {
         if from_here.peek().is_none() {
             return Ok(());
         }
-        let table = self.mounts()?;
+        let mut view = self.view(id);
         for (target, _) in from_here {
-            if matches!(self.mount_in(&table, target, id), MountAt::Volume(_)) {
+            if matches!(view.at(target)?, MountAt::Volume) {
                 return Err(Status::failed_precondition(format!(
                     "volume {id} is still published at {}: the CSI spec makes the CO call \
                      NodeUnpublishVolume for every target before NodeUnstageVolume (refused in \
