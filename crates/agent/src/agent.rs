@@ -350,6 +350,7 @@ impl Agent {
             Arc::clone(&events),
             Arc::clone(&metrics),
             Arc::new(SocketWatcher::new()),
+            Arc::clone(&store),
             opts.health,
         ));
         let tasks = TaskTracker::new();
@@ -476,6 +477,15 @@ impl Agent {
             Vec::new(),
             serde_json::json!({ "Node": { "ID": agent.node_id, "Name": node_name, "Status": "ready" } }),
         );
+        // The plugins this agent runs itself start afresh (left-over copies are stopped): what
+        // was kept of their last fingerprint is not theirs.
+        let restarted: Vec<(String, String)> = opts
+            .plugins
+            .iter()
+            .filter(|p| matches!(p.run, PluginRun::Command { .. }))
+            .map(|p| (p.id.clone(), "config".to_string()))
+            .collect();
+        agent.manager.forget_fingerprints(&restarted).await;
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
         tasks.spawn(crate::identity::rotate(
             agent.signer.clone(),

@@ -12,6 +12,11 @@
 //! [`PROBE_SLOTS`] slots spread over the interval, picked from the instance's name. Probes of
 //! the same slot fall due together and the runtime handles them in one wake-up, instead of
 //! waking once per plugin: with a thousand plugins that is most of the agent's idle CPU.
+//!
+//! Each fingerprint is kept in the store with the identity of the socket it came through. A
+//! restarted agent whose plugin lives on behind the same socket file takes it from there,
+//! counts the instance healthy as it was, and sends nothing until the loop's first regular
+//! probe; that probe failing turns it unhealthy at once (it was not seen healthy since).
 
 use std::{
     collections::HashMap,
@@ -23,6 +28,8 @@ use std::{
 
 use berth_api::{EventKind, Fingerprint, Health};
 use berth_csi::{CsiClient, CsiError, Endpoint, Rpc};
+use berth_state::{Batch, Store, Table};
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
@@ -45,6 +52,24 @@ const QUICK_RECHECK_FIRST: Duration = Duration::from_millis(10);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Instants per interval at which probes fall due (see the module docs).
 pub const PROBE_SLOTS: u32 = 4;
+/// Health description of an instance whose fingerprint a restarted agent took from the store.
+const CARRIED_OVER: &str = "healthy before the agent restarted, behind the same socket; not \
+                            probed since";
+
+/// What identifies a socket file: see [`socket_identity`].
+type SocketId = (u64, u64, i64, i64);
+
+/// A fingerprint as the store keeps it: with the socket it was taken through.
+#[derive(Debug, Serialize, Deserialize)]
+struct KnownFingerprint {
+    socket: SocketId,
+    fingerprint: Fingerprint,
+}
+
+/// The store key of an instance's fingerprint.
+fn fingerprint_key(id: &str, instance: &str) -> String {
+    format!("{id}/{instance}")
+}
 
 /// The node-wide probe grid: when each loop's next regular check falls due.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +135,7 @@ pub struct Manager {
     events: Arc<EventBus>,
     metrics: Arc<Metrics>,
     sockets: Arc<SocketWatcher>,
+    store: Arc<Store>,
     health: HealthConfig,
     grid: ProbeGrid,
     monitors: Mutex<HashMap<(String, String), Monitor>>,
@@ -131,6 +157,7 @@ impl Manager {
         events: Arc<EventBus>,
         metrics: Arc<Metrics>,
         sockets: Arc<SocketWatcher>,
+        store: Arc<Store>,
         health: HealthConfig,
     ) -> Self {
         Self {
@@ -138,6 +165,7 @@ impl Manager {
             events,
             metrics,
             sockets,
+            store,
             health,
             grid: ProbeGrid {
                 epoch: tokio::time::Instant::now(),
@@ -153,7 +181,9 @@ impl Manager {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         // Subscribe before reading the list, so nothing registered in between is missed.
         let mut changes = self.registry.subscribe();
-        for record in self.registry.list() {
+        let records = self.registry.list();
+        self.forget_unregistered(&records).await;
+        for record in records {
             self.start(record, &shutdown);
         }
         loop {
@@ -179,6 +209,37 @@ impl Manager {
         self.lock()
             .get(&(id.to_string(), instance.to_string()))
             .map(|m| m.state.borrow().clone())
+    }
+
+    /// Drops the kept fingerprints of these instances (`(plugin id, instance)`); before
+    /// [`Manager::run`], so that their loops ask the plugins afresh.
+    pub async fn forget_fingerprints(&self, instances: &[(String, String)]) {
+        let mut batch = Batch::new();
+        for (id, instance) in instances {
+            batch.delete(Table::FINGERPRINTS, &fingerprint_key(id, instance));
+        }
+        batch.deferred();
+        if let Err(e) = self.store.commit(batch).await {
+            tracing::warn!(error = %e, "cannot drop kept fingerprints");
+        }
+    }
+
+    /// Drops the kept fingerprints of instances that are not registered any more.
+    async fn forget_unregistered(&self, records: &[PluginRecord]) {
+        let live: std::collections::HashSet<String> = records
+            .iter()
+            .map(|r| fingerprint_key(&r.id, &r.instance))
+            .collect();
+        let mut batch = Batch::new();
+        for key in self.store.keys(Table::FINGERPRINTS).unwrap_or_default() {
+            if !live.contains(&key) {
+                batch.delete(Table::FINGERPRINTS, &key);
+            }
+        }
+        batch.deferred();
+        if let Err(e) = self.store.commit(batch).await {
+            tracing::warn!(error = %e, "cannot drop the fingerprints of unregistered plugins");
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Monitor>> {
@@ -222,6 +283,7 @@ impl Manager {
             events: Arc::clone(&self.events),
             metrics: Arc::clone(&self.metrics),
             sockets: Arc::clone(&self.sockets),
+            store: Arc::clone(&self.store),
             health: self.health,
             grid: self.grid,
             state: tx,
@@ -245,6 +307,15 @@ impl Manager {
             m.cancel.cancel();
         }
         self.metrics.remove_instance(id, instance);
+        let store = Arc::clone(&self.store);
+        let key = fingerprint_key(id, instance);
+        self.tasks.spawn(async move {
+            let mut batch = Batch::new();
+            batch.delete(Table::FINGERPRINTS, &key).deferred();
+            if let Err(e) = store.commit(batch).await {
+                tracing::warn!(error = %e, key, "cannot drop a deregistered plugin's fingerprint");
+            }
+        });
     }
 }
 
@@ -253,6 +324,7 @@ struct HealthLoop {
     events: Arc<EventBus>,
     metrics: Arc<Metrics>,
     sockets: Arc<SocketWatcher>,
+    store: Arc<Store>,
     health: HealthConfig,
     grid: ProbeGrid,
     state: watch::Sender<InstanceState>,
@@ -288,7 +360,32 @@ impl HealthLoop {
         // start, after the watcher woke the loop or a check failed, and after the client had
         // to open a new connection (the old one ended). Otherwise the file is left alone.
         let mut restat = true;
+        // A fingerprint kept from before the agent restarted, behind this very socket: taken
+        // as is, and the first check waits for the loop's slot.
+        let mut carried = false;
+        let mut first_due = None;
+        if let Some(known) = self.kept_fingerprint()
+            && Some(known.socket) == socket_identity(&self.record.socket)
+        {
+            tracing::debug!("fingerprint kept from before the restart; socket unchanged");
+            socket_id = Some(known.socket);
+            fingerprinted = true;
+            restat = false;
+            carried = true;
+            self.state
+                .send_modify(|s| s.fingerprint = Some(known.fingerprint));
+            self.transition(true, CARRIED_OVER.into());
+            first_due = Some(self.grid.next_after(&key, tokio::time::Instant::now()));
+        }
         loop {
+            if let Some(due) = first_due.take() {
+                tokio::select! {
+                    biased;
+                    () = self.cancel.cancelled() => break,
+                    () = tokio::time::sleep_until(due) => {}
+                    () = wake.notified() => restat = true,
+                }
+            }
             // Read before the check: a socket replaced during the check is fingerprinted again
             // on the next round.
             if restat || !self.sockets.is_watching(&self.record.socket) {
@@ -314,9 +411,11 @@ impl HealthLoop {
                 Check::Ok(fp) => {
                     failures = 0;
                     quick = 0;
+                    carried = false;
                     if let Some(fp) = fp {
                         fresh = true;
                         fingerprinted = true;
+                        self.keep_fingerprint(socket_id, &fp).await;
                         self.state.send_modify(|s| s.fingerprint = Some(fp));
                     }
                     self.transition(true, "probe ok".into());
@@ -324,7 +423,9 @@ impl HealthLoop {
                 Check::Failed(reason) => {
                     failures += 1;
                     fingerprinted = false;
-                    let was_healthy = self.state.borrow().health.healthy;
+                    // Health carried over from before a restart is not this agent's to keep.
+                    let was_healthy = self.state.borrow().health.healthy && !carried;
+                    carried = false;
                     if was_healthy && failures < self.health.failures {
                         tracing::debug!(failures, %reason, "check failed");
                         self.state.send_modify(|s| {
@@ -338,7 +439,8 @@ impl HealthLoop {
             }
             // A new connection may lead to another plugin process (a socket file recreated
             // at once can even get the old inode back): fingerprint it before the next probe.
-            let reconnected = client.connections() != connections;
+            // The client's first connection is no reconnection.
+            let reconnected = connections > 0 && client.connections() != connections;
             restat = failures > 0 || reconnected;
             let stale = reconnected && failures == 0 && !fresh;
             if stale {
@@ -365,6 +467,39 @@ impl HealthLoop {
                 () = tokio::time::sleep_until(due) => {}
                 () = wake.notified() => restat = true,
             }
+        }
+    }
+
+    /// The fingerprint the store keeps for this instance, if any (and readable).
+    fn kept_fingerprint(&self) -> Option<KnownFingerprint> {
+        let key = fingerprint_key(&self.record.id, &self.record.instance);
+        match self
+            .store
+            .get::<KnownFingerprint>(Table::FINGERPRINTS, &key)
+        {
+            Ok(known) => known,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the kept fingerprint; asking the plugin");
+                None
+            }
+        }
+    }
+
+    /// Keeps `fp`, taken through the socket `socket`, for a restarted agent. A deferred write:
+    /// losing it to a crash only means asking the plugin again.
+    async fn keep_fingerprint(&self, socket: Option<SocketId>, fp: &Fingerprint) {
+        let Some(socket) = socket else {
+            return;
+        };
+        let key = fingerprint_key(&self.record.id, &self.record.instance);
+        let known = KnownFingerprint {
+            socket,
+            fingerprint: fp.clone(),
+        };
+        let mut batch = Batch::new();
+        batch.put(Table::FINGERPRINTS, &key, &known).deferred();
+        if let Err(e) = self.store.commit(batch).await {
+            tracing::warn!(error = %e, "cannot keep the fingerprint; a restarted agent asks again");
         }
     }
 
@@ -473,7 +608,7 @@ impl HealthLoop {
 
 /// The socket file's identity: a new one means the plugin restarted. The change time is part
 /// of it because a file recreated at once may get the old inode number back.
-fn socket_identity(path: &std::path::Path) -> Option<(u64, u64, i64, i64)> {
+fn socket_identity(path: &std::path::Path) -> Option<SocketId> {
     std::fs::metadata(path)
         .ok()
         .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))

@@ -868,6 +868,165 @@ async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     assert!(ns.mount_at(&staging).is_none());
 }
 
+/// The calls of the plugin's health check that fingerprint it.
+const FINGERPRINT_RPCS: [&str; 5] = [
+    "GetPluginInfo",
+    "GetPluginCapabilities",
+    "NodeGetInfo",
+    "NodeGetCapabilities",
+    "ControllerGetCapabilities",
+];
+
+/// The plugin's calls after the first `skip`, once at least one Probe is among them.
+async fn calls_until_a_probe(agent: &AgentProcess, skip: usize) -> Vec<String> {
+    let new = || -> Vec<String> { calls(agent).into_iter().skip(skip).map(|c| c.rpc).collect() };
+    berth_testkit::assert_eventually!(Duration::from_secs(20), || async {
+        new().iter().any(|rpc| rpc == "Probe")
+    });
+    new()
+}
+
+/// A berth-hostpath the test runs itself, in the agent's mount namespace, so that it lives on
+/// when the agent is killed: killed and reaped on drop.
+struct OwnPlugin(std::process::Child);
+
+impl Drop for OwnPlugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The fingerprint the agent shows for the plugin.
+async fn fingerprint_of(client: &Client) -> berth_api::Fingerprint {
+    client
+        .plugin(PLUGIN)
+        .await
+        .expect("plugin")
+        .fingerprint
+        .expect("fingerprinted")
+}
+
+#[tokio::test]
+async fn a_restarted_agent_asks_a_plugin_that_lived_on_nothing_until_its_regular_probe() {
+    let mut agent = AgentProcess::start_in_namespace(&format!(
+        "health {{\n  interval = \"200ms\"\n  failures = 2\n}}\n\
+         plugin \"{PLUGIN}\" {{\n  type = \"monolith\"\n  socket = \"@TMP@/hp.sock\"\n}}\n"
+    ))
+    .await;
+    let tmp = agent.tmp.path().to_path_buf();
+    let plugin = OwnPlugin(
+        agent
+            .namespace()
+            .command(berth_testkit::bin_path("berth-hostpath"))
+            .arg(format!(
+                "--endpoint=unix://{}",
+                tmp.join("hp.sock").display()
+            ))
+            .args([
+                "--nodeid",
+                "n1",
+                "--enable-stage",
+                "--enable-attach",
+                "--statedir",
+            ])
+            .arg(tmp.join("hp"))
+            .arg("--call-log")
+            .arg(tmp.join("calls.log"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("berth-hostpath"),
+    );
+    agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    let client = agent.client();
+    create(&client, "fp", "single-node-writer").await;
+    claim(&client, "fp", "a1", AccessMode::SingleNodeWriter).await;
+    let taken = fingerprint_of(&client).await;
+
+    let before = calls(&agent).len();
+    agent.kill9();
+    let since = berth_sys::now_ms();
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    let said = recovered(&client, since).await;
+    assert!(
+        said.starts_with("1 allocs kept mounted, 0 steps done again"),
+        "{said}"
+    );
+    // The kept fingerprint, as it was taken before the restart.
+    assert_eq!(fingerprint_of(&client).await, taken);
+    // Nothing but the loop's regular probe reaches the plugin.
+    let after = calls_until_a_probe(&agent, before).await;
+    assert!(after.iter().all(|rpc| rpc == "Probe"), "{after:?}");
+    wait_settled(&client, "fp").await;
+
+    // The plugin dies while the agent is down, leaving its socket file: the health carried
+    // over is not this agent's to keep, so the first failed probe turns it unhealthy (it is
+    // never shown healthy with a failed check).
+    agent.kill9();
+    drop(plugin);
+    assert!(
+        tmp.join("hp.sock").exists(),
+        "a SIGKILLed plugin leaves its socket"
+    );
+    agent.respawn();
+    agent.wait_ready().await;
+    let status = agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| {
+            !p.health.description.contains("before the agent restarted")
+        })
+        .await;
+    assert!(!status.health.healthy, "{:?}", status.health);
+}
+
+#[tokio::test]
+async fn a_plugin_the_agent_runs_is_fingerprinted_afresh_after_the_agent_restarts() {
+    let mut agent = start().await;
+    let client = agent.client();
+    create(&client, "fp", "single-node-writer").await;
+    claim(&client, "fp", "a1", AccessMode::SingleNodeWriter).await;
+    let taken = fingerprint_of(&client).await;
+
+    // The restarted agent stops the copy left running and starts its own: nothing kept of
+    // the old copy counts, and the new one is fingerprinted before it is probed.
+    let before = calls(&agent).len();
+    agent.kill9();
+    agent.respawn();
+    agent.wait_ready().await;
+    let after = calls_until_a_probe(&agent, before).await;
+    let first_probe = after
+        .iter()
+        .position(|rpc| rpc == "Probe")
+        .expect("a probe");
+    for rpc in FINGERPRINT_RPCS {
+        assert!(
+            after[..first_probe].iter().any(|c| c == rpc),
+            "{rpc}: {after:?}"
+        );
+    }
+    let status = agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    assert!(
+        status
+            .fingerprint
+            .as_ref()
+            .is_some_and(|f| f.taken_ms > taken.taken_ms),
+        "{status:#?}"
+    );
+    // Its health event (in the log, with every event) never said it carried over.
+    assert!(
+        !agent.log().contains("healthy before the agent restarted"),
+        "health carried over to a plugin the agent restarted:\n{}",
+        agent.log()
+    );
+}
+
 #[tokio::test]
 async fn expand_and_snapshots_go_through_the_controller_and_node() {
     use berth_api::volumes::{ExpandRequest, SnapshotCreateRequest, SnapshotDeleteRequest};

@@ -64,6 +64,10 @@ impl Table {
     pub const IDENTITY: Table = Table("identity");
     /// Consul ACL tokens an alloc holds, keyed by alloc id (one record per alloc).
     pub const CONSUL_TOKENS: Table = Table("consul_tokens");
+    /// Each registered CSI plugin instance's last fingerprint with the identity of the socket
+    /// it was taken through, keyed `<plugin id>/<instance>`: a restarted agent takes it as is
+    /// while that socket is unchanged, instead of asking the plugin again.
+    pub const FINGERPRINTS: Table = Table("fingerprints");
     /// The API's ACL tokens, keyed `token/<accessor id>` (a secret's SHA-256, never the
     /// secret), and the `bootstrap` record once the first token was made.
     pub const ACL: Table = Table("acl");

@@ -1,7 +1,7 @@
 //! The volume manager itself.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     io,
     path::{Path, PathBuf},
     sync::Arc,
@@ -820,13 +820,14 @@ impl VolumeManager {
         };
         // The mount table is read once for the records that are left alone (not once per
         // record: a thousand published volumes at start), and again after a record's steps
-        // may have changed it.
+        // may have changed it. It is looked up by mount point, in a set: scanning it for each
+        // of a thousand records' paths would cost more than the rest of the reconcile.
         let mut table = None;
         for rec in records {
             let t = match table.take() {
                 Some(t) => t,
                 None => match self.mounts.mounts() {
-                    Ok(t) => t,
+                    Ok(t) => t.into_iter().map(|e| e.mount_point).collect(),
                     Err(e) => {
                         report.errors.push(VolumeError::MountTable(e));
                         return report;
@@ -856,7 +857,7 @@ impl VolumeManager {
         rec: UsageRecord,
         secrets_of: &(dyn Fn(&str) -> Secrets + Send + Sync),
         leaving: &(dyn Fn(&str, &str) -> bool + Send + Sync),
-        table: &[MountEntry],
+        mount_points: &HashSet<PathBuf>,
         actions: &mut Vec<ReconcileAction>,
     ) -> Result<(), VolumeError> {
         let volume_id = rec.volume_id.clone();
@@ -880,7 +881,7 @@ impl VolumeManager {
                 .clone()
         };
 
-        let mounted = |p: &Path| top_mount_at(table, p).is_some();
+        let mounted = |p: &Path| mount_points.contains(p);
         let target_of = |alloc_id: &str| {
             self.paths
                 .publish(&volume_id, alloc_id, usage)

@@ -234,6 +234,11 @@ impl Agent {
         let _ = self.child.wait();
     }
 
+    /// The namespace the agent runs in, when it outlives the agent ([`Agent::launch_kept`]).
+    pub fn namespace(&self) -> Option<&berth_testkit::MountNamespace> {
+        self.ns.as_ref()
+    }
+
     /// Starts the agent again, with the same config and data dir (in the same namespace when
     /// it has one), without waiting for anything.
     pub fn respawn(&mut self) {
