@@ -485,7 +485,7 @@ impl Agent {
             .filter(|p| matches!(p.run, PluginRun::Command { .. }))
             .map(|p| (p.id.clone(), "config".to_string()))
             .collect();
-        agent.manager.forget_fingerprints(&restarted).await;
+        agent.manager.drop_stale_fingerprints(&restarted).await;
         tasks.spawn(Arc::clone(&agent.manager).run(shutdown.clone()));
         tasks.spawn(crate::identity::rotate(
             agent.signer.clone(),

@@ -181,9 +181,7 @@ impl Manager {
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         // Subscribe before reading the list, so nothing registered in between is missed.
         let mut changes = self.registry.subscribe();
-        let records = self.registry.list();
-        self.forget_unregistered(&records).await;
-        for record in records {
+        for record in self.registry.list() {
             self.start(record, &shutdown);
         }
         loop {
@@ -211,24 +209,16 @@ impl Manager {
             .map(|m| m.state.borrow().clone())
     }
 
-    /// Drops the kept fingerprints of these instances (`(plugin id, instance)`); before
-    /// [`Manager::run`], so that their loops ask the plugins afresh.
-    pub async fn forget_fingerprints(&self, instances: &[(String, String)]) {
-        let mut batch = Batch::new();
-        for (id, instance) in instances {
-            batch.delete(Table::FINGERPRINTS, &fingerprint_key(id, instance));
-        }
-        batch.deferred();
-        if let Err(e) = self.store.commit(batch).await {
-            tracing::warn!(error = %e, "cannot drop kept fingerprints");
-        }
-    }
-
-    /// Drops the kept fingerprints of instances that are not registered any more.
-    async fn forget_unregistered(&self, records: &[PluginRecord]) {
-        let live: std::collections::HashSet<String> = records
+    /// Drops, in one write, the kept fingerprints that no loop may take: those of instances
+    /// not registered any more, and those of `restarted` (`(plugin id, instance)`: plugins
+    /// the agent starts afresh). Called before [`Manager::run`].
+    pub async fn drop_stale_fingerprints(&self, restarted: &[(String, String)]) {
+        let live: std::collections::HashSet<String> = self
+            .registry
+            .list()
             .iter()
             .map(|r| fingerprint_key(&r.id, &r.instance))
+            .filter(|k| !restarted.iter().any(|(id, i)| fingerprint_key(id, i) == *k))
             .collect();
         let mut batch = Batch::new();
         for key in self.store.keys(Table::FINGERPRINTS).unwrap_or_default() {
@@ -238,7 +228,7 @@ impl Manager {
         }
         batch.deferred();
         if let Err(e) = self.store.commit(batch).await {
-            tracing::warn!(error = %e, "cannot drop the fingerprints of unregistered plugins");
+            tracing::warn!(error = %e, "cannot drop stale kept fingerprints");
         }
     }
 

@@ -657,6 +657,18 @@ async fn recovered(client: &Client, since_ms: u64) -> String {
     event.payload["Message"].as_str().unwrap_or_default().into()
 }
 
+/// Kills the agent with SIGKILL and starts it again; a client of the new agent and the message
+/// of its `PluginVolumesRecovered` event.
+async fn restart_and_recover(agent: &mut AgentProcess) -> (Client, String) {
+    agent.kill9();
+    let since = berth_sys::now_ms();
+    agent.respawn();
+    agent.wait_ready().await;
+    let client = agent.client();
+    let said = recovered(&client, since).await;
+    (client, said)
+}
+
 /// Usage sets as the status shows them: (usage, alloc) pairs.
 fn published(status: &VolumeStatus) -> BTreeSet<(String, String)> {
     status
@@ -839,13 +851,8 @@ async fn a_shared_staging_survives_an_agent_restart_and_one_release() {
     let a = claim(&client, "keep", "a1", AccessMode::SingleNodeMultiWriter).await;
     let b = claim(&client, "keep", "a2", AccessMode::SingleNodeMultiWriter).await;
     let before = volume_calls(&agent).len();
-    agent.kill9();
-    let since = berth_sys::now_ms();
-    agent.respawn();
-    agent.wait_ready().await;
-    let client = agent.client();
     // Recovery says it checked both allocs and left them as they were.
-    let said = recovered(&client, since).await;
+    let (client, said) = restart_and_recover(&mut agent).await;
     assert!(
         said.starts_with("2 allocs kept mounted, 0 steps done again, 0 records failed"),
         "{said}"
@@ -948,12 +955,7 @@ async fn a_restarted_agent_asks_a_plugin_that_lived_on_nothing_until_its_regular
     let taken = fingerprint_of(&client).await;
 
     let before = calls(&agent).len();
-    agent.kill9();
-    let since = berth_sys::now_ms();
-    agent.respawn();
-    agent.wait_ready().await;
-    let client = agent.client();
-    let said = recovered(&client, since).await;
+    let (client, said) = restart_and_recover(&mut agent).await;
     assert!(
         said.starts_with("1 allocs kept mounted, 0 steps done again"),
         "{said}"

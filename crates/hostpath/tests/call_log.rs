@@ -54,12 +54,7 @@ async fn a_volume_cycle_is_logged_in_order() {
         .await);
     let staging = plugin.tmp().join("staging");
     let target = plugin.tmp().join("target");
-    ok(c.node
-        .node_stage_volume(stage_req(&id, &staging, rw()))
-        .await);
-    ok(c.node
-        .node_publish_volume(node_publish_req(&id, Some(&staging), &target, rw(), false))
-        .await);
+    stage_and_publish(&mut c, &id, &staging, &target).await;
     ok(c.node
         .node_unpublish_volume(node_unpublish_req(&id, &target))
         .await);

@@ -1524,12 +1524,7 @@ async fn unpublish_takes_every_stacked_mount_of_the_volume_and_publish_refuses_a
     let id = create(&mut c, "v").await.volume_id;
     let staging = plugin.tmp().join("staging");
     let target = plugin.tmp().join("target");
-    ok(c.node
-        .node_stage_volume(stage_req(&id, &staging, rw()))
-        .await);
-    ok(c.node
-        .node_publish_volume(node_publish_req(&id, Some(&staging), &target, rw(), false))
-        .await);
+    stage_and_publish(&mut c, &id, &staging, &target).await;
     // Two more binds of the volume stacked on the plugin's own.
     for _ in 0..2 {
         mount_in_plugin_ns(
@@ -1736,12 +1731,7 @@ async fn attach_disabled_needs_no_controller_publish() {
 
     let staging = plugin.tmp().join("staging");
     let target = plugin.tmp().join("target");
-    ok(c.node
-        .node_stage_volume(stage_req(&id, &staging, rw()))
-        .await);
-    ok(c.node
-        .node_publish_volume(node_publish_req(&id, Some(&staging), &target, rw(), false))
-        .await);
+    stage_and_publish(&mut c, &id, &staging, &target).await;
     assert_mounted(&plugin, &target, &id, false);
 }
 

@@ -412,12 +412,13 @@ impl VolumeManager {
         rec.allocs
             .insert(req.alloc_id.clone(), PublishState::Publishing);
         if rec.staging.is_some_and(|s| s != StageState::Staged) {
-            // One durable intent for both steps ("staging", the alloc "publishing"): a crash
-            // finds it and stages, then publishes, again (both idempotent). "Staged" may be
-            // lost the same way.
-            rec.staging = Some(StageState::Staging);
-            self.save(&ctx, &rec).await?;
-            if let Err(e) = self.send_stage(&ctx, &rec, &staging, &req.secrets).await {
+            // The stage's intent carries the alloc "publishing": one durable intent for both
+            // steps, which a crash finds and redoes (both idempotent). "Staged" may be lost
+            // the same way.
+            let staged = self
+                .stage(&ctx, &mut rec, &staging, &req.secrets, Save::Deferred)
+                .await;
+            if let Err(e) = staged {
                 // Failed: the alloc leaves the intent, which stays "staging" for the volume
                 // (a crash first leaves both, and recovery redoes both).
                 rec.allocs.remove(&req.alloc_id);
@@ -427,8 +428,6 @@ impl VolumeManager {
                 }
                 return Err(e);
             }
-            rec.staging = Some(StageState::Staged);
-            self.save_as(&ctx, &rec, Save::Deferred).await?;
         } else {
             self.save(&ctx, &rec).await?;
         }
@@ -996,21 +995,6 @@ impl VolumeManager {
     ) -> Result<(), VolumeError> {
         rec.staging = Some(StageState::Staging);
         self.save(ctx, rec).await?;
-        self.send_stage(ctx, rec, staging, secrets).await?;
-        rec.staging = Some(StageState::Staged);
-        self.save_as(ctx, rec, save).await?;
-        tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
-        Ok(())
-    }
-
-    /// NodeStageVolume of `rec`'s volume at `staging` (made first); no record is written.
-    async fn send_stage(
-        &self,
-        ctx: &Ctx<'_>,
-        rec: &UsageRecord,
-        staging: &Path,
-        secrets: &Secrets,
-    ) -> Result<(), VolumeError> {
         // The CO's duty (CSI, NodeStageVolume): the staging directory exists before the call.
         self.co_dir(ctx, staging)?;
         let usage = rec.full_usage();
@@ -1028,6 +1012,9 @@ impl VolumeManager {
             .await
             .map_err(|e| self.csi_err(ctx, None, e))?;
         self.step(StepRpc::NodeStageVolume, Phase::After);
+        rec.staging = Some(StageState::Staged);
+        self.save_as(ctx, rec, save).await?;
+        tracing::info!(volume_id = ctx.volume_id, usage = %ctx.usage, "staged");
         Ok(())
     }
 

@@ -149,6 +149,14 @@ pub fn node_publish_req(
     }
 }
 
+/// Stages volume `id` at `staging` and publishes it at `target`, both read-write.
+pub async fn stage_and_publish(c: &mut Clients, id: &str, staging: &Path, target: &Path) {
+    ok(c.node.node_stage_volume(stage_req(id, staging, rw())).await);
+    ok(c.node
+        .node_publish_volume(node_publish_req(id, Some(staging), target, rw(), false))
+        .await);
+}
+
 pub fn node_unpublish_req(id: &str, target: &Path) -> pb::NodeUnpublishVolumeRequest {
     pb::NodeUnpublishVolumeRequest {
         volume_id: id.to_owned(),
