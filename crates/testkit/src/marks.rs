@@ -252,6 +252,16 @@ mod tests {
         };
         let mut inside = sleep(&dir.join("x"));
         let mut sibling = sleep(&tmp.path().join("slot2"));
+        // `spawn` returns once the child has begun its exec, which may be before the kernel
+        // has laid out its new environment: until then `environ` reads empty.
+        for child in [&inside, &sibling] {
+            let environ = format!("/proc/{}/environ", child.0.id());
+            let deadline = Instant::now() + KILL_WAIT;
+            while std::fs::read(&environ).is_ok_and(|e| e.is_empty()) {
+                assert!(Instant::now() < deadline, "{environ} stayed empty");
+                std::thread::sleep(crate::POLL_INTERVAL);
+            }
+        }
         assert_eq!(kill_marked("BERTH_TESTKIT_MARK", &dir), 1);
         // Dead on return: a zombie until reaped here.
         assert!(
