@@ -4,7 +4,7 @@
 //! writers that race (two agents claiming one volume) cannot both win: the loser reads again
 //! and decides again.
 
-use std::{future::Future, pin::Pin, sync::Arc};
+use std::{collections::HashMap, future::Future, pin::Pin, sync::Arc};
 
 use berth_state::{Batch, Store, Table};
 
@@ -72,27 +72,84 @@ pub trait CatalogBackend: Send + Sync + std::fmt::Debug + 'static {
 
 /// The catalog in the agent's own store: one writer (this agent), so the version is always 0
 /// and a write never finds the record changed by someone else.
+///
+/// Records read are kept decoded in memory, and every write of this catalog updates that copy
+/// once its commit has answered: a claim reads its volume's record several times, and decoding
+/// it from the store each time cost more than the rest of the catalog's work. Nothing else
+/// writes the volumes table, so the copy is always the stored record.
 #[derive(Debug, Clone)]
 pub struct StoreCatalog {
     store: Arc<Store>,
+    seen: Arc<std::sync::Mutex<Seen>>,
 }
 
 impl StoreCatalog {
     /// The catalog in `store`'s volumes table.
     pub fn new(store: Arc<Store>) -> Self {
-        Self { store }
+        Self {
+            store,
+            seen: Arc::default(),
+        }
     }
-}
 
-impl StoreCatalog {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The record, from memory when it was read or written before.
+    fn get(&self, id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError> {
+        let writes = {
+            let seen = self.seen();
+            if let Some(known) = seen.records.get(id) {
+                return Ok(Some(known.clone()));
+            }
+            seen.writes
+        };
+        let rec: Option<VolumeRecord> = self.store.get(Table::VOLUMES, id)?;
+        let mut seen = self.seen();
+        // A write that answered since may have changed what was read: then it is not kept.
+        if let Some(r) = &rec
+            && seen.writes == writes
+        {
+            seen.records.insert(id.to_string(), r.clone());
+        }
+        Ok(rec)
+    }
+
     async fn put(&self, rec: &VolumeRecord, deferred: bool) -> Result<Written, ControlPlaneError> {
         let mut b = Batch::new();
         b.put(Table::VOLUMES, &rec.id, rec);
         if deferred {
             b.deferred();
         }
-        self.store.commit(b).await?;
+        let written = self.store.commit(b).await;
+        // When it failed, whether the store holds it is not known: the next read asks.
+        self.seen()
+            .wrote(&rec.id, written.as_ref().ok().map(|_| rec.clone()));
+        written?;
         Ok(Written::Done(0))
+    }
+}
+
+/// [`StoreCatalog`]'s decoded records.
+#[derive(Debug, Default)]
+struct Seen {
+    /// By id; absent ones are not kept (ids asked for need not exist).
+    records: HashMap<String, VolumeRecord>,
+    /// Writes answered so far: a read from the store is kept only when none answered while
+    /// it ran.
+    writes: u64,
+}
+
+impl Seen {
+    /// After a write of `id` answered: `rec` is what the store holds now (`None`: nothing, or
+    /// not known).
+    fn wrote(&mut self, id: &str, rec: Option<VolumeRecord>) {
+        self.writes += 1;
+        match rec {
+            Some(r) => self.records.insert(id.to_string(), r),
+            None => self.records.remove(id),
+        };
     }
 }
 
@@ -101,12 +158,7 @@ impl CatalogBackend for StoreCatalog {
         &'a self,
         id: &'a str,
     ) -> BoxFuture<'a, Result<Option<(VolumeRecord, Version)>, ControlPlaneError>> {
-        Box::pin(async move {
-            Ok(self
-                .store
-                .get::<VolumeRecord>(Table::VOLUMES, id)?
-                .map(|r| (r, 0)))
-        })
+        Box::pin(async move { Ok(self.get(id)?.map(|r| (r, 0))) })
     }
 
     fn store<'a>(
@@ -133,13 +185,15 @@ impl CatalogBackend for StoreCatalog {
         Box::pin(async move {
             let mut b = Batch::new();
             b.delete(Table::VOLUMES, id);
-            self.store.commit(b).await?;
+            let removed = self.store.commit(b).await;
+            self.seen().wrote(id, None);
+            removed?;
             Ok(Written::Done(0))
         })
     }
 
     fn cached(&self, id: &str) -> Result<Option<VolumeRecord>, ControlPlaneError> {
-        Ok(self.store.get(Table::VOLUMES, id)?)
+        self.get(id)
     }
 
     fn list(&self) -> Result<Vec<VolumeRecord>, ControlPlaneError> {
@@ -149,5 +203,47 @@ impl CatalogBackend for StoreCatalog {
             .into_iter()
             .map(|(_, v)| v)
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use berth_csi::model::AccessMode;
+
+    use super::*;
+    use crate::placement::tests::volume;
+
+    #[tokio::test]
+    async fn the_kept_copy_follows_every_write_and_absent_ids_are_not_kept() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = Arc::new(Store::open(tmp.path().join("state.redb")).expect("store"));
+        let catalog = StoreCatalog::new(Arc::clone(&store));
+        let stored = |id: &str| store.get::<VolumeRecord>(Table::VOLUMES, id).expect("read");
+        // Written before the catalog saw it: read from the store, then kept.
+        let v1 = volume("v1", AccessMode::SingleNodeWriter);
+        store.put(Table::VOLUMES, "v1", &v1).expect("put");
+        assert_eq!(catalog.cached("v1").expect("cached"), Some(v1.clone()));
+        assert!(catalog.seen().records.contains_key("v1"));
+        assert_eq!(catalog.cached("nope").expect("cached"), None);
+        assert!(!catalog.seen().records.contains_key("nope"));
+
+        let mut v2 = v1.clone();
+        v2.capacity_bytes = 7;
+        catalog.store(&v2, 0).await.expect("store");
+        assert_eq!(catalog.cached("v1").expect("cached"), Some(v2.clone()));
+        assert_eq!(stored("v1"), Some(v2.clone()));
+        v2.capacity_bytes = 8;
+        catalog.store_deferred(&v2, 0).await.expect("store");
+        assert_eq!(
+            catalog.load("v1").await.expect("load"),
+            Some((v2.clone(), 0))
+        );
+        assert_eq!(stored("v1"), Some(v2));
+
+        catalog.remove("v1", 0).await.expect("remove");
+        assert_eq!(catalog.cached("v1").expect("cached"), None);
+        assert_eq!(catalog.load("v1").await.expect("load"), None);
+        assert_eq!(stored("v1"), None);
+        assert!(catalog.seen().records.is_empty());
     }
 }

@@ -229,7 +229,7 @@ fn push_once(refusals: &mut Vec<Refusal>, at: &str, reason: String) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::path::Path;
 
     use berth_csi::model::{AccessMode, AttachmentMode, ExternalId};
@@ -272,7 +272,7 @@ mod tests {
         }
     }
 
-    fn volume(id: &str, mode: AccessMode) -> VolumeRecord {
+    pub(crate) fn volume(id: &str, mode: AccessMode) -> VolumeRecord {
         VolumeRecord {
             id: id.into(),
             name: id.into(),
