@@ -33,7 +33,10 @@ impl Journal {
             path: path.clone(),
             source,
         })?;
-        let db = redb::Database::create(&path).map_err(|e| db_err(&path, "open", e))?;
+        let db = redb::Builder::new()
+            .set_cache_size(crate::JOURNAL_CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| db_err(&path, "open", e))?;
         Ok(Self { db, path })
     }
 

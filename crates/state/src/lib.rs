@@ -35,6 +35,14 @@ use serde::{Serialize, de::DeserializeOwned};
 /// The schema this build writes.
 pub const SCHEMA_VERSION: u64 = 1;
 
+/// Memory redb may keep of the store's pages (its default is 1 GiB, which an agent's store
+/// fills with every page it ever touched). Pages beyond it are read from the file again: the
+/// records read often are kept decoded by their owners.
+const STORE_CACHE_BYTES: usize = 1 << 20;
+
+/// [`STORE_CACHE_BYTES`] for the event journal, which is written and rarely read.
+const JOURNAL_CACHE_BYTES: usize = 256 << 10;
+
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
 const SCHEMA_KEY: &str = "schema_version";
 
@@ -180,7 +188,10 @@ impl Store {
             path: path.clone(),
             source,
         })?;
-        let db = redb::Database::create(&path).map_err(|e| db_err(&path, "open", e))?;
+        let db = redb::Builder::new()
+            .set_cache_size(STORE_CACHE_BYTES)
+            .create(&path)
+            .map_err(|e| db_err(&path, "open", e))?;
         migrate(&db, &path)?;
         let db = Arc::new(db);
         let committer = commit::Committer::start(Arc::clone(&db), &path, hook)
