@@ -77,10 +77,20 @@ pub trait CatalogBackend: Send + Sync + std::fmt::Debug + 'static {
 /// once its commit has answered: a claim reads its volume's record several times, and decoding
 /// it from the store each time cost more than the rest of the catalog's work. Nothing else
 /// writes the volumes table, so the copy is always the stored record.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct StoreCatalog {
     store: Arc<Store>,
     seen: Arc<std::sync::Mutex<Seen>>,
+}
+
+impl std::fmt::Debug for StoreCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The records stay out: they are the catalog's data, not its state.
+        f.debug_struct("StoreCatalog")
+            .field("store", &self.store)
+            .field("records_kept", &self.seen().records.len())
+            .finish()
+    }
 }
 
 impl StoreCatalog {
@@ -132,7 +142,7 @@ impl StoreCatalog {
 }
 
 /// [`StoreCatalog`]'s decoded records.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Seen {
     /// By id; absent ones are not kept (ids asked for need not exist).
     records: HashMap<String, VolumeRecord>,
@@ -224,6 +234,11 @@ mod tests {
         store.put(Table::VOLUMES, "v1", &v1).expect("put");
         assert_eq!(catalog.cached("v1").expect("cached"), Some(v1.clone()));
         assert!(catalog.seen().records.contains_key("v1"));
+        let shown = format!("{catalog:?}");
+        assert!(
+            shown.contains("records_kept: 1") && !shown.contains("ext-v1"),
+            "{shown}"
+        );
         assert_eq!(catalog.cached("nope").expect("cached"), None);
         assert!(!catalog.seen().records.contains_key("nope"));
 
