@@ -36,8 +36,8 @@ use serde::{Serialize, de::DeserializeOwned};
 pub const SCHEMA_VERSION: u64 = 1;
 
 /// Memory redb may keep of the store's pages (its default is 1 GiB, which an agent's store
-/// fills with every page it ever touched). Pages beyond it are read from the file again: the
-/// records read often are kept decoded by their owners.
+/// fills with every page it ever touched). Pages beyond it are read from the file again, most
+/// often from the kernel's page cache; the catalog keeps its volume records decoded anyway.
 const STORE_CACHE_BYTES: usize = 1 << 20;
 
 /// [`STORE_CACHE_BYTES`] for the event journal, which is written and rarely read.
