@@ -359,7 +359,16 @@ impl Shared {
                 status.set_source(Arc::new(e));
                 status
             })?;
-        let (sender, connection) = h2::client::handshake(stream).await.map_err(status)?;
+        // No HPACK dynamic table for the plugin's answers: a server that sends a `date` header
+        // (tonic's does) puts a new entry in it every second, so each idle connection's table
+        // grew to its full 4 KiB (about 12 KiB of memory) within a minute: 12 MiB for a
+        // thousand plugins. Answers are a few headers on a local socket; sent literally, they
+        // cost nothing that matters.
+        let (sender, connection) = h2::client::Builder::new()
+            .header_table_size(0)
+            .handshake(stream)
+            .await
+            .map_err(status)?;
         self.opened.fetch_add(1, Ordering::AcqRel);
         let closed = Arc::new(AtomicBool::new(false));
         let ended = Arc::clone(&closed);
@@ -542,6 +551,48 @@ mod tests {
             Code::Internal,
             "garbage"
         );
+    }
+
+    /// The client's first SETTINGS frame, read off a real socket: the plugin may not keep an
+    /// HPACK dynamic table for its answers (see [`Shared::connect`]).
+    #[tokio::test]
+    async fn the_client_asks_for_no_header_table() {
+        use tokio::io::AsyncReadExt as _;
+
+        let tmp = tempfile::tempdir().expect("tmp");
+        let path = tmp.path().join("csi.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+        let channel =
+            PluginChannel::new(Endpoint::parse(path.to_str().expect("utf-8")).expect("endpoint"));
+        let call = tokio::spawn(async move {
+            channel
+                .unary::<pb::ProbeRequest, pb::ProbeResponse>(
+                    "/csi.v1.Identity/Probe",
+                    &pb::ProbeRequest {},
+                    Duration::from_secs(5),
+                )
+                .await
+        });
+        let (mut conn, _) = listener.accept().await.expect("accept");
+        const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+        let mut preface = [0u8; PREFACE.len()];
+        conn.read_exact(&mut preface).await.expect("preface");
+        assert_eq!(preface, PREFACE);
+        // A frame header: 24-bit length, type (4: SETTINGS), flags, stream id.
+        let mut frame = [0u8; 9];
+        conn.read_exact(&mut frame).await.expect("frame header");
+        assert_eq!(frame[3], 4, "the first frame is SETTINGS");
+        let len = usize::from(frame[0]) << 16 | usize::from(frame[1]) << 8 | usize::from(frame[2]);
+        let mut payload = vec![0u8; len];
+        conn.read_exact(&mut payload).await.expect("settings");
+        // Six bytes per setting: a 16-bit id (1: HEADER_TABLE_SIZE) and a 32-bit value.
+        let table = payload
+            .chunks_exact(6)
+            .find(|s| s[..2] == [0, 1])
+            .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+        assert_eq!(table, Some(0), "settings sent: {payload:?}");
+        drop(conn);
+        call.abort();
     }
 
     #[test]
