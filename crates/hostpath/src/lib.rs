@@ -6,18 +6,17 @@
 //! path, NodePublishVolume bind-mounts the staged path (or the volume directory when staging is
 //! disabled) onto the target path, read-only when asked. Whether something is mounted is always
 //! asked of the kernel: a `statx` of the path (is it a mount root, and is the volume's directory
-//! its root), and the real mount table when that cannot tell. What the plugin knows of its volumes and snapshots is in
-//! `<statedir>/state.json`, rewritten atomically (and synced) on every change, so it survives
-//! restarts and crashes of the machine. What the node knows of its stagings and publications
-//! (their capabilities, and which directories the plugin made) is appended, one line per change,
-//! to `node.journal` in the node's directory before the RPC is answered: it survives a kill of
-//! the plugin at any point, and needs no sync, as the machine's crash takes every mount with it
-//! (with `--strict`, the record that the plugin made a target directory is synced). A damaged
-//! line of it refuses the start, naming the line, unless the machine restarted since it was
-//! written. Operations on one volume or
-//! snapshot are serialized; different ones run in parallel. One copy of the plugin runs per
-//! state directory: it holds an exclusive `flock` on `<statedir>/lock` (see [`statelock`]),
-//! unless every copy has `--shared` (below).
+//! its root), and the real mount table when that cannot tell. What the plugin knows of its volumes
+//! and snapshots is in `<statedir>/state.json`, rewritten atomically (and synced) on every change,
+//! so it survives restarts and crashes of the machine. What the node knows of its stagings and
+//! publications (their capabilities, and which directories the plugin made) is appended, one line
+//! per change, to `node.journal` in the node's directory before the RPC is answered: it survives a
+//! kill of the plugin at any point, and needs no sync, as the machine's crash takes every mount
+//! with it (with `--strict`, the record that the plugin made a target directory is synced). A
+//! damaged line of it refuses the start, naming the line, unless the machine restarted since it was
+//! written. Operations on one volume or snapshot are serialized; different ones run in parallel.
+//! One copy of the plugin runs per state directory: it holds an exclusive `flock` on
+//! `<statedir>/lock` (see [`statelock`]), unless every copy has `--shared` (below).
 //!
 //! With `--backing=image` a volume is instead a sparse file `<statedir>/volumes/<id>.img` of
 //! the volume's capacity holding an ext4 filesystem (made by `mkfs.ext4` at CreateVolume; a

@@ -1499,14 +1499,8 @@ async fn unstage_keeps_a_staging_dir_it_did_not_create() {
 
 /// Runs `mount <args>` in the plugin's mount namespace.
 fn mount_in_plugin_ns(plugin: &HostpathPlugin, args: &[&std::ffi::OsStr]) {
-    let out = std::process::Command::new("nsenter")
-        .args([
-            "--target",
-            &plugin.pid().to_string(),
-            "--mount",
-            "--",
-            "mount",
-        ])
+    let out = plugin
+        .command_in_ns("mount")
         .args(args)
         .output()
         .expect("running nsenter (util-linux)");

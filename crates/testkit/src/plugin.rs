@@ -386,6 +386,17 @@ impl HostpathPlugin {
         self.last_pid
     }
 
+    /// A command that runs `program` in the plugin's mount namespace
+    /// (`nsenter --target <pid> --mount -- <program>`). Only valid while the plugin runs.
+    pub fn command_in_ns(&self, program: impl AsRef<Path>) -> std::process::Command {
+        let mut cmd = std::process::Command::new("nsenter");
+        cmd.arg("--target")
+            .arg(self.last_pid.to_string())
+            .args(["--mount", "--"])
+            .arg(program.as_ref());
+        cmd
+    }
+
     /// The temporary directory that holds the socket and the state directory; removed on drop.
     pub fn tmp(&self) -> &Path {
         self.tmp.path()

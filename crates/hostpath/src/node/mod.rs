@@ -18,7 +18,7 @@ use crate::{
     caps,
     error::internal,
     files,
-    plugin::{MountAt, Plugin},
+    plugin::{MountAt, MountView, Plugin},
     state::VolumeRecord,
     strict,
 };
@@ -161,22 +161,22 @@ impl Plugin {
         Ok(())
     }
 
-    /// Whether the unrecorded mount of volume `id` at `field` = `path` may be adopted for a
-    /// request that wants a mount with `read_only`. A writable mount where a read-only one is
-    /// wanted (left, for one, by a bind whose read-only remount could not be undone) is never
-    /// adopted: it is unmounted, and `false` tells the caller to mount afresh.
+    /// Whether the unrecorded mount of the view's volume at `field` = `path` may be adopted
+    /// for a request that wants a mount with `read_only`. A writable mount where a read-only
+    /// one is wanted (left, for one, by a bind whose read-only remount could not be undone) is
+    /// never adopted: it is unmounted, and `false` tells the caller to mount afresh.
     fn adoptable(
         &self,
+        view: &mut MountView<'_>,
         path: &Path,
         field: &str,
-        id: &str,
         read_only: bool,
     ) -> Result<bool, Status> {
         if !read_only {
             return Ok(true);
         }
-        let table = self.mounts()?;
-        if berth_sys::top_mount_at(&table, path).is_some_and(|m| m.read_only) {
+        let id = view.id();
+        if berth_sys::top_mount_at(view.table()?, path).is_some_and(|m| m.read_only) {
             return Ok(true);
         }
         tracing::warn!(

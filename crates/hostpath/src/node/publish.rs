@@ -96,7 +96,7 @@ impl Plugin {
                 None => {
                     // Mounted but not recorded (the record was lost): adopt the mount if it
                     // is what is asked for.
-                    if self.adoptable(&target, "target_path", id, read_only)? {
+                    if self.adoptable(&mut view, &target, "target_path", read_only)? {
                         self.record_publication(id, &target, wanted).await?;
                         return Ok(pb::NodePublishVolumeResponse {});
                     }

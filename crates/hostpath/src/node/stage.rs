@@ -70,7 +70,7 @@ impl Plugin {
                 None => {
                     // Mounted but not recorded (the record was lost): adopt the mount if it
                     // is what is asked for.
-                    if self.adoptable(&staging, "staging_target_path", id, read_only)? {
+                    if self.adoptable(&mut view, &staging, "staging_target_path", read_only)? {
                         self.record_staging(id, &staging, capability, false).await?;
                         return Ok(pb::NodeStageVolumeResponse {});
                     }
