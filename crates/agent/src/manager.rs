@@ -596,12 +596,57 @@ impl HealthLoop {
     }
 }
 
-/// The socket file's identity: a new one means the plugin restarted. The change time is part
-/// of it because a file recreated at once may get the old inode number back.
+/// The socket file's identity: a new one means the plugin restarted. The birth time is part of
+/// it because a file recreated at once may get the old inode number back; a chmod or chown of
+/// the same file (a plugin often makes its socket private right after binding it) leaves it
+/// unchanged. Where the filesystem keeps no birth time the change time stands in, and such a
+/// change costs one more fingerprint.
 fn socket_identity(path: &std::path::Path) -> Option<SocketId> {
-    std::fs::metadata(path)
+    let m = std::fs::metadata(path).ok()?;
+    let born = m
+        .created()
         .ok()
-        .map(|m| (m.dev(), m.ino(), m.ctime(), m.ctime_nsec()))
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .and_then(|d| {
+            Some((
+                i64::try_from(d.as_secs()).ok()?,
+                i64::from(d.subsec_nanos()),
+            ))
+        });
+    let (secs, nanos) = born.unwrap_or((m.ctime(), m.ctime_nsec()));
+    Some((m.dev(), m.ino(), secs, nanos))
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::socket_identity;
+
+    #[test]
+    fn a_socket_keeps_its_identity_through_chmod_and_loses_it_when_made_again() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.sock");
+        assert_eq!(socket_identity(&path), None, "no file, no identity");
+        let listener = std::os::unix::net::UnixListener::bind(&path).expect("bind");
+        let bound = socket_identity(&path).expect("identity");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        // Only where the filesystem keeps birth times (ext4, tmpfs, xfs, btrfs do).
+        if std::fs::metadata(&path).and_then(|m| m.created()).is_ok() {
+            assert_eq!(
+                socket_identity(&path),
+                Some(bound),
+                "a chmod is the same socket"
+            );
+        }
+        drop(listener);
+        std::fs::remove_file(&path).expect("remove");
+        let _again = std::os::unix::net::UnixListener::bind(&path).expect("bind again");
+        assert_ne!(
+            socket_identity(&path),
+            Some(bound),
+            "a new socket, whatever its inode"
+        );
+    }
 }
 
 #[cfg(test)]
