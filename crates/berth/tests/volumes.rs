@@ -976,6 +976,9 @@ async fn a_restarted_agent_asks_a_plugin_that_lived_on_nothing_until_its_regular
         tmp.join("hp.sock").exists(),
         "a SIGKILLed plugin leaves its socket"
     );
+    let refused = || std::os::unix::net::UnixStream::connect(tmp.join("hp.sock")).is_err();
+    assert!(refused(), "nothing listens behind the socket any more");
+    let dead_at = calls(&agent).len();
     agent.respawn();
     agent.wait_ready().await;
     let status = agent
@@ -983,7 +986,15 @@ async fn a_restarted_agent_asks_a_plugin_that_lived_on_nothing_until_its_regular
             !p.health.description.contains("before the agent restarted")
         })
         .await;
-    assert!(!status.health.healthy, "{:?}", status.health);
+    assert!(
+        !status.health.healthy,
+        "{:?}; socket refusing: {}; calls the dead plugin logged: {:?}",
+        status.health,
+        refused(),
+        calls(&agent)
+            .get(dead_at..)
+            .map(|c| c.iter().map(|c| c.rpc.clone()).collect::<Vec<_>>())
+    );
 }
 
 #[tokio::test]
