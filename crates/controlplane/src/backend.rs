@@ -41,6 +41,13 @@ pub trait CatalogBackend: Send + Sync + std::fmt::Debug + 'static {
         rec: &'a VolumeRecord,
         version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>>;
+    /// Whether [`CatalogBackend::store_deferred`] answers before the write is durable (and so
+    /// costs less than [`CatalogBackend::store`]). Without it (the default), the control plane
+    /// writes no deferred result on its own: it keeps it in memory, and the volume's next
+    /// write carries it.
+    fn defers_writes(&self) -> bool {
+        false
+    }
     /// [`CatalogBackend::store`] of a result that a crash may lose, because the intent written
     /// before it is redone idempotently at recovery: a backend may answer before it is durable,
     /// as long as its next durable write makes it durable too. The default is `store`.
@@ -177,6 +184,10 @@ impl CatalogBackend for StoreCatalog {
         _version: Version,
     ) -> BoxFuture<'a, Result<Written, ControlPlaneError>> {
         Box::pin(self.put(rec, false))
+    }
+
+    fn defers_writes(&self) -> bool {
+        true
     }
 
     fn store_deferred<'a>(

@@ -3,7 +3,11 @@
 //! instance. One set of rules for both backends: every change is a read, a decision and a
 //! conditional write, decided again on a fresh read when another writer got there first.
 
-use std::{collections::BTreeMap, future::Future, sync::Arc};
+use std::{
+    collections::{BTreeMap, HashMap},
+    future::Future,
+    sync::Arc,
+};
 
 use berth_csi::{
     CapacityRange, ControllerPublish, CsiError, Validation,
@@ -220,6 +224,21 @@ pub struct Plane<C> {
     controllers: C,
     locks: KeyedLocks,
     hook: Option<Hook>,
+    /// Deferred results not written yet, by volume, when the catalog has no deferred write of
+    /// its own (etcd, where every write is a durable transaction): each is applied again to
+    /// the record the volume's next write starts from, and that write carries it. A crash
+    /// loses them, as it may lose any deferred result.
+    carried: std::sync::Mutex<HashMap<String, Vec<Carried>>>,
+}
+
+/// A deferred change of a volume record (see [`Plane::modify_deferred`]).
+type Carried = Arc<dyn Fn(&mut VolumeRecord) + Send + Sync>;
+
+/// Applies the carried changes to `rec`, oldest first.
+fn carry(carried: &[Carried], rec: &mut VolumeRecord) {
+    for change in carried {
+        change(rec);
+    }
 }
 
 impl<C> std::fmt::Debug for Plane<C> {
@@ -250,6 +269,7 @@ impl<C: Controllers> Plane<C> {
             controllers,
             locks: KeyedLocks::default(),
             hook: None,
+            carried: std::sync::Mutex::default(),
         }
     }
 
@@ -281,35 +301,23 @@ impl<C: Controllers> Plane<C> {
     /// instead of a read: its write compares the version, so it lands only when the view was
     /// the stored record. Any other outcome (the write found it changed, `f` refused, or there
     /// was nothing to write) is decided again on a fresh read.
+    ///
+    /// The deferred results carried for the volume are applied first, and the write carries
+    /// them.
     async fn modify<T>(
         &self,
         id: &str,
-        f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
-    ) -> Result<(T, VolumeRecord), ControlPlaneError> {
-        self.modify_as(id, false, f).await
-    }
-
-    /// [`Plane::modify`]; with `deferred`, of a result that a crash may lose (see
-    /// [`CatalogBackend::store_deferred`]) because the intent before it is redone at recovery.
-    async fn modify_as<T>(
-        &self,
-        id: &str,
-        deferred: bool,
         mut f: impl FnMut(&mut VolumeRecord) -> Result<T, ControlPlaneError>,
     ) -> Result<(T, VolumeRecord), ControlPlaneError> {
-        let store = async |rec: &VolumeRecord, version| {
-            if deferred {
-                self.catalog.store_deferred(rec, version).await
-            } else {
-                self.catalog.store(rec, version).await
-            }
-        };
+        let carried = self.carried_of(id);
         if let Some((mut rec, version)) = self.catalog.cached_versioned(id) {
             let before = rec.clone();
+            carry(&carried, &mut rec);
             if let Ok(out) = f(&mut rec)
                 && rec != before
-                && let Written::Done(_) = store(&rec, version).await?
+                && let Written::Done(_) = self.catalog.store(&rec, version).await?
             {
+                self.carried_written(id, carried.len());
                 return Ok((out, rec));
             }
             tracing::debug!(
@@ -320,12 +328,18 @@ impl<C: Controllers> Plane<C> {
         for _ in 0..MAX_RACES {
             let (mut rec, version) = self.load(id).await?;
             let before = rec.clone();
+            carry(&carried, &mut rec);
             let out = f(&mut rec)?;
             if rec == before {
+                // The carried changes, if any, are already what is stored.
+                self.carried_written(id, carried.len());
                 return Ok((out, rec));
             }
-            match store(&rec, version).await? {
-                Written::Done(_) => return Ok((out, rec)),
+            match self.catalog.store(&rec, version).await? {
+                Written::Done(_) => {
+                    self.carried_written(id, carried.len());
+                    return Ok((out, rec));
+                }
                 Written::Changed => {
                     tracing::debug!(
                         volume_id = id,
@@ -335,6 +349,65 @@ impl<C: Controllers> Plane<C> {
             }
         }
         Err(raced(id))
+    }
+
+    /// Applies `change`, a result that a crash may lose because the intent before it is redone
+    /// at recovery, and returns the record with it. A catalog with deferred writes writes it
+    /// now (see [`CatalogBackend::store_deferred`]); otherwise nothing is written: it is
+    /// carried to the volume's next write, which costs no round trip of its own.
+    async fn modify_deferred(
+        &self,
+        id: &str,
+        change: Carried,
+    ) -> Result<VolumeRecord, ControlPlaneError> {
+        if !self.catalog.defers_writes() {
+            let mut rec = match self.catalog.cached_versioned(id) {
+                Some((rec, _)) => rec,
+                None => self.load(id).await?.0,
+            };
+            carry(&self.carried_of(id), &mut rec);
+            change(&mut rec);
+            self.lock_carried()
+                .entry(id.to_string())
+                .or_default()
+                .push(change);
+            return Ok(rec);
+        }
+        for _ in 0..MAX_RACES {
+            let (mut rec, version) = match self.catalog.cached_versioned(id) {
+                Some(seen) => seen,
+                None => self.load(id).await?,
+            };
+            change(&mut rec);
+            if let Written::Done(_) = self.catalog.store_deferred(&rec, version).await? {
+                return Ok(rec);
+            }
+        }
+        Err(raced(id))
+    }
+
+    fn lock_carried(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Carried>>> {
+        self.carried.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The deferred results carried for volume `id`, oldest first.
+    fn carried_of(&self, id: &str) -> Vec<Carried> {
+        self.lock_carried().get(id).cloned().unwrap_or_default()
+    }
+
+    /// Drops the `n` oldest carried results of volume `id`: a write carried them (or the
+    /// volume is gone). Results carried since stay for the next write.
+    fn carried_written(&self, id: &str, n: usize) {
+        if n == 0 {
+            return;
+        }
+        let mut carried = self.lock_carried();
+        if let Some(v) = carried.get_mut(id) {
+            v.drain(..n.min(v.len()));
+            if v.is_empty() {
+                carried.remove(id);
+            }
+        }
     }
 
     /// Every volume, by id.
@@ -539,6 +612,7 @@ impl<C: Controllers> Plane<C> {
                 )));
             }
             if let Written::Done(_) = self.catalog.remove(id, version).await? {
+                self.lock_carried().remove(id);
                 tracing::info!(volume_id = id, "volume deregistered");
                 return Ok(true);
             }
@@ -602,6 +676,7 @@ impl<C: Controllers> Plane<C> {
         let mut version = version;
         for _ in 0..MAX_RACES {
             if let Written::Done(_) = self.catalog.remove(id, version).await? {
+                self.lock_carried().remove(id);
                 tracing::info!(volume_id = id, "volume deleted");
                 return Ok(());
             }
@@ -985,15 +1060,16 @@ impl<C: Controllers> ControlPlane for Plane<C> {
         self.step("ControllerPublishVolume:after");
         // A crash may lose this result: the publication's intent is durable, and recovery
         // sends ControllerPublishVolume again (idempotent) before any node step.
-        let ((), rec) = self
-            .modify_as(&req.volume_id, true, |r| {
+        let published: Carried = {
+            let (node_id, context) = (node_id.clone(), context.clone());
+            Arc::new(move |r: &mut VolumeRecord| {
                 if let Some(p) = r.publications.get_mut(&node_id) {
                     p.state = PublicationState::Published;
                     p.publish_context = context.clone();
                 }
-                Ok(())
             })
-            .await?;
+        };
+        let rec = self.modify_deferred(&req.volume_id, published).await?;
         tracing::info!(volume_id = %rec.id, node_id, "controller published");
         Ok(Grant {
             volume: rec,
@@ -1041,7 +1117,22 @@ impl<C: Controllers> ControlPlane for Plane<C> {
         alloc_id: &str,
     ) -> Result<(), ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
-        let (rec, _) = self.load(volume_id).await?;
+        // The versioned view saves a read when it shows the claim being released: this
+        // agent's own writes are in it, and the writes below compare the version. Anything
+        // else is decided on a fresh read.
+        let seen = self
+            .catalog
+            .cached_versioned(volume_id)
+            .map(|(rec, _)| rec)
+            .filter(|rec| {
+                rec.claims
+                    .get(alloc_id)
+                    .is_some_and(|c| c.state == ClaimState::Releasing)
+            });
+        let rec = match seen {
+            Some(rec) => rec,
+            None => self.load(volume_id).await?.0,
+        };
         let Some(c) = rec.claims.get(alloc_id) else {
             return Ok(());
         };

@@ -5,12 +5,15 @@
 use std::{path::Path, sync::Arc, time::Duration};
 
 use berth_controlplane::{
-    Claim, ClaimMode, ControlPlane, ControlPlaneError, ControllerAccess, Controllers, NodeClaim,
-    Origin, Plane, VolumeRecord,
+    Claim, ClaimMode, ClaimState, ControlPlane, ControlPlaneError, ControllerAccess,
+    ControllerHandle, Controllers, NodeClaim, Origin, Plane, PublicationState, VolumeRecord,
 };
-use berth_csi::model::{AccessMode, AttachmentMode};
+use berth_csi::{
+    CapacityRange, CreateVolume, CsiClient, Endpoint,
+    model::{AccessMode, AttachmentMode, ControllerCapabilities, MountOptions, VolumeCapability},
+};
 use berth_fleet::{Etcd, EtcdCatalog, EtcdSettings, Membership, WatchedDir};
-use berth_testkit::EtcdCluster;
+use berth_testkit::{EtcdCluster, HostpathPlugin};
 use berth_volume::{Operation, StoredMountOptions, VolumeSpec};
 use tokio_util::sync::CancellationToken;
 
@@ -23,9 +26,25 @@ impl Controllers for NodeOnly {
     }
 }
 
-struct Node {
+/// This node's own controller: a client of a real berth-hostpath.
+struct Local {
+    client: CsiClient,
+    caps: ControllerCapabilities,
+}
+
+impl Controllers for Local {
+    fn controller(&self, _plugin_id: &str) -> ControllerAccess {
+        ControllerAccess::Healthy(ControllerHandle {
+            instance: "hp-1".into(),
+            client: Arc::new(self.client.clone()),
+            capabilities: self.caps.clone(),
+        })
+    }
+}
+
+struct Node<C: Controllers = NodeOnly> {
     id: String,
-    plane: Plane<NodeOnly>,
+    plane: Plane<C>,
     membership: Arc<Membership>,
 }
 
@@ -41,6 +60,17 @@ async fn node_with_view(
     shutdown: &CancellationToken,
     follow: bool,
 ) -> Node {
+    node_with(cluster, id, shutdown, follow, NodeOnly).await
+}
+
+/// [`node_with_view`] with `controllers` for the plugin's controller side.
+async fn node_with<C: Controllers>(
+    cluster: &EtcdCluster,
+    id: &str,
+    shutdown: &CancellationToken,
+    follow: bool,
+    controllers: C,
+) -> Node<C> {
     let settings = EtcdSettings::new(cluster.endpoints()).unwrap();
     let etcd = Etcd::connect(&settings).await.unwrap();
     let membership = Membership::new(etcd.clone(), id.into(), settings.lease_ttl);
@@ -69,12 +99,17 @@ async fn node_with_view(
     let catalog = EtcdCatalog::new(etcd, volumes, Arc::clone(&membership));
     Node {
         id: id.into(),
-        plane: Plane::new(Arc::new(catalog), NodeOnly),
+        plane: Plane::new(Arc::new(catalog), controllers),
         membership,
     }
 }
 
 fn record() -> VolumeRecord {
+    record_of("ext-1")
+}
+
+/// The volume's record, for the provider's volume `external_id`.
+fn record_of(external_id: &str) -> VolumeRecord {
     let spec = VolumeSpec::parse_hcl(
         Operation::Register,
         Path::new("v.hcl"),
@@ -94,7 +129,7 @@ capability {
     VolumeRecord::from_spec(
         &spec,
         Origin::Registered,
-        "ext-1".to_string().try_into().unwrap(),
+        external_id.to_string().try_into().unwrap(),
         0,
         Default::default(),
         Vec::new(),
@@ -119,7 +154,7 @@ async fn stored(etcd: &Etcd) -> VolumeRecord {
         .value
 }
 
-fn claim(node: &Node, alloc: &str) -> NodeClaim {
+fn claim<C: Controllers>(node: &Node<C>, alloc: &str) -> NodeClaim {
     NodeClaim {
         volume_id: "shared".into(),
         claim: Claim {
@@ -264,5 +299,71 @@ async fn a_stale_view_of_a_volume_never_decides_a_claim() {
     let last = stored(&etcd).await;
     assert_eq!(allocs(&last), ["a-4"]);
     assert_eq!(last.claims["a-4"].claim.node_id, "node-a");
+    shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_result_is_carried_by_the_next_write_even_one_decided_again() {
+    let cluster = EtcdCluster::single().expect("etcd");
+    let shutdown = CancellationToken::new();
+    let plugin = HostpathPlugin::builder().nodeid("hp-node").spawn().await;
+    let client = CsiClient::new(Endpoint::parse(&plugin.endpoint()).unwrap());
+    let caps = client.controller_capabilities().await.unwrap();
+    let vol = client
+        .create_volume(&CreateVolume {
+            name: "shared".into(),
+            capacity: CapacityRange {
+                required_bytes: 1 << 20,
+                limit_bytes: 0,
+            },
+            capabilities: vec![VolumeCapability::mount(
+                AccessMode::SingleNodeWriter,
+                MountOptions::default(),
+            )],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // Node a's view holds only its own writes, so its confirm below is decided again on a
+    // fresh read once another writer has changed the volume.
+    let a = node_with(&cluster, "node-a", &shutdown, false, Local { client, caps }).await;
+    let etcd = Etcd::connect(&EtcdSettings::new(cluster.endpoints()).unwrap())
+        .await
+        .unwrap();
+    let key = etcd.key(&["volumes", "shared"]);
+    let put = etcd
+        .put_if(&key, &record_of(&vol.external_id.to_string()), 0, None)
+        .await
+        .unwrap();
+    assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
+
+    let mut req = claim(&a, "a-1");
+    req.csi_node_id = "hp-node".into();
+    let grant = a.plane.claim(req).await.unwrap();
+    assert!(
+        !grant.publish_context.is_empty(),
+        "berth-hostpath names the node"
+    );
+    // The controller's answer is not a transaction of its own: etcd holds the intent.
+    let p = stored(&etcd).await.publications["node-a"].clone();
+    assert_eq!(p.state, PublicationState::Publishing);
+    assert!(p.publish_context.is_empty());
+
+    // Another writer changes the volume behind a's view.
+    let now = etcd.get::<VolumeRecord>(&key).await.unwrap().unwrap();
+    let put = etcd
+        .put_if(&key, &now.value, now.mod_revision, None)
+        .await
+        .unwrap();
+    assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
+
+    // The confirm finds its view stale, decides on the stored record, and still carries the
+    // controller's answer.
+    a.plane.confirm("shared", "a-1").await.unwrap();
+    let last = stored(&etcd).await;
+    assert_eq!(last.claims["a-1"].state, ClaimState::Claimed);
+    let p = &last.publications["node-a"];
+    assert_eq!(p.state, PublicationState::Published);
+    assert_eq!(p.publish_context, grant.publish_context);
     shutdown.cancel();
 }
