@@ -830,15 +830,20 @@ impl<C: Controllers> Plane<C> {
         };
         // Durable: a claim on the node must not find the publication published once this call
         // may have detached the volume. With the embedded store it also makes the node's
-        // deferred records of the release durable before the controller step.
-        let ((), rec) = self
-            .modify(volume_id, |r| {
+        // deferred records of the release durable before the controller step. Already so
+        // (marked when the release began, or by an earlier try), there is nothing to write.
+        let rec = if p.state == PublicationState::Unpublishing {
+            rec.clone()
+        } else {
+            self.modify(volume_id, |r| {
                 if let Some(p) = r.publications.get_mut(node_id) {
                     p.state = PublicationState::Unpublishing;
                 }
                 Ok(())
             })
-            .await?;
+            .await?
+            .1
+        };
         self.step("ControllerUnpublishVolume:before");
         match handle
             .client
@@ -1100,12 +1105,31 @@ impl<C: Controllers> ControlPlane for Plane<C> {
         alloc_id: &str,
     ) -> Result<Option<ClaimRecord>, ControlPlaneError> {
         let _guard = self.locks.lock(volume_id).await;
+        // Over a catalog whose every write is a transaction (etcd), the last claim on a node
+        // marks the node's publication as being unpublished in the same write, instead of one
+        // more before ControllerUnpublishVolume. Earlier is only more careful: a claim on the
+        // node in between publishes it again (idempotent). The embedded store keeps that
+        // write where it is: it also makes the node's deferred release records durable
+        // before the controller step.
+        let early = !self.catalog.defers_writes();
         let (out, _) = self
             .modify(volume_id, |rec| {
-                Ok(rec.claims.get_mut(alloc_id).map(|c| {
-                    c.state = ClaimState::Releasing;
-                    c.clone()
-                }))
+                let Some(c) = rec.claims.get_mut(alloc_id) else {
+                    return Ok(None);
+                };
+                c.state = ClaimState::Releasing;
+                let c = c.clone();
+                let node_id = &c.claim.node_id;
+                if early
+                    && !rec
+                        .claims
+                        .values()
+                        .any(|o| o.claim.alloc_id != alloc_id && o.claim.node_id == *node_id)
+                    && let Some(p) = rec.publications.get_mut(node_id)
+                {
+                    p.state = PublicationState::Unpublishing;
+                }
+                Ok(Some(c))
             })
             .await?;
         Ok(out)

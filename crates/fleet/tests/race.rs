@@ -303,7 +303,7 @@ async fn a_stale_view_of_a_volume_never_decides_a_claim() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_controller_result_is_carried_by_the_next_write_even_one_decided_again() {
+async fn a_claim_and_its_release_write_the_volume_twice_each_even_when_a_write_decides_again() {
     let cluster = EtcdCluster::single().expect("etcd");
     let shutdown = CancellationToken::new();
     let plugin = HostpathPlugin::builder().nodeid("hp-node").spawn().await;
@@ -337,9 +337,17 @@ async fn a_controller_result_is_carried_by_the_next_write_even_one_decided_again
         .unwrap();
     assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
 
+    // How many times the volume's key was written so far (etcd's per-key version).
+    let writes = async || {
+        let got = etcd.client().get(key.as_str(), None).await.unwrap();
+        got.kvs().first().map_or(0, |kv| kv.version())
+    };
+    assert_eq!(writes().await, 1);
+
     let mut req = claim(&a, "a-1");
     req.csi_node_id = "hp-node".into();
     let grant = a.plane.claim(req).await.unwrap();
+    assert_eq!(writes().await, 2, "one write for the claim's intent");
     assert!(
         !grant.publish_context.is_empty(),
         "berth-hostpath names the node"
@@ -365,5 +373,22 @@ async fn a_controller_result_is_carried_by_the_next_write_even_one_decided_again
     let p = &last.publications["node-a"];
     assert_eq!(p.state, PublicationState::Published);
     assert_eq!(p.publish_context, grant.publish_context);
+    assert_eq!(writes().await, 4, "the other writer's, then the confirm");
+
+    // Releasing the node's last claim marks the publication in the same write, and freeing
+    // it is the only other one.
+    let released = a.plane.begin_release("shared", "a-1").await.unwrap();
+    assert!(released.is_some());
+    let begun = stored(&etcd).await;
+    assert_eq!(begun.claims["a-1"].state, ClaimState::Releasing);
+    assert_eq!(
+        begun.publications["node-a"].state,
+        PublicationState::Unpublishing
+    );
+    assert_eq!(writes().await, 5);
+    a.plane.finish_release("shared", "a-1").await.unwrap();
+    let freed = stored(&etcd).await;
+    assert!(freed.claims.is_empty() && freed.publications.is_empty());
+    assert_eq!(writes().await, 6);
     shutdown.cancel();
 }
