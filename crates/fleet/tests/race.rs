@@ -1,6 +1,7 @@
 //! Two nodes, each with its own etcd connection and lease, race for one single-node-writer
-//! volume: exactly one claim wins every time, and the loser's refusal names the rule.
-//! Against a real etcd.
+//! volume: exactly one claim wins every time, and the loser's refusal names the rule. A stale
+//! view never decides, and a claim and its release write the volume twice each. Against a
+//! real etcd (and a real berth-hostpath as the controller).
 
 use std::{path::Path, sync::Arc, time::Duration};
 
