@@ -743,11 +743,48 @@ const UNMOUNT_STEPS: &[&str] = &[
 #[tokio::test]
 async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
     let mut agent = start().await;
+    kill_9_at_every_step_of_mount(&mut agent).await;
+}
+
+#[tokio::test]
+async fn kill_9_at_every_step_of_mount_in_a_fleet_ends_mounted_with_the_claim() {
+    let cluster = berth_testkit::EtcdCluster::single().expect("etcd");
+    let mut agent = start_in_fleet(&cluster).await;
+    kill_9_at_every_step_of_mount(&mut agent).await;
+}
+
+/// [`start`], with the control plane on `cluster` (a fleet of one node, whose claims are
+/// never freed for it while it is down).
+async fn start_in_fleet(cluster: &berth_testkit::EtcdCluster) -> AgentProcess {
+    let config = format!(
+        "{}control_plane {{\n  etcd {{\n    prefix = \"/crash\"\n    lease_ttl = \"3s\"\n    \
+         lost_after = \"1h\"\n    lost_claims {{\n      after = \"1h\"\n    }}\n  }}\n}}\n",
+        agent_support::hostpath_config(
+            PLUGIN,
+            &[
+                "--enable-stage",
+                "--enable-attach",
+                "--call-log",
+                "@TMP@/calls.log",
+            ],
+        )
+    );
+    let agent =
+        AgentProcess::start_in_namespace_with(&config, &["--etcd", &cluster.endpoints_csv()]).await;
+    agent
+        .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
+        .await;
+    agent
+}
+
+/// Kills the agent at each step of a claim (a volume per step); the next agent ends each
+/// claim mounted, once, with nothing leaked.
+async fn kill_9_at_every_step_of_mount(agent: &mut AgentProcess) {
     for (i, step) in MOUNT_STEPS.iter().enumerate() {
         let vol = format!("m{i}");
         create(&agent.client(), &vol, "single-node-writer").await;
         let v = vol.clone();
-        crash_at(&mut agent, step, async move |c: &Client| {
+        crash_at(agent, step, async move |c: &Client| {
             // The call dies with the agent.
             let _ = c.claim_volume(&v, &xfs_claim("a1")).await;
         })
@@ -777,7 +814,7 @@ async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
         );
         // No leaked mount: releasing leaves nothing.
         release(&client, &vol, "a1").await;
-        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+        let left: Vec<PathBuf> = mounts_under(agent, &agent.data_dir)
             .into_iter()
             .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
             .collect();
@@ -788,14 +825,28 @@ async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
 #[tokio::test]
 async fn kill_9_at_every_step_of_unmount_ends_released() {
     let mut agent = start().await;
+    kill_9_at_every_step_of_unmount(&mut agent).await;
+}
+
+#[tokio::test]
+async fn kill_9_at_every_step_of_unmount_in_a_fleet_ends_released() {
+    let cluster = berth_testkit::EtcdCluster::single().expect("etcd");
+    let mut agent = start_in_fleet(&cluster).await;
+    kill_9_at_every_step_of_unmount(&mut agent).await;
+}
+
+/// Kills the agent at each step of a release (a volume per step); the next agent ends each
+/// release with nothing claimed or mounted, the controller step after the node steps, and
+/// nothing mounted again.
+async fn kill_9_at_every_step_of_unmount(agent: &mut AgentProcess) {
     for (i, step) in UNMOUNT_STEPS.iter().enumerate() {
         let vol = format!("u{i}");
         let client = agent.client();
         create(&client, &vol, "single-node-writer").await;
         let a = claim(&client, &vol, "a1", AccessMode::SingleNodeWriter).await;
-        let before = volume_calls(&agent).len();
+        let before = volume_calls(agent).len();
         let v = vol.clone();
-        crash_at(&mut agent, step, async move |c: &Client| {
+        crash_at(agent, step, async move |c: &Client| {
             let _ = c
                 .release_volume(
                     &v,
@@ -815,13 +866,13 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
                 .is_ok_and(|s| s.claims.is_empty() && s.usages.is_empty())
         });
         assert!(agent.namespace().mount_at(&a.target).is_none(), "{step}");
-        let left: Vec<PathBuf> = mounts_under(&agent, &agent.data_dir)
+        let left: Vec<PathBuf> = mounts_under(agent, &agent.data_dir)
             .into_iter()
             .filter(|p| p.to_string_lossy().contains(&format!("/{vol}/")))
             .collect();
         assert!(left.is_empty(), "{step}: leaked {left:?}");
         // The controller step came after the node steps.
-        let seq: Vec<String> = volume_calls(&agent)
+        let seq: Vec<String> = volume_calls(agent)
             .into_iter()
             .filter(|(_, c)| c == "OK")
             .map(|(r, _)| r)
@@ -832,7 +883,7 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
         // A release's node records are deferred, so a kill -9 after its unmounts may lose them
         // and the alloc looks published again: its claim is releasing, so recovery unmounts,
         // never mounts the volume again.
-        let after: Vec<(String, String)> = volume_calls(&agent).split_off(before);
+        let after: Vec<(String, String)> = volume_calls(agent).split_off(before);
         assert!(
             after.iter().all(|(rpc, _)| !matches!(
                 rpc.as_str(),

@@ -215,6 +215,17 @@ impl Store {
             .unwrap_or_else(|_| Err(self.committer.gone()))
     }
 
+    /// Returns once every deferred batch committed before the call is durable: at once when
+    /// none is waiting, otherwise after one durable commit (its own, or one it shares with
+    /// other writers). For writers whose next durable step is elsewhere (a fleet's etcd).
+    pub async fn sync(&self) -> Result<(), StateError> {
+        self.committer
+            .submit(Batch::new())
+            .await
+            .unwrap_or_else(|_| Err(self.committer.gone()))
+            .map(drop)
+    }
+
     /// [`Store::commit`] for synchronous callers: blocks this thread until the batch is
     /// durable (on a multi-thread runtime's worker, without stalling that worker's other
     /// tasks).

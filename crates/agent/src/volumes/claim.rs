@@ -44,10 +44,14 @@ impl Volumes {
             })
             .await
             .map_err(StepError::Node)?;
-        self.cp
-            .confirm(volume_id, &alloc_id)
-            .await
-            .map_err(StepError::Cp)?;
+        // Answered only once the node's records of the mount are durable too (in a fleet the
+        // confirm does not make them so; both run at once).
+        let (synced, confirmed) = tokio::join!(
+            self.sync_node_records(volume_id),
+            self.cp.confirm(volume_id, &alloc_id)
+        );
+        synced?;
+        confirmed.map_err(StepError::Cp)?;
         Ok((target, grant.publish_context))
     }
 

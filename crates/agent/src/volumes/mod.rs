@@ -102,6 +102,10 @@ pub struct Volumes {
     alloc_locks: KeyedLocks,
     retrying: Mutex<HashSet<(String, String)>>,
     hook: Option<Arc<CrashHook>>,
+    /// The catalog is not in this node's store (a fleet's etcd), so its writes make none of
+    /// the node's deferred records durable: the node syncs its store itself before a claim
+    /// is confirmed and before a release's controller step.
+    catalog_elsewhere: bool,
     tasks: TaskTracker,
     shutdown: CancellationToken,
 }
@@ -147,6 +151,8 @@ impl Volumes {
             cancel: shutdown.clone(),
         });
         let hook = CrashHook::from_env();
+        // The embedded catalog is the only one with deferred writes, and it is in this store.
+        let catalog_elsewhere = !catalog.defers_writes();
         let mut cp = Plane::new(
             catalog,
             AgentControllers {
@@ -173,9 +179,24 @@ impl Volumes {
             alloc_locks: KeyedLocks::default(),
             retrying: Mutex::new(HashSet::new()),
             hook,
+            catalog_elsewhere,
             tasks,
             shutdown,
         }
+    }
+
+    /// Makes the node's deferred records durable when the catalog's writes do not (see
+    /// [`Volumes::catalog_elsewhere`]).
+    async fn sync_node_records(&self, volume_id: &str) -> Result<(), StepError> {
+        if !self.catalog_elsewhere {
+            return Ok(());
+        }
+        self.store.sync().await.map_err(|source| {
+            StepError::Node(berth_volumemgr::VolumeError::Store {
+                volume_id: volume_id.to_string(),
+                source,
+            })
+        })
     }
 
     /// This node's own controllers (never another node's): what it serves to the fleet.

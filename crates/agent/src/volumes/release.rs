@@ -22,6 +22,9 @@ impl Volumes {
             .release_unused(&vol.id)
             .await
             .map_err(StepError::Node)?;
+        // The node's side durably done before ControllerUnpublishVolume: a crash after it
+        // must not find the volume still staged here.
+        self.sync_node_records(&vol.id).await?;
         self.cp
             .finish_release(&vol.id, alloc_id)
             .await
