@@ -26,17 +26,16 @@ use berth_hostpath::calllog::{self, Call};
 const PLUGIN: &str = "hp";
 
 /// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
+/// berth-hostpath's arguments in these tests: staging and attaching, its calls logged.
+const HOSTPATH_ARGS: &[&str] = &[
+    "--enable-stage",
+    "--enable-attach",
+    "--call-log",
+    "@TMP@/calls.log",
+];
+
 async fn start() -> AgentProcess {
-    AgentProcess::start_with_hostpath(
-        PLUGIN,
-        &[
-            "--enable-stage",
-            "--enable-attach",
-            "--call-log",
-            "@TMP@/calls.log",
-        ],
-    )
-    .await
+    AgentProcess::start_with_hostpath(PLUGIN, HOSTPATH_ARGS).await
 }
 
 fn create_spec(id: &str, mode: &str) -> String {
@@ -759,15 +758,7 @@ async fn start_in_fleet(cluster: &berth_testkit::EtcdCluster) -> AgentProcess {
     let config = format!(
         "{}control_plane {{\n  etcd {{\n    prefix = \"/crash\"\n    lease_ttl = \"3s\"\n    \
          lost_after = \"1h\"\n    lost_claims {{\n      after = \"1h\"\n    }}\n  }}\n}}\n",
-        agent_support::hostpath_config(
-            PLUGIN,
-            &[
-                "--enable-stage",
-                "--enable-attach",
-                "--call-log",
-                "@TMP@/calls.log",
-            ],
-        )
+        agent_support::hostpath_config(PLUGIN, HOSTPATH_ARGS)
     );
     let agent =
         AgentProcess::start_in_namespace_with(&config, &["--etcd", &cluster.endpoints_csv()]).await;

@@ -3,15 +3,17 @@
 //! view never decides, and a claim and its release write the volume twice each. Against a
 //! real etcd (and a real berth-hostpath as the controller).
 
+mod common;
+
 use std::{path::Path, sync::Arc, time::Duration};
 
 use berth_controlplane::{
-    Claim, ClaimMode, ClaimState, ControlPlane, ControlPlaneError, ControllerAccess,
-    ControllerHandle, Controllers, NodeClaim, Origin, Plane, PublicationState, VolumeRecord,
+    Claim, ClaimMode, ClaimState, ControlPlane, ControlPlaneError, ControllerAccess, Controllers,
+    NodeClaim, Origin, Plane, PublicationState, VolumeRecord,
 };
 use berth_csi::{
-    CapacityRange, CreateVolume, CsiClient, Endpoint,
-    model::{AccessMode, AttachmentMode, ControllerCapabilities, MountOptions, VolumeCapability},
+    CapacityRange, CreateVolume,
+    model::{AccessMode, AttachmentMode, MountOptions, VolumeCapability},
 };
 use berth_fleet::{Etcd, EtcdCatalog, EtcdSettings, Membership, WatchedDir};
 use berth_testkit::{EtcdCluster, HostpathPlugin};
@@ -24,22 +26,6 @@ struct NodeOnly;
 impl Controllers for NodeOnly {
     fn controller(&self, _plugin_id: &str) -> ControllerAccess {
         ControllerAccess::NodeOnly
-    }
-}
-
-/// This node's own controller: a client of a real berth-hostpath.
-struct Local {
-    client: CsiClient,
-    caps: ControllerCapabilities,
-}
-
-impl Controllers for Local {
-    fn controller(&self, _plugin_id: &str) -> ControllerAccess {
-        ControllerAccess::Healthy(ControllerHandle {
-            instance: "hp-1".into(),
-            client: Arc::new(self.client.clone()),
-            capabilities: self.caps.clone(),
-        })
     }
 }
 
@@ -307,10 +293,9 @@ async fn a_stale_view_of_a_volume_never_decides_a_claim() {
 async fn a_claim_and_its_release_write_the_volume_twice_each_even_when_a_write_decides_again() {
     let cluster = EtcdCluster::single().expect("etcd");
     let shutdown = CancellationToken::new();
-    let plugin = HostpathPlugin::builder().nodeid("hp-node").spawn().await;
-    let client = CsiClient::new(Endpoint::parse(&plugin.endpoint()).unwrap());
-    let caps = client.controller_capabilities().await.unwrap();
-    let vol = client
+    let (_plugin, local) = common::local(HostpathPlugin::builder().nodeid("hp-node")).await;
+    let vol = local
+        .client
         .create_volume(&CreateVolume {
             name: "shared".into(),
             capacity: CapacityRange {
@@ -327,15 +312,14 @@ async fn a_claim_and_its_release_write_the_volume_twice_each_even_when_a_write_d
         .unwrap();
     // Node a's view holds only its own writes, so its confirm below is decided again on a
     // fresh read once another writer has changed the volume.
-    let a = node_with(&cluster, "node-a", &shutdown, false, Local { client, caps }).await;
+    let a = node_with(&cluster, "node-a", &shutdown, false, local).await;
     let etcd = Etcd::connect(&EtcdSettings::new(cluster.endpoints()).unwrap())
         .await
         .unwrap();
     let key = etcd.key(&["volumes", "shared"]);
-    let put = etcd
-        .put_if(&key, &record_of(&vol.external_id.to_string()), 0, None)
-        .await
-        .unwrap();
+    let mut rec = record_of(&vol.external_id.to_string());
+    rec.context = vol.context.clone();
+    let put = etcd.put_if(&key, &rec, 0, None).await.unwrap();
     assert!(matches!(put, berth_fleet::Outcome::Done(_)), "{put:?}");
 
     // How many times the volume's key was written so far (etcd's per-key version).

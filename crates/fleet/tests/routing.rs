@@ -3,12 +3,14 @@
 //! the request on its plugin and answers. A request waits for a serving node that is not
 //! running yet; a request past its deadline is answered without being run.
 
+mod common;
+
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use berth_api::nodes::{FleetNode, NodeController};
 use berth_controlplane::{ControllerAccess, ControllerHandle, Controllers, StoredSecrets};
 use berth_csi::{
-    CapacityRange, Code, ControllerPublish, CreateVolume, CsiClient, Endpoint,
+    CapacityRange, Code, ControllerPublish, CreateVolume,
     model::{
         AccessMode, ControllerCapabilities, ControllerCapability, MountOptions, Secrets,
         VolumeCapability,
@@ -20,22 +22,6 @@ use berth_fleet::{
 };
 use berth_testkit::{EtcdCluster, HostpathPlugin};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
-
-/// This node's own controller: a client of a real plugin.
-struct Local {
-    client: CsiClient,
-    caps: ControllerCapabilities,
-}
-
-impl Controllers for Local {
-    fn controller(&self, _plugin_id: &str) -> ControllerAccess {
-        ControllerAccess::Healthy(ControllerHandle {
-            instance: "hp-1".into(),
-            client: Arc::new(self.client.clone()),
-            capabilities: self.caps.clone(),
-        })
-    }
-}
 
 struct Node {
     router: Router,
@@ -80,18 +66,15 @@ async fn node(
     Node { router, etcd }
 }
 
-async fn plugin(tmp: &std::path::Path) -> (HostpathPlugin, Local) {
-    let hp = HostpathPlugin::builder()
-        .socket(tmp.join("hp.sock"))
-        .statedir(tmp.join("state"))
-        .nodeid("n1")
-        .strict(true)
-        .call_log(tmp.join("calls"))
-        .spawn()
-        .await;
-    let client = CsiClient::new(Endpoint::from_path(hp.socket()).unwrap());
-    let caps = client.controller_capabilities().await.unwrap();
-    (hp, Local { client, caps })
+async fn plugin(tmp: &std::path::Path) -> (HostpathPlugin, common::Local) {
+    common::local(
+        HostpathPlugin::builder()
+            .socket(tmp.join("hp.sock"))
+            .statedir(tmp.join("state"))
+            .nodeid("n1")
+            .call_log(tmp.join("calls")),
+    )
+    .await
 }
 
 fn controllers(caps: &ControllerCapabilities) -> Vec<NodeController> {

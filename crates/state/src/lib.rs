@@ -209,21 +209,22 @@ impl Store {
         if batch.is_empty() {
             return Ok(Committed::default());
         }
-        self.committer
-            .submit(batch)
-            .await
-            .unwrap_or_else(|_| Err(self.committer.gone()))
+        self.submit(batch).await
     }
 
     /// Returns once every deferred batch committed before the call is durable: at once when
     /// none is waiting, otherwise after one durable commit (its own, or one it shares with
     /// other writers). For writers whose next durable step is elsewhere (a fleet's etcd).
     pub async fn sync(&self) -> Result<(), StateError> {
+        // An empty batch that is not deferred: the commit thread's sync.
+        self.submit(Batch::new()).await.map(drop)
+    }
+
+    async fn submit(&self, batch: Batch) -> Result<Committed, StateError> {
         self.committer
-            .submit(Batch::new())
+            .submit(batch)
             .await
             .unwrap_or_else(|_| Err(self.committer.gone()))
-            .map(drop)
     }
 
     /// [`Store::commit`] for synchronous callers: blocks this thread until the batch is
