@@ -7,7 +7,10 @@
 //!    the agent's API (ControllerPublish, NodeStage, NodePublish, then NodeUnpublish,
 //!    NodeUnstage, ControllerUnpublish, with the state persisted around each step). The
 //!    baseline, interleaved sample by sample, makes the same six RPCs directly with
-//!    `berth_csi::CsiClient` against a separate `berth-hostpath` with the same options.
+//!    `berth_csi::CsiClient` against a separate `berth-hostpath` with the same options. A
+//!    second direct cycle, interleaved too, also does the directory work that falls to the CO
+//!    (the agent creates each claim's staging directory and target parent and removes them
+//!    after release): what that costs on the filesystem under the data dir, reported apart.
 //! 2. **Parallel**: `--volumes` single-node-multi-writer volumes, `--allocs` allocs spread evenly
 //!    over them, all claimed at once and then all released at once: per-call latency, wall time
 //!    and the agent's CPU time (utime + stime from `/proc/<pid>/stat`). Every claim must succeed,
@@ -87,7 +90,61 @@ struct Direct {
     target: PathBuf,
 }
 
+/// Where one direct cycle stages and publishes. With `co_dirs`, the cycle also does the
+/// directory work the agent does as the CO for each claim and release: it creates the staging
+/// directory and the target's parent (two levels each, as under the agent's data dir) before
+/// the RPCs that need them and removes them after the RPCs that end their use.
+struct CyclePaths {
+    staging: PathBuf,
+    target: PathBuf,
+    co_dirs: Option<CoDirs>,
+}
+
+struct CoDirs {
+    /// Created first and removed last, parent before child.
+    staging: [PathBuf; 2],
+    target_parent: [PathBuf; 2],
+}
+
+impl CoDirs {
+    fn create(dirs: &[PathBuf; 2]) {
+        for d in dirs {
+            std::fs::create_dir(d).unwrap_or_else(|e| panic!("mkdir {}: {e}", d.display()));
+        }
+    }
+
+    fn remove(dirs: &[PathBuf; 2]) {
+        for d in dirs.iter().rev() {
+            std::fs::remove_dir(d).unwrap_or_else(|e| panic!("rmdir {}: {e}", d.display()));
+        }
+    }
+}
+
 impl Direct {
+    /// The fixed paths (made once, never removed) or, with `co_dirs`, per-alloc paths whose
+    /// directories each cycle makes and removes.
+    fn paths(&self, co_dirs: Option<&str>) -> CyclePaths {
+        let Some(alloc) = co_dirs else {
+            return CyclePaths {
+                staging: self.staging.clone(),
+                target: self.target.clone(),
+                co_dirs: None,
+            };
+        };
+        let root = self.plugin.tmp().join("co");
+        let vol = root.join("staging/cycle");
+        let alloc_dir = root.join("per-alloc").join(alloc);
+        let parent = alloc_dir.join("cycle");
+        CyclePaths {
+            staging: vol.join("rw"),
+            target: parent.join("rw"),
+            co_dirs: Some(CoDirs {
+                staging: [vol.clone(), vol.join("rw")],
+                target_parent: [alloc_dir, parent],
+            }),
+        }
+    }
+
     async fn start() -> Direct {
         let plugin = HostpathPlugin::builder()
             .stage(true)
@@ -114,6 +171,8 @@ impl Direct {
         for dir in [&staging, &target] {
             std::fs::create_dir_all(dir.parent().expect("parent")).expect("mkdir");
         }
+        std::fs::create_dir_all(plugin.tmp().join("co/per-alloc")).expect("mkdir");
+        std::fs::create_dir_all(plugin.tmp().join("co/staging")).expect("mkdir");
         Direct {
             csi,
             id: vol.external_id,
@@ -126,7 +185,7 @@ impl Direct {
     }
 
     /// ControllerPublish, NodeStage, NodePublish; the time taken.
-    async fn publish(&self) -> Duration {
+    async fn publish(&self, p: &CyclePaths) -> Duration {
         let t = Instant::now();
         let publish_context = self
             .csi
@@ -140,10 +199,13 @@ impl Direct {
             })
             .await
             .expect("ControllerPublishVolume");
+        if let Some(d) = &p.co_dirs {
+            CoDirs::create(&d.staging);
+        }
         self.csi
             .node_stage(&NodeStage {
                 external_id: self.id.clone(),
-                staging_path: self.staging.clone(),
+                staging_path: p.staging.clone(),
                 capability: self.cap.clone(),
                 publish_context: publish_context.clone(),
                 volume_context: self.context.clone(),
@@ -151,11 +213,14 @@ impl Direct {
             })
             .await
             .expect("NodeStageVolume");
+        if let Some(d) = &p.co_dirs {
+            CoDirs::create(&d.target_parent);
+        }
         self.csi
             .node_publish(&NodePublish {
                 external_id: self.id.clone(),
-                staging_path: Some(self.staging.clone()),
-                target_path: self.target.clone(),
+                staging_path: Some(p.staging.clone()),
+                target_path: p.target.clone(),
                 capability: self.cap.clone(),
                 read_only: false,
                 publish_context,
@@ -168,16 +233,28 @@ impl Direct {
     }
 
     /// NodeUnpublish, NodeUnstage, ControllerUnpublish; the time taken.
-    async fn unpublish(&self) -> Duration {
+    async fn unpublish(&self, p: &CyclePaths) -> Duration {
         let t = Instant::now();
         self.csi
-            .node_unpublish(&self.id, &self.target)
+            .node_unpublish(&self.id, &p.target)
             .await
             .expect("NodeUnpublishVolume");
+        if let Some(d) = &p.co_dirs {
+            // The plugin removes the target it made; what is left of it is the CO's.
+            match std::fs::remove_dir(&p.target) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => panic!("rmdir {}: {e}", p.target.display()),
+            }
+            CoDirs::remove(&d.target_parent);
+        }
         self.csi
-            .node_unstage(&self.id, &self.staging)
+            .node_unstage(&self.id, &p.staging)
             .await
             .expect("NodeUnstageVolume");
+        if let Some(d) = &p.co_dirs {
+            CoDirs::remove(&d.staging);
+        }
         self.csi
             .controller_unpublish(&self.id, self.plugin.nodeid(), &Secrets::default())
             .await
@@ -190,13 +267,15 @@ impl Direct {
     }
 }
 
-async fn direct_cycle(direct: &Direct) -> (Duration, Duration) {
-    let publish = direct.publish().await;
+/// One direct cycle; with `co_dirs` (an alloc name), doing the CO's directory work too.
+async fn direct_cycle(direct: &Direct, co_dirs: Option<&str>) -> (Duration, Duration) {
+    let paths = direct.paths(co_dirs);
+    let publish = direct.publish(&paths).await;
     assert!(
-        direct.mounts().contains(&direct.target),
+        direct.mounts().contains(&paths.target),
         "direct target not mounted"
     );
-    let unpublish = direct.unpublish().await;
+    let unpublish = direct.unpublish(&paths).await;
     let left = direct.mounts();
     assert!(left.is_empty(), "direct: mounted after unpublish: {left:?}");
     (publish, unpublish)
@@ -210,28 +289,35 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
         .unwrap_or_else(|e| panic!("create volume cycle: {e}"));
     for i in 0..opts.warmup {
         agent_cycle(agent, &client, "cycle", &format!("warm-{i}")).await;
-        direct_cycle(direct).await;
+        direct_cycle(direct, None).await;
+        direct_cycle(direct, Some(&format!("warm-{i}"))).await;
     }
     let (mut a_claim, mut a_rel, mut a_cycle) = (Vec::new(), Vec::new(), Vec::new());
     let (mut d_pub, mut d_unpub, mut d_cycle) = (Vec::new(), Vec::new(), Vec::new());
+    let mut c_cycle = Vec::new();
     for i in 0..opts.samples {
-        // Alternate which goes first, so neither always follows the other.
-        let (a, d) = if i % 2 == 0 {
-            let a = agent_cycle(agent, &client, "cycle", &format!("cycle-{i}")).await;
-            (a, direct_cycle(direct).await)
-        } else {
-            let d = direct_cycle(direct).await;
-            (
-                agent_cycle(agent, &client, "cycle", &format!("cycle-{i}")).await,
-                d,
-            )
-        };
+        // The three kinds in turn, each one first in a third of the samples.
+        let alloc = format!("cycle-{i}");
+        let (mut a, mut d, mut c) = (None, None, None);
+        for k in 0..3 {
+            match (i + k) % 3 {
+                0 => a = Some(agent_cycle(agent, &client, "cycle", &alloc).await),
+                1 => d = Some(direct_cycle(direct, None).await),
+                _ => c = Some(direct_cycle(direct, Some(&alloc)).await),
+            }
+        }
+        let (a, d, c) = (
+            a.expect("agent ran"),
+            d.expect("direct ran"),
+            c.expect("direct with directories ran"),
+        );
         a_claim.push(ms(a.0));
         a_rel.push(ms(a.1));
         a_cycle.push(ms(a.0 + a.1));
         d_pub.push(ms(d.0));
         d_unpub.push(ms(d.1));
         d_cycle.push(ms(d.0 + d.1));
+        c_cycle.push(ms(c.0 + c.1));
     }
     println!(
         "\n1. Cycle, one single-node-writer volume: claim → mounted → release \
@@ -248,6 +334,7 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
     let dp = row("direct publish (CP+NS+NP)", &d_pub);
     let du = row("direct unpublish (NU+NUS+CU)", &d_unpub);
     let dy = row("direct cycle", &d_cycle);
+    let cy = row("direct cycle + the CO's directories", &c_cycle);
     println!(
         "  agent/direct: cycle median {:.2}x, p90 {:.2}x; claim median {:.2}x; \
          release median {:.2}x",
@@ -259,6 +346,12 @@ async fn bench_cycle(opts: Opts, agent: &Agent, direct: &Direct) {
     println!(
         "  agent overhead per cycle (median difference): {:.2} ms",
         ay.p50 - dy.p50
+    );
+    println!(
+        "  the CO's directory work (mkdir and rmdir of 4 directories, as the agent does): \
+         {:.2} ms per cycle on this filesystem; agent/(direct + directories) {:.2}x",
+        cy.p50 - dy.p50,
+        ay.p50 / cy.p50
     );
 }
 
