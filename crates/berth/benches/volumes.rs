@@ -121,10 +121,10 @@ impl CoDirs {
 }
 
 impl Direct {
-    /// The fixed paths (made once, never removed) or, with `co_dirs`, per-alloc paths whose
+    /// The fixed paths (made once, never removed) or, with `co_alloc`, that alloc's paths whose
     /// directories each cycle makes and removes.
-    fn paths(&self, co_dirs: Option<&str>) -> CyclePaths {
-        let Some(alloc) = co_dirs else {
+    fn paths(&self, co_alloc: Option<&str>) -> CyclePaths {
+        let Some(alloc) = co_alloc else {
             return CyclePaths {
                 staging: self.staging.clone(),
                 target: self.target.clone(),
@@ -267,9 +267,9 @@ impl Direct {
     }
 }
 
-/// One direct cycle; with `co_dirs` (an alloc name), doing the CO's directory work too.
-async fn direct_cycle(direct: &Direct, co_dirs: Option<&str>) -> (Duration, Duration) {
-    let paths = direct.paths(co_dirs);
+/// One direct cycle; with `co_alloc` (an alloc name), doing the CO's directory work too.
+async fn direct_cycle(direct: &Direct, co_alloc: Option<&str>) -> (Duration, Duration) {
+    let paths = direct.paths(co_alloc);
     let publish = direct.publish(&paths).await;
     assert!(
         direct.mounts().contains(&paths.target),
