@@ -25,7 +25,6 @@ use berth_hostpath::calllog::{self, Call};
 
 const PLUGIN: &str = "hp";
 
-/// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
 /// berth-hostpath's arguments in these tests: staging and attaching, its calls logged.
 const HOSTPATH_ARGS: &[&str] = &[
     "--enable-stage",
@@ -34,6 +33,7 @@ const HOSTPATH_ARGS: &[&str] = &[
     "@TMP@/calls.log",
 ];
 
+/// A monolith berth-hostpath the agent runs, staging and attaching, with a call log.
 async fn start() -> AgentProcess {
     AgentProcess::start_with_hostpath(PLUGIN, HOSTPATH_ARGS).await
 }
@@ -747,14 +747,14 @@ async fn kill_9_at_every_step_of_mount_ends_mounted_with_the_claim() {
 
 #[tokio::test]
 async fn kill_9_at_every_step_of_mount_in_a_fleet_ends_mounted_with_the_claim() {
-    let cluster = berth_testkit::EtcdCluster::single().expect("etcd");
-    let mut agent = start_in_fleet(&cluster).await;
+    let (_etcd, mut agent) = start_in_fleet().await;
     kill_9_at_every_step_of_mount(&mut agent).await;
 }
 
-/// [`start`], with the control plane on `cluster` (a fleet of one node, whose claims are
-/// never freed for it while it is down).
-async fn start_in_fleet(cluster: &berth_testkit::EtcdCluster) -> AgentProcess {
+/// [`start`], with the control plane on an etcd of its own (a fleet of one node, whose claims
+/// are never freed for it while it is down); the etcd lives as long as what is returned.
+async fn start_in_fleet() -> (berth_testkit::EtcdCluster, AgentProcess) {
+    let cluster = berth_testkit::EtcdCluster::single().expect("etcd");
     let config = format!(
         "{}control_plane {{\n  etcd {{\n    prefix = \"/crash\"\n    lease_ttl = \"3s\"\n    \
          lost_after = \"1h\"\n    lost_claims {{\n      after = \"1h\"\n    }}\n  }}\n}}\n",
@@ -765,7 +765,7 @@ async fn start_in_fleet(cluster: &berth_testkit::EtcdCluster) -> AgentProcess {
     agent
         .wait_plugin(PLUGIN, Duration::from_secs(20), |p| p.health.healthy)
         .await;
-    agent
+    (cluster, agent)
 }
 
 /// Kills the agent at each step of a claim (a volume per step); the next agent ends each
@@ -821,8 +821,7 @@ async fn kill_9_at_every_step_of_unmount_ends_released() {
 
 #[tokio::test]
 async fn kill_9_at_every_step_of_unmount_in_a_fleet_ends_released() {
-    let cluster = berth_testkit::EtcdCluster::single().expect("etcd");
-    let mut agent = start_in_fleet(&cluster).await;
+    let (_etcd, mut agent) = start_in_fleet().await;
     kill_9_at_every_step_of_unmount(&mut agent).await;
 }
 
