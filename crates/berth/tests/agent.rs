@@ -297,7 +297,7 @@ async fn a_declared_plugin_process_is_restarted_with_backoff_and_stopped_at_shut
     );
 
     let mut events = agent.client().events().await.expect("events");
-    let pid = plugin_pid(&agent.log()).expect("started event names the pid");
+    let pid = logged_plugin_pid(&agent).await;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -335,7 +335,7 @@ async fn after_kill_9_the_agent_stops_the_plugin_process_it_left_and_starts_one(
     agent
         .wait_plugin("managed", Duration::from_secs(10), |p| p.health.healthy)
         .await;
-    let orphan = plugin_pid(&agent.log()).expect("started event names the pid");
+    let orphan = logged_plugin_pid(&agent).await;
     agent.kill9();
     assert!(alive(orphan), "the plugin outlives a SIGKILLed agent");
     agent.respawn();
@@ -354,6 +354,15 @@ async fn after_kill_9_the_agent_stops_the_plugin_process_it_left_and_starts_one(
     let status = agent.terminate().await;
     assert!(status.success(), "{status}");
     berth_testkit::assert_eventually!(Duration::from_secs(10), || async { !alive(new) });
+}
+
+/// The pid of the plugin process the agent logged starting. The plugin can answer (and be
+/// healthy) before its start is logged: waits for the line.
+async fn logged_plugin_pid(agent: &AgentProcess) -> i32 {
+    berth_testkit::assert_eventually!(Duration::from_secs(10), || async {
+        plugin_pid(&agent.log()).is_some()
+    });
+    plugin_pid(&agent.log()).expect("started event names the pid")
 }
 
 /// The pid in the last "started … (pid N)" line of the log.
