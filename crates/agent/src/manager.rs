@@ -79,22 +79,48 @@ struct ProbeGrid {
 }
 
 impl ProbeGrid {
-    /// The first instant of `key`'s slot strictly after `now`. Consecutive ones are exactly
-    /// one interval apart, so a loop that checks at each one probes once per interval.
+    /// `key`'s slot on the grid.
+    fn slot(&self, key: &(String, String)) -> ProbeSlot {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        key.hash(&mut h);
+        let slot = u128::from(h.finish() % u64::from(PROBE_SLOTS));
+        let period = self.interval.as_nanos().max(1);
+        ProbeSlot {
+            epoch: self.epoch,
+            period,
+            offset: period * slot / u128::from(PROBE_SLOTS),
+        }
+    }
+
+    /// The first instant of `key`'s slot strictly after `now`.
+    #[cfg(test)]
     fn next_after(
         &self,
         key: &(String, String),
         now: tokio::time::Instant,
     ) -> tokio::time::Instant {
-        let period = self.interval.as_nanos().max(1);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        key.hash(&mut h);
-        let slot = u128::from(h.finish() % u64::from(PROBE_SLOTS));
-        let offset = period * slot / u128::from(PROBE_SLOTS);
+        self.slot(key).next_after(now)
+    }
+}
+
+/// One loop's instants on the grid, worked out once.
+#[derive(Debug, Clone, Copy)]
+struct ProbeSlot {
+    epoch: tokio::time::Instant,
+    /// The interval, in nanoseconds (never 0).
+    period: u128,
+    /// Where in the interval the slot lies, in nanoseconds.
+    offset: u128,
+}
+
+impl ProbeSlot {
+    /// The first instant of the slot strictly after `now`. Consecutive ones are exactly one
+    /// interval apart, so a loop that checks at each one probes once per interval.
+    fn next_after(&self, now: tokio::time::Instant) -> tokio::time::Instant {
         let since = now.saturating_duration_since(self.epoch).as_nanos();
         // The next k with epoch + offset + k × period > now.
-        let k = (since + period - offset) / period;
-        let at = offset + k * period;
+        let k = (since + self.period - self.offset) / self.period;
+        let at = self.offset + k * self.period;
         self.epoch + Duration::from_nanos(u64::try_from(at).unwrap_or(u64::MAX))
     }
 }
@@ -328,18 +354,32 @@ enum Check {
 }
 
 impl HealthLoop {
+    /// Checks the instance until its token is cancelled. The token is watched around the
+    /// whole loop rather than at each await in it: a probe wakes the task a few times, and
+    /// each wake-up then asks the token once instead of joining and leaving its waiters.
     async fn run(self) {
+        let cancel = self.cancel.clone();
+        tokio::select! {
+            biased;
+            () = cancel.cancelled() => {}
+            () = self.checks() => {}
+        }
+    }
+
+    async fn checks(&self) {
         let Ok(endpoint) = Endpoint::from_path(&self.record.socket) else {
             // The registry checks sockets; this cannot happen, but never panic on it.
             self.transition(
                 false,
-                format!("invalid socket {}", self.record.socket.display()),
+                &format!("invalid socket {}", self.record.socket.display()),
             );
             return;
         };
         let client = self.client(endpoint);
-        let key = (self.record.id.clone(), self.record.instance.clone());
-        let wake = self.sockets.watch(&self.record.socket, None);
+        let slot = self
+            .grid
+            .slot(&(self.record.id.clone(), self.record.instance.clone()));
+        let mut wake = self.sockets.watch(&self.record.socket, None);
         let mut failures = 0u32;
         let mut socket_id = None;
         let mut fingerprinted = false;
@@ -364,21 +404,20 @@ impl HealthLoop {
             carried = true;
             self.state
                 .send_modify(|s| s.fingerprint = Some(known.fingerprint));
-            self.transition(true, CARRIED_OVER.into());
-            first_due = Some(self.grid.next_after(&key, tokio::time::Instant::now()));
+            self.transition(true, CARRIED_OVER);
+            first_due = Some(slot.next_after(tokio::time::Instant::now()));
         }
         loop {
             if let Some(due) = first_due.take() {
                 tokio::select! {
                     biased;
-                    () = self.cancel.cancelled() => break,
                     () = tokio::time::sleep_until(due) => {}
-                    () = wake.notified() => restat = true,
+                    () = wake.changed() => restat = true,
                 }
             }
             // Read before the check: a socket replaced during the check is fingerprinted again
             // on the next round.
-            if restat || !self.sockets.is_watching(&self.record.socket) {
+            if restat || !wake.is_watching() {
                 let current = socket_identity(&self.record.socket);
                 if current != socket_id {
                     socket_id = current;
@@ -387,12 +426,9 @@ impl HealthLoop {
                 }
             }
             let connections = client.connections();
-            let check = tokio::select! {
-                biased;
-                () = self.cancel.cancelled() => break,
-                c = self.check(&client, !fingerprinted) => c,
-            };
+            let check = self.check(&client, !fingerprinted).await;
             if self.cancel.is_cancelled() {
+                // Stopped while the answer came in: the loop's instance is no more.
                 break;
             }
             // Whether this check took the fingerprint.
@@ -408,7 +444,7 @@ impl HealthLoop {
                         self.keep_fingerprint(socket_id, &fp).await;
                         self.state.send_modify(|s| s.fingerprint = Some(fp));
                     }
-                    self.transition(true, "probe ok".into());
+                    self.transition(true, "probe ok");
                 }
                 Check::Failed(reason) => {
                     failures += 1;
@@ -423,7 +459,7 @@ impl HealthLoop {
                                 format!("healthy; {failures} failed check(s): {reason}");
                         });
                     } else {
-                        self.transition(false, reason);
+                        self.transition(false, &reason);
                     }
                 }
             }
@@ -436,13 +472,12 @@ impl HealthLoop {
             if stale {
                 fingerprinted = false;
             }
-            if !self.sockets.is_watching(&self.record.socket) {
+            if !wake.is_watching() {
                 // The directory may exist now.
-                self.sockets
-                    .watch(&self.record.socket, Some(Arc::clone(&wake)));
+                wake = self.sockets.watch(&self.record.socket, Some(&wake));
             }
             let now = tokio::time::Instant::now();
-            let regular = self.grid.next_after(&key, now);
+            let regular = slot.next_after(now);
             let due = if stale {
                 now
             } else if failures > 0 && socket_id.is_some() && quick > 0 {
@@ -453,9 +488,8 @@ impl HealthLoop {
             };
             tokio::select! {
                 biased;
-                () = self.cancel.cancelled() => break,
                 () = tokio::time::sleep_until(due) => {}
-                () = wake.notified() => restat = true,
+                () = wake.changed() => restat = true,
             }
         }
     }
@@ -562,7 +596,7 @@ impl HealthLoop {
 
     /// Sets health; on a change (or the first check) emits an event and updates the gauge.
     /// A check that changes nothing (the usual probe) touches nothing.
-    fn transition(&self, healthy: bool, description: String) {
+    fn transition(&self, healthy: bool, description: &str) {
         let changed = {
             let s = self.state.borrow();
             let first = s.health.last_transition_ms == 0;
@@ -573,7 +607,7 @@ impl HealthLoop {
         };
         self.state.send_modify(|s| {
             s.health.healthy = healthy;
-            s.health.description = description.clone();
+            description.clone_into(&mut s.health.description);
             if changed {
                 s.health.last_transition_ms = crate::now_ms();
             }
@@ -588,7 +622,7 @@ impl HealthLoop {
                 kind,
                 &self.record.id,
                 Some(&self.record.instance),
-                description,
+                description.to_owned(),
             );
             self.metrics
                 .set_healthy(&self.record.id, &self.record.instance, healthy);

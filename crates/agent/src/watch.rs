@@ -4,7 +4,10 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex, Weak},
+    sync::{
+        Arc, Mutex, Weak,
+        atomic::{AtomicBool, Ordering},
+    },
 };
 
 use notify::{RecursiveMode, Watcher as _};
@@ -25,7 +28,30 @@ impl std::fmt::Debug for SocketWatcher {
 #[derive(Default)]
 struct Interest {
     by_path: HashMap<PathBuf, Vec<Weak<Notify>>>,
-    dirs: HashMap<PathBuf, bool>,
+    /// Per directory: whether it is being watched. Shared with every [`SocketWatch`] on a
+    /// socket in it, so that a loop asks without a lock.
+    dirs: HashMap<PathBuf, Arc<AtomicBool>>,
+}
+
+/// One caller's interest in a socket: notified when the socket file is created or removed.
+#[derive(Debug, Clone)]
+pub struct SocketWatch {
+    notify: Arc<Notify>,
+    watching: Arc<AtomicBool>,
+}
+
+impl SocketWatch {
+    /// Resolves at the next creation or removal of the socket file (or at once, if one
+    /// happened since the last wake-up).
+    pub async fn changed(&self) {
+        self.notify.notified().await;
+    }
+
+    /// Whether the socket's directory is being watched now. Once it is not (it did not exist,
+    /// or it went away), nothing is reported until [`SocketWatcher::watch`] is called again.
+    pub fn is_watching(&self) -> bool {
+        self.watching.load(Ordering::Acquire)
+    }
 }
 
 impl Default for SocketWatcher {
@@ -50,11 +76,11 @@ impl SocketWatcher {
             ) {
                 return;
             }
-            let mut interest = inner.lock().unwrap_or_else(|p| p.into_inner());
+            let interest = inner.lock().unwrap_or_else(|p| p.into_inner());
             for path in &event.paths {
                 // A watched directory that went away must be watched again once it is back.
-                if let Some(watched) = interest.dirs.get_mut(path) {
-                    *watched = false;
+                if let Some(watched) = interest.dirs.get(path) {
+                    watched.store(false, Ordering::Release);
                 }
                 for n in interest
                     .by_path
@@ -81,11 +107,12 @@ impl SocketWatcher {
     }
 
     /// A handle that is notified whenever `socket` is created or removed. Keep it alive as long
-    /// as you want the wake-ups. Call again (cheap) if the directory may have appeared since.
-    pub fn watch(&self, socket: &Path, existing: Option<Arc<Notify>>) -> Arc<Notify> {
-        let notify = existing.unwrap_or_default();
+    /// as you want the wake-ups. Call again with it (cheap) once it is not watching: the
+    /// directory may have appeared since.
+    pub fn watch(&self, socket: &Path, existing: Option<&SocketWatch>) -> SocketWatch {
+        let notify = existing.map_or_else(Arc::default, |w| Arc::clone(&w.notify));
         let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
-        let needs_watch = {
+        let watching = {
             let mut interest = self.inner.lock().unwrap_or_else(|p| p.into_inner());
             let entry = interest.by_path.entry(socket.to_path_buf()).or_default();
             entry.retain(|w| w.strong_count() > 0);
@@ -95,35 +122,19 @@ impl SocketWatcher {
             {
                 entry.push(Arc::downgrade(&notify));
             }
-            !interest.dirs.get(&dir).copied().unwrap_or(false)
+            Arc::clone(interest.dirs.entry(dir.clone()).or_default())
         };
         // Not under the interest lock: adding a watch waits for notify's event thread, which
         // may be delivering an event to the callback, which takes that lock.
-        if needs_watch {
+        if !watching.load(Ordering::Acquire) {
             let ok = self
                 .watcher
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .as_mut()
                 .is_some_and(|w| w.watch(&dir, RecursiveMode::NonRecursive).is_ok());
-            self.inner
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .dirs
-                .insert(dir, ok);
+            watching.store(ok, Ordering::Release);
         }
-        notify
-    }
-
-    /// Whether the directory of `socket` is being watched.
-    pub fn is_watching(&self, socket: &Path) -> bool {
-        let dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .dirs
-            .get(&dir)
-            .copied()
-            .unwrap_or(false)
+        SocketWatch { notify, watching }
     }
 }

@@ -39,6 +39,9 @@ use tracing::debug;
 
 use crate::endpoint::Endpoint;
 
+/// The header that carries a call's deadline to the plugin.
+static GRPC_TIMEOUT: header::HeaderName = header::HeaderName::from_static("grpc-timeout");
+
 /// The authority every request carries. Over a unix socket there is no host to name; this
 /// is the one other gRPC clients send there.
 const AUTHORITY: &str = "localhost";
@@ -147,7 +150,7 @@ impl PluginChannel {
                 HeaderValue::from_static("application/grpc"),
             );
             h.insert(header::TE, HeaderValue::from_static("trailers"));
-            h.insert("grpc-timeout", timeout.clone());
+            h.insert(&GRPC_TIMEOUT, timeout.clone());
             head
         };
         let response = self.exchange(head, message.freeze()).await?;
@@ -198,13 +201,15 @@ impl PluginChannel {
         head: impl Fn() -> Request<()>,
         message: Bytes,
     ) -> Result<Response<RecvStream>, Status> {
-        let connection = self.shared.connection().await?;
-        let response = match start(&connection, head(), message.clone()).await {
+        let mut connection = self.shared.connection().await?;
+        let response = match start(&mut connection, head(), message.clone()).await {
             Ok(response) => response,
             Err(e) if connection.is_closed() || e.is_go_away() || e.is_io() => {
                 debug!(endpoint = %self.shared.endpoint, "connection closed; reconnecting");
-                let connection = self.shared.connection().await?;
-                start(&connection, head(), message).await.map_err(status)?
+                let mut connection = self.shared.connection().await?;
+                start(&mut connection, head(), message)
+                    .await
+                    .map_err(status)?
             }
             Err(e) => return Err(status(e)),
         };
@@ -314,11 +319,12 @@ fn decode<Resp: prost::Message + Default>(data: &[u8]) -> Result<Resp, Status> {
 /// Opens a stream on `connection` and queues the request's headers and message on it, to go
 /// out in one write. Fails without sending anything when the connection cannot take a stream.
 async fn start(
-    connection: &Connection,
+    connection: &mut Connection,
     head: Request<()>,
     message: Bytes,
 ) -> Result<h2::client::ResponseFuture, h2::Error> {
-    let mut sender = connection.sender.clone().ready().await?;
+    let sender = &mut connection.sender;
+    std::future::poll_fn(|cx| sender.poll_ready(cx)).await?;
     let empty = message.is_empty();
     let (response, mut stream) = sender.send_request(head, empty)?;
     if !empty {
