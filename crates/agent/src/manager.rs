@@ -91,16 +91,6 @@ impl ProbeGrid {
             offset: period * slot / u128::from(PROBE_SLOTS),
         }
     }
-
-    /// The first instant of `key`'s slot strictly after `now`.
-    #[cfg(test)]
-    fn next_after(
-        &self,
-        key: &(String, String),
-        now: tokio::time::Instant,
-    ) -> tokio::time::Instant {
-        self.slot(key).next_after(now)
-    }
 }
 
 /// One loop's instants on the grid, worked out once.
@@ -695,7 +685,8 @@ mod grid_tests {
         let mut offsets = std::collections::BTreeSet::new();
         for i in 0..64 {
             let key = (format!("p{i}"), "config".to_string());
-            let first = grid.next_after(&key, epoch);
+            let slot = grid.slot(&key);
+            let first = slot.next_after(epoch);
             assert!(first > epoch && first <= epoch + interval, "{i}");
             let offset = (first - epoch).as_nanos() % interval.as_nanos();
             assert_eq!(offset % (interval.as_nanos() / u128::from(PROBE_SLOTS)), 0);
@@ -703,12 +694,9 @@ mod grid_tests {
             // From its instant, or any instant before the next, the next is one interval on.
             for ms in [0u64, 1, 250, 999] {
                 let at = first + Duration::from_millis(ms);
-                assert_eq!(grid.next_after(&key, at), first + interval, "{i} +{ms} ms");
+                assert_eq!(slot.next_after(at), first + interval, "{i} +{ms} ms");
             }
-            assert_eq!(
-                grid.next_after(&key, first + interval),
-                first + interval * 2
-            );
+            assert_eq!(slot.next_after(first + interval), first + interval * 2);
         }
         assert_eq!(offsets.len(), PROBE_SLOTS as usize, "every slot used");
     }

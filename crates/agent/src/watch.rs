@@ -34,7 +34,7 @@ struct Interest {
 }
 
 /// One caller's interest in a socket: notified when the socket file is created or removed.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct SocketWatch {
     notify: Arc<Notify>,
     watching: Arc<AtomicBool>,
